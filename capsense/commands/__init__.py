@@ -1,0 +1,1 @@
+"""Subcommands of the ``capsense`` CLI, one module each."""

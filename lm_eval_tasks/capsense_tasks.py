@@ -1,0 +1,40 @@
+"""Builders and metrics named by the YAML configs beside this file (``!function capsense_tasks.X``).
+
+The data are generated deterministically by ``capsense.tasks``; nothing is downloaded.
+"""
+
+from capsense.tasks import arithmetic as _arithmetic
+from capsense.tasks import choice as _choice
+from capsense.tasks import code as _code
+from capsense.tasks import induction as _induction
+from capsense.tasks import prose as _prose
+from capsense.tasks.common import nats_per_token, process_choice, process_loglikelihood, to_dataset
+
+__all__ = [
+    "addition", "arithmetic", "code", "induction", "prose", "antonyms",
+    "nats_per_token", "process_choice", "process_loglikelihood",
+]
+
+
+def induction(**metadata):
+    return to_dataset(_induction.make_docs(), metadata)
+
+
+def arithmetic(**metadata):
+    return to_dataset(_arithmetic.make_docs(), metadata)
+
+
+def addition(**metadata):
+    return to_dataset(_arithmetic.make_addition_docs(), metadata)
+
+
+def code(**metadata):
+    return to_dataset(_code.make_docs(), metadata)
+
+
+def prose(**metadata):
+    return to_dataset(_prose.make_docs(), metadata)
+
+
+def antonyms(**metadata):
+    return to_dataset(_choice.make_docs(), metadata, choices=True)

@@ -1,0 +1,108 @@
+"""Shared fixtures: tiny randomly initialised models of every supported architecture."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+import transformers as T
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt_neox", "gpt2")
+
+_CONFIGS = {
+    "llama": T.LlamaConfig,
+    "mistral": T.MistralConfig,
+    "qwen2": T.Qwen2Config,
+    "qwen3": T.Qwen3Config,
+    "gemma2": T.Gemma2Config,
+    "gemma3_text": T.Gemma3TextConfig,
+    "phi3": T.Phi3Config,
+    "olmo2": T.Olmo2Config,
+    "gpt_neox": T.GPTNeoXConfig,
+    "gpt2": T.GPT2Config,
+}
+
+N_LAYERS, N_HEADS, HEAD_DIM, VOCAB = 3, 4, 16, 128
+
+
+def tiny_config(arch: str, attn_implementation: str = "eager"):
+    """A tiny config: 3 layers x 4 heads of width 16, GQA with 2 KV heads where supported."""
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if arch == "gpt2":
+        cfg = T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=N_LAYERS, n_head=N_HEADS, n_positions=128, **ids)
+    elif arch == "gpt_neox":
+        cfg = T.GPTNeoXConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=N_LAYERS,
+            num_attention_heads=N_HEADS, max_position_embeddings=128, **ids,
+        )
+    else:
+        cfg = _CONFIGS[arch](
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=N_LAYERS,
+            num_attention_heads=N_HEADS, num_key_value_heads=2, head_dim=HEAD_DIM,
+            max_position_embeddings=128, **ids,
+        )
+    cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+def make_tiny_model(arch: str, attn_implementation: str = "eager", seed: int = 0):
+    """A tiny random fp32 causal LM of ``arch`` in eval mode."""
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch, attn_implementation)
+    model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
+    # Random biases and norms, so that zeroing a slice is a visible, checkable change.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or "ln" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tiny_model(arch):
+    return make_tiny_model(arch)
+
+
+def tiny_inputs(batch: int = 3, seq: int = 11, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, seq), generator=g)
+
+
+def make_char_tokenizer():
+    """A character-level tokenizer over printable ASCII (fits the tiny models' vocabulary)."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in chars:
+        vocab[c] = len(vocab)
+    assert len(vocab) <= VOCAB
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def save_tiny_model_dir(path, arch: str = "llama", seed: int = 0):
+    """Save a tiny random model and the character tokenizer as a loadable model folder."""
+    model = make_tiny_model(arch, seed=seed)
+    model.save_pretrained(path)
+    make_char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))

@@ -19,10 +19,12 @@ def main() -> None:
 
 def _register() -> None:
     from capsense.commands.evaluate import evaluate
+    from capsense.commands.export import export
+    from capsense.commands.locate import locate
+    from capsense.commands.push import push
 
-    main.add_command(evaluate)
-    from capsense.commands.export import export; main.add_command(export)
-    from capsense.commands.push import push; main.add_command(push)
+    for command in (evaluate, export, locate, push):
+        main.add_command(command)
 
 
 _register()

@@ -48,10 +48,12 @@ def tiny_config(arch: str, attn_implementation: str = "eager"):
     return cfg
 
 
-def make_tiny_model(arch: str, attn_implementation: str = "eager", seed: int = 0):
-    """A tiny random fp32 causal LM of ``arch`` in eval mode."""
+def make_tiny_model(arch: str, attn_implementation: str = "eager", seed: int = 0, **overrides):
+    """A tiny random fp32 causal LM of ``arch`` in eval mode (config attributes overridable)."""
     torch.manual_seed(seed)
     cfg = tiny_config(arch, attn_implementation)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
     model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
     # Random biases and norms, so that zeroing a slice is a visible, checkable change.
     with torch.no_grad():
@@ -77,32 +79,36 @@ def tiny_inputs(batch: int = 3, seq: int = 11, seed: int = 1) -> torch.Tensor:
 
 
 def make_char_tokenizer():
-    """A character-level tokenizer over printable ASCII (fits the tiny models' vocabulary)."""
-    import string
+    """Character-level tokenizer: 4 special tokens, printable ASCII, padded to exactly VOCAB.
 
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    ``len(tokenizer) == config.vocab_size`` matters: lm-eval's ``hf`` model resizes the
+    embeddings of a model loaded with ``peft=`` when they differ.
+    """
+    from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for c in chars:
-        vocab[c] = len(vocab)
-    assert len(vocab) <= VOCAB
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}  # tiny_config's ids
+    for c in [*range(32, 127), ord("\n"), ord("\t")]:
+        vocab[chr(c)] = len(vocab)
+    for i in range(len(vocab), VOCAB):
+        vocab[f"<extra_{i}>"] = i
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tk.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
 
 
-def save_tiny_model_dir(path, arch: str = "llama", seed: int = 0):
-    """Save a tiny random model and the character tokenizer as a loadable model folder."""
-    model = make_tiny_model(arch, seed=seed)
-    model.save_pretrained(path)
+def save_tiny_folder(arch: str, path, seed: int = 0, **overrides):
+    """Save a tiny model of ``arch`` and the character tokenizer as a loadable model folder."""
+    from pathlib import Path
+
+    path = Path(path)
+    make_tiny_model(arch, seed=seed, **overrides).save_pretrained(path)
     make_char_tokenizer().save_pretrained(path)
     return path
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+    return save_tiny_folder("llama", tmp_path_factory.mktemp("tiny-llama"))

@@ -31,7 +31,7 @@ from capsense import __version__
 from capsense.ablation import check_ablation_mode, compute_head_means, zero_heads_in_weights
 from capsense.arch import arch_spec, head_layout, out_projections, projection_weight
 from capsense.fsutil import atomic_output_dir, check_output_dir
-from capsense.heads import HeadSet, HeadSpecError, HeadsFile, HeadsLike, _looks_like_file, load_heads_file
+from capsense.heads import HeadSet, HeadSpecError, HeadsFile, HeadsLike, looks_like_heads_file, load_heads_file
 from capsense.models import is_embedded, load_model, model_fingerprint, resolve_pretrained
 
 if TYPE_CHECKING:
@@ -93,12 +93,9 @@ def resolve_heads(
 ) -> tuple[HeadSet, HeadsFile | None, Path | None]:
     """The head set to ablate, the heads file it came from (if any) and that file's path."""
     heads_file = source = None
-    if isinstance(heads, (str, os.PathLike)) and _looks_like_file(heads):
+    if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
         source = Path(heads)
-        try:
-            heads_file = load_heads_file(source)
-        except OSError as e:  # e.g. permission denied: load_heads_file reports the rest
-            raise HeadSpecError(f"cannot read heads file {str(source)!r}: {e.strerror or e}") from None
+        heads_file = load_heads_file(source)
         hs = HeadSet.parse(heads_file.head_set, top_k=top_k)
     else:
         hs = HeadSet.parse(heads, top_k=top_k)

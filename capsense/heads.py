@@ -68,7 +68,7 @@ class HeadSet(Sequence):
         """Build a head set from any accepted form; ``top_k`` keeps the first k heads."""
         if isinstance(spec, HeadSet):
             heads = spec
-        elif isinstance(spec, (str, os.PathLike)) and _looks_like_file(spec):
+        elif isinstance(spec, (str, os.PathLike)) and looks_like_heads_file(spec):
             heads = load_heads_file(spec).head_set
         elif isinstance(spec, str):
             heads = cls.from_spec(spec)
@@ -156,7 +156,8 @@ class HeadSet(Sequence):
         return self
 
 
-def _looks_like_file(spec: str | os.PathLike) -> bool:
+def looks_like_heads_file(spec: str | os.PathLike) -> bool:
+    """True when ``spec`` names a heads JSON file rather than a head spec string."""
     s = os.fspath(spec)
     return s.endswith(".json") or os.path.isfile(s)
 
@@ -184,6 +185,8 @@ def load_heads_file(path: str | os.PathLike) -> HeadsFile:
         raise HeadSpecError(f"heads file {str(p)!r} not found")
     try:
         data = json.loads(p.read_text())
+    except OSError as e:  # e.g. permission denied
+        raise HeadSpecError(f"cannot read heads file {str(p)!r}: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HeadSpecError(
             f"heads file {str(p)!r} is not valid JSON ({e}); expected "

@@ -28,10 +28,12 @@ def evaluate(model, heads, top_k, ablation, tasks, limit, batch_size, device, dt
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
     from capsense.evaluate import evaluate_head_sets, format_table, load_lm
     from capsense.heads import HeadSet, HeadSpecError
+    from capsense.tasks import task_manager
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
     try:
         head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()
+        task_manager(include_path, task_list)  # unknown tasks fail before the model loads
         lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype)
         sets = {"base": HeadSet()}
         if head_set:

@@ -279,8 +279,7 @@ class ProbeScorer:
         rows_t = torch.tensor(rows).repeat(k) + torch.arange(k).repeat_interleave(n_tok) * len(seqs)
         pos_t = torch.tensor(pos).repeat(k)
         tgt_t = torch.tensor(tgt, device=self.device).repeat(k)
-        with self.ablator.apply(row_ko):
-            hidden = scored_hidden(self.model, ids, att)
+        hidden = self._hidden(ids, att, row_ko, reqs)
         logits = output_logits(self.model, hidden[rows_t.to(self.device), pos_t.to(self.device)])
         logp = torch.log_softmax(logits.float(), dim=-1)
         tok_lp = logp.gather(1, tgt_t[:, None])[:, 0].view(k, n_tok).cpu().double().numpy()
@@ -289,6 +288,11 @@ class ProbeScorer:
         lp = np.stack([np.add.reduceat(tok_lp[j], bounds[:-1]) for j in range(k)])
         gr = np.stack([np.logical_and.reduceat(tok_ok[j], bounds[:-1]) for j in range(k)])
         return lp, gr
+
+    def _hidden(self, ids: torch.Tensor, att: torch.Tensor, row_ko: torch.Tensor, reqs: list[int]) -> torch.Tensor:
+        """Final hidden states of one batch under ``row_ko`` (subclasses may reuse a clean prefix)."""
+        with self.ablator.apply(row_ko):
+            return scored_hidden(self.model, ids, att)
 
     def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
         """Per-mask metrics from per-request log-probabilities and greedy flags."""

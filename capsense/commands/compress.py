@@ -1,0 +1,68 @@
+"""``capsense compress``: prune, quantize or factorize a model and write a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from capsense.cli import CapsenseError
+
+
+@click.command("compress")
+@click.argument("model")
+@click.option("--method", type=str, default=None, help="magnitude, wanda, rtn, svd, asvd or svd-llm (or from --budget).")
+@click.option("--density", type=float, default=None, help="Pruning: fraction of weights kept, in (0, 1].")
+@click.option("--scope", type=str, default=None, help="Pruning comparison group: row (default), matrix or global.")
+@click.option("--bits", type=int, default=None, help="RTN: bits per weight (2-16).")
+@click.option("--group-size", type=int, default=None, help="RTN: columns per scale (default 128; 0 = per output channel).")
+@click.option("--ratio", type=float, default=None, help="Low-rank: factor parameters / dense parameters, in (0, 1].")
+@click.option("--alpha", type=float, default=None, help="ASVD: activation exponent (default 0.5).")
+@click.option("--targets", default=None, help="Matrices to compress: attn, mlp or attn,mlp (default both).")
+@click.option("--budget", "budget_file", type=click.Path(dir_okay=False), default=None,
+              help="Budget file (YAML/JSON): default setting, per-layer/per-matrix overrides, protected heads.")
+@click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated), a text/JSONL file, or text. "
+              "Default: prose,math,code,qa (their last documents, disjoint from the probes).")
+@click.option("--calibration-samples", type=int, default=64, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="Dtype to load and compress in.")
+@click.option("--save-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
+              help="Dtype of the saved weights (auto: as compressed).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing non-empty output folder.")
+def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
+             calibration_samples, dtype, save_dtype, out, overwrite):
+    """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
+
+    Pruned weights are zeros, RTN weights are dequantized, low-rank matrices are the
+    reconstructed products; capsense.json records the method, settings, achieved density,
+    bits per parameter, parameter ratio and calibration data.
+    """
+    from capsense.arch import UnsupportedArchitectureError
+    from capsense.compress.apply import CompressionError, compress_checkpoint
+    from capsense.compress.budget import BudgetError, load_budget, uniform_budget
+    from capsense.compress.calibration import DEFAULT_CALIBRATION, CalibrationError
+    from capsense.fsutil import OutputExistsError, check_output_dir
+
+    cli_setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
+                   "ratio": ratio, "alpha": alpha}
+    try:
+        check_output_dir(out, overwrite)
+        if budget_file:
+            budget = load_budget(budget_file, cli_setting, targets)
+        else:
+            if method is None:
+                raise CapsenseError("give --method (magnitude, wanda, rtn, svd, asvd, svd-llm) or --budget FILE")
+            budget = uniform_budget({k: v for k, v in cli_setting.items() if v is not None}, targets)
+        result = compress_checkpoint(
+            model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
+            dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=lambda m: click.echo(m, err=True),
+        )
+    except (BudgetError, CompressionError, CalibrationError, OutputExistsError, UnsupportedArchitectureError) as e:
+        raise CapsenseError(str(e)) from None
+    s = result.summary
+    click.echo(
+        f"Wrote {out}: {s['label']} on {', '.join(budget.targets)}; target density {s['target_density']:.4f}, "
+        f"bits/param {s['target_bits_per_param']:.3f}, param ratio {s['target_param_ratio']:.4f}; "
+        f"model size ratio {s['size_ratio']:.4f}"
+    )

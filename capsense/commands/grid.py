@@ -1,0 +1,82 @@
+"""``capsense grid``: measure a grid of compression settings x capabilities, resumably."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from capsense.cli import CapsenseError
+
+
+def _floats(text: str | None) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()] if text else []
+
+
+@click.command("grid")
+@click.argument("model", required=False)
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
+              help="Grid YAML (model, capabilities, probes, settings); command-line values override it.")
+@click.option("--methods", default=None, help="Comma-separated methods for the density/bits/ratio lists below.")
+@click.option("--densities", default=None, help="Pruning densities, e.g. 0.9,0.8,0.7,0.6,0.5.")
+@click.option("--bits", "bits_list", default=None, help="RTN bit widths, e.g. 8,4,3.")
+@click.option("--group-size", type=int, default=128, show_default=True)
+@click.option("--ratios", default=None, help="Low-rank parameter ratios, e.g. 0.9,0.8,0.7,0.6.")
+@click.option("--targets", default=None, help="attn, mlp or attn,mlp (default both).")
+@click.option("--capabilities", default=None, help="Comma-separated capabilities (default math,code,qa).")
+@click.option("--probes", type=int, default=None, help="Probe documents per capability (default 64).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None)
+@click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa).")
+@click.option("--calibration-samples", type=int, default=None)
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="JSONL file (appended; resumed).")
+@click.option("--no-progress", is_flag=True)
+def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, targets, capabilities, probes, dtype,
+         calibration, calibration_samples, out, no_progress):
+    """Measure every (method, setting) x capability of a grid; one JSONL line per measurement.
+
+    Re-running the same command skips the measurements the file already holds.
+    """
+    from capsense.compress.budget import LOWRANK_METHODS, PRUNE_METHODS, QUANT_METHODS, BudgetError, method_family
+    from capsense.compress.grid import GridError, grid_table, load_spec, run_grid, spec_from_dict
+    from capsense.compress.measure import MeasureError
+    from capsense.compress.apply import CompressionError
+    from capsense.compress.calibration import CalibrationError
+
+    over = {"model": model, "capabilities": capabilities, "probes": probes, "dtype": dtype, "calibration": calibration,
+            "calibration_samples": calibration_samples, "targets": targets}
+    try:
+        settings = []
+        for m in [x.strip() for x in (methods or "").split(",") if x.strip()]:
+            fam = method_family(m)
+            if fam == "prune":
+                if not densities:
+                    raise CapsenseError(f"{m} needs --densities")
+                settings.append({"method": m, "density": _floats(densities)})
+            elif fam == "quant":
+                if not bits_list:
+                    raise CapsenseError("rtn needs --bits")
+                settings.append({"method": m, "bits": [int(b) for b in _floats(bits_list)], "group_size": group_size})
+            else:
+                if not ratios:
+                    raise CapsenseError(f"{m} needs --ratios")
+                settings.append({"method": m, "ratio": _floats(ratios)})
+        if spec_file:
+            spec = load_spec(spec_file, over)
+            if settings:
+                spec.settings = spec_from_dict({"model": spec.model, "settings": settings, "targets": targets}).settings
+        else:
+            if not model:
+                raise CapsenseError("give MODEL (or --spec FILE)")
+            if not settings:
+                raise CapsenseError(
+                    f"give --methods (from {', '.join(PRUNE_METHODS + QUANT_METHODS + LOWRANK_METHODS)}) with "
+                    "--densities/--bits/--ratios, or --spec FILE"
+                )
+            spec = spec_from_dict({**{k: v for k, v in over.items() if v is not None}, "settings": settings})
+        records = run_grid(spec, out, progress=not no_progress, log=lambda m: click.echo(m, err=True))
+    except (GridError, BudgetError, MeasureError, CompressionError, CalibrationError, ValueError) as e:
+        if isinstance(e, CapsenseError):
+            raise
+        raise CapsenseError(str(e)) from None
+    click.echo(grid_table(records))
+    click.echo(f"{len(records)} measurements in {out}")

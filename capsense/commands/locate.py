@@ -1,0 +1,79 @@
+"""``capsense locate``: rank the attention heads a task depends on (resumable run folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from capsense.cli import CapsenseError
+
+_METHODS = ("cs", "exhaustive", "greedy", "thompson")
+_DESIGNS = ("balanced", "bernoulli", "adaptive")
+_SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+@click.command("locate")
+@click.argument("model")
+@click.option("--task", required=True, help="Target lm-eval task (capsense's lm_eval_tasks/ are always included).")
+@click.option("--controls", help="Comma-separated control tasks: rank heads that hurt the target but not these.")
+@click.option("--metric", default="nll", show_default=True,
+              help="nll (nats/token of the reference continuation) or acc (exact match / multiple-choice accuracy).")
+@click.option("--limit", type=int, default=100, show_default=True, help="Documents per task, sampled with --seed (paper: 100).")
+@click.option("--masks", type=int, default=100, show_default=True, help="Knockout masks for cs and thompson (paper: 100).")
+@click.option("--sparsity", type=float, help="Fraction of heads knocked out per mask (default 0.02, the paper's).")
+@click.option("--heads-per-mask", type=int, help="Heads knocked out per mask (instead of --sparsity).")
+@click.option("--design", default="balanced", show_default=True, help="Mask design: " + ", ".join(_DESIGNS) + ".")
+@click.option("--solver", default="lasso", show_default=True, help="Sparse solver: " + ", ".join(_SOLVERS) + ".")
+@click.option("--alpha", type=float, help="Lasso penalty on the standardized score (default 0.01, the paper's).")
+@click.option("--method", default="cs", show_default=True, help="cs (compressed sensing) or a baseline: exhaustive, greedy, thompson.")
+@click.option("--greedy-k", type=int, default=5, show_default=True, help="Heads chosen by --method greedy.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Requests per forward pass.")
+@click.option("--masks-per-forward", type=int, default=1, show_default=True,
+              help="Masks packed in one forward pass (pays on GPUs; 1 is best on a few CPU cores).")
+@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="auto", show_default=True,
+              help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
+@click.option("--revision", help="Revision of a Hub model.")
+@click.option("--include-path", multiple=True, type=click.Path(exists=True, file_okay=False), help="Extra lm-eval task folder (repeatable).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Run folder (rerunning the same command resumes).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
+           heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, greedy_k: int,
+           seed: int, batch_size: int, masks_per_forward: int, no_prefix_reuse: bool, device: str, dtype: str,
+           revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool) -> None:
+    """Rank MODEL's attention heads by how much --task depends on them.
+
+    Writes OUT/manifest.json, evaluations.jsonl (one line per mask, durable), heads.json
+    (ranked), scores.csv, heatmap.png and report.md.
+    """
+    from capsense.locate import LocateConfig, LocateError, locate as run_locate
+    from capsense.probe import ProbeError
+    from capsense.store import RunStoreError
+
+    if sparsity is not None and heads_per_mask is not None:
+        raise CapsenseError("give --sparsity or --heads-per-mask, not both")
+    cfg = LocateConfig(
+        model=model, task=task, out=str(out), controls=_csv(controls), metric=metric, limit=limit, masks=masks,
+        sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
+        design=design, solver=solver, alpha=alpha, method=method, seed=seed, batch_size=batch_size,
+        masks_per_forward=masks_per_forward, device=device, dtype=dtype, include_path=list(include_path),
+        revision=revision, greedy_k=greedy_k, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+    )
+    try:
+        cfg.check()
+        result, heads_path = run_locate(cfg, log=lambda m: click.echo(m, err=True))
+    except (LocateError, ProbeError, RunStoreError, ValueError, FileNotFoundError, OSError) as e:
+        raise CapsenseError(str(e)) from None
+    from capsense.heads import load_heads_file
+
+    hf = load_heads_file(heads_path)
+    top = ", ".join(f"L{r['layer']}H{r['head']}" for r in hf.heads[:10])
+    click.echo(f"{result.n_evaluations} masks evaluated ({result.seconds_per_mask:.2f} s each); top heads: {top}")
+    click.echo(f"Wrote {heads_path} and report.md, heatmap.png, scores.csv in {out}")

@@ -1,0 +1,46 @@
+"""``capsense select``: the setting with the lowest predicted capability loss under a size budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from capsense.cli import CapsenseError
+
+
+@click.command("select")
+@click.argument("grid_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--budget", required=True, type=float, help="Largest allowed size, as a fraction of the dense 16-bit size.")
+@click.option("--size", "size_key", default="size_ratio", show_default=True,
+              type=click.Choice(["size_ratio", "target_size_ratio", "model_param_ratio", "target_param_ratio"]),
+              help="What the budget limits: bits of the whole model or of the compressed matrices, or parameter counts.")
+@click.option("--capabilities", default=None, help="Capabilities to protect (default: all in the grid).")
+@click.option("--weights", default=None, help="Capability weights, e.g. math=2,code=1.")
+def select(grid_file, budget, size_key, capabilities, weights):
+    """Pick from GRID_FILE by prediction, and report regret against the best measured setting."""
+    from capsense.compress.analysis import fit_grid
+    from capsense.compress.grid import read_records
+    from capsense.compress.predictors import FitError
+    from capsense.compress.select import SelectError, select as run_select
+
+    try:
+        w = {}
+        for part in (weights or "").split(","):
+            if part.strip():
+                k, _, v = part.partition("=")
+                w[k.strip()] = float(v)
+        records = read_records(grid_file)
+        caps = [c.strip() for c in capabilities.split(",")] if capabilities else None
+        known = {r["capability"] for r in records}
+        bad = [c for c in (caps or []) + list(w) if c not in known]
+        if bad:
+            raise SelectError(f"capability {', '.join(bad)} is not in the grid: it has {', '.join(sorted(known))}")
+        s = run_select(records, fit_grid(records), budget, caps, w, size_key)
+    except (SelectError, FitError, ValueError) as e:
+        raise CapsenseError(str(e)) from None
+    c, b = s["chosen"], s["best_measured"]
+    click.echo(f"budget {size_key} <= {budget:g}: {s['n_feasible']} settings fit, {s['n_predictable']} predictable")
+    click.echo(f"chosen: {c['label']} ({c['targets']}) size {c['size']:.3f}, predicted dL {c['predicted']:+.4f}, measured {c['measured']:+.4f}")
+    click.echo(f"best measured: {b['label']} ({b['targets']}) size {b['size']:.3f}, measured {b['measured']:+.4f}")
+    click.echo(f"regret: {s['regret']:.4f} nats/token")

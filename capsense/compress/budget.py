@@ -1,0 +1,319 @@
+"""Compression settings and budgets: one default, per-layer/per-matrix overrides, protected heads.
+
+A setting is a dict: ``{"method": "wanda", "density": 0.6, "scope": "row"}``,
+``{"method": "rtn", "bits": 4, "group_size": 128}``, ``{"method": "svd-llm", "ratio": 0.8}``,
+or ``{"skip": true}`` (leave the matrix dense). A budget file (YAML or JSON)::
+
+    method: wanda
+    density: 0.6
+    targets: attn,mlp
+    overrides:                 # applied in order; later entries win
+      - layers: 0-3            # int, list, or "a-b"
+        density: 0.9
+      - matrices: [down_proj]  # short names (q_proj, down_proj) or kinds (attn, mlp)
+        layers: [29]
+        skip: true
+      - match: "*.self_attn.o_proj"   # glob on the full module name
+        density: 0.8
+    protect:                   # keep these heads' input columns of the output projection
+      heads: heads.json        # a heads file (relative to the budget file) or a spec L3H1+L5H0
+      top_k: 8
+
+Protected columns are kept dense and at full precision; pruning counts them toward the
+density budget, RTN and low-rank compress the remaining columns only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsense.compress.lowrank import LOWRANK_METHODS, check_ratio
+from capsense.compress.prune import check_density, check_scope
+from capsense.compress.quantize import check_bits, check_group_size
+from capsense.compress.targets import KINDS, Target, parse_kinds
+
+PRUNE_METHODS = ("magnitude", "wanda")
+QUANT_METHODS = ("rtn",)
+METHODS = PRUNE_METHODS + QUANT_METHODS + LOWRANK_METHODS
+SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "skip"}
+CALIBRATED = {"wanda", "asvd", "svd-llm"}
+
+
+class BudgetError(ValueError):
+    """A setting or budget file that cannot be used."""
+
+
+def method_family(method: str) -> str:
+    if method in PRUNE_METHODS:
+        return "prune"
+    if method in QUANT_METHODS:
+        return "quant"
+    if method in LOWRANK_METHODS:
+        return "lowrank"
+    raise BudgetError(f"unknown method {method!r}: valid methods are {', '.join(METHODS)}")
+
+
+def normalize_setting(setting: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a setting and fill in defaults; raise :class:`BudgetError` naming the problem."""
+    unknown = set(setting) - SETTING_KEYS
+    if unknown:
+        raise BudgetError(f"unknown setting key(s) {', '.join(sorted(unknown))}: valid keys are {', '.join(sorted(SETTING_KEYS))}")
+    if setting.get("skip"):
+        return {"skip": True}
+    method = setting.get("method")
+    if method is None:
+        raise BudgetError(f"no method given: choose one of {', '.join(METHODS)}")
+    family = method_family(str(method))
+    out: dict[str, Any] = {"method": method}
+    try:
+        if family == "prune":
+            if setting.get("density") is None:
+                raise BudgetError(f"{method} needs a density (fraction of weights kept, in (0, 1])")
+            out["density"] = check_density(setting["density"])
+            out["scope"] = check_scope(setting.get("scope") or "row")
+        elif family == "quant":
+            if setting.get("bits") is None:
+                raise BudgetError("rtn needs bits (2-16)")
+            out["bits"] = check_bits(setting["bits"])
+            gs = setting.get("group_size")
+            out["group_size"] = check_group_size(128 if gs is None else gs)
+        else:
+            if setting.get("ratio") is None:
+                raise BudgetError(f"{method} needs a parameter ratio in (0, 1]")
+            out["ratio"] = check_ratio(setting["ratio"])
+            if method == "asvd":
+                out["alpha"] = float(setting.get("alpha", 0.5))
+    except BudgetError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise BudgetError(str(e)) from None
+    wrong = {
+        "prune": ("bits", "group_size", "ratio", "alpha"),
+        "quant": ("density", "scope", "ratio", "alpha"),
+        "lowrank": ("density", "scope", "bits", "group_size"),
+    }[family]
+    given = [k for k in wrong if setting.get(k) is not None]
+    if given:
+        raise BudgetError(f"{', '.join(given)} does not apply to {method}")
+    return out
+
+
+def setting_label(setting: Mapping[str, Any]) -> str:
+    """Short label: ``wanda@d0.6``, ``rtn@4b/g128``, ``svd-llm@r0.8``."""
+    if setting.get("skip"):
+        return "dense"
+    m = setting["method"]
+    fam = method_family(m)
+    if fam == "prune":
+        scope = "" if setting.get("scope", "row") == "row" else f"/{setting['scope']}"
+        return f"{m}@d{setting['density']:g}{scope}"
+    if fam == "quant":
+        return f"{m}@{setting['bits']}b/g{setting['group_size']}"
+    return f"{m}@r{setting['ratio']:g}"
+
+
+def _parse_layers(value: Any) -> set[int]:
+    if isinstance(value, bool):
+        raise BudgetError(f"layers must be integers, a list or 'a-b', got {value!r}")
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, str):
+        out: set[int] = set()
+        for part in value.split(","):
+            part = part.strip()
+            try:
+                if "-" in part:
+                    a, b = part.split("-")
+                    out.update(range(int(a), int(b) + 1))
+                elif part:
+                    out.add(int(part))
+            except ValueError:
+                raise BudgetError(f"malformed layers {value!r}: use 3, [0, 1, 2] or '0-5'") from None
+        return out
+    if isinstance(value, Sequence):
+        return set().union(*(_parse_layers(v) for v in value)) if value else set()
+    raise BudgetError(f"malformed layers {value!r}: use 3, [0, 1, 2] or '0-5'")
+
+
+@dataclass
+class Override:
+    """Settings for the matrices matching all given conditions."""
+
+    layers: set[int] | None = None
+    matrices: set[str] | None = None
+    match: str | None = None
+    setting: dict[str, Any] = field(default_factory=dict)
+
+    def matches(self, t: Target) -> bool:
+        if self.layers is not None and t.layer not in self.layers:
+            return False
+        if self.matrices is not None and t.short not in self.matrices and t.kind not in self.matrices:
+            return False
+        if self.match is not None and not fnmatch.fnmatch(t.name, self.match):
+            return False
+        return True
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], index: int) -> Override:
+        if not isinstance(d, Mapping):
+            raise BudgetError(f"override {index} must be a mapping, got {d!r}")
+        conds = {"layers", "matrices", "match"}
+        unknown = set(d) - conds - SETTING_KEYS
+        if unknown:
+            raise BudgetError(
+                f"override {index}: unknown key(s) {', '.join(sorted(unknown))}; conditions are layers, matrices, "
+                f"match and settings are {', '.join(sorted(SETTING_KEYS))}"
+            )
+        mats = d.get("matrices")
+        if isinstance(mats, str):
+            mats = [m.strip() for m in mats.split(",")]
+        return cls(
+            layers=_parse_layers(d["layers"]) if "layers" in d else None,
+            matrices=set(mats) if mats is not None else None,
+            match=d.get("match"),
+            setting={k: v for k, v in d.items() if k in SETTING_KEYS},
+        )
+
+
+@dataclass
+class Budget:
+    """A default setting, the target kinds, ordered overrides and protected heads."""
+
+    default: dict[str, Any]
+    targets: tuple[str, ...] = KINDS
+    overrides: list[Override] = field(default_factory=list)
+    protect_heads: Any = None  # a HeadSet, resolved against the model by protected_columns()
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def setting_for(self, t: Target) -> dict[str, Any] | None:
+        """The validated setting for one target, or None if it stays dense."""
+        merged = dict(self.default)
+        for o in self.overrides:
+            if o.matches(t):
+                if "method" in o.setting and o.setting["method"] != merged.get("method"):
+                    merged = {}  # a new method starts from its own defaults
+                if not o.setting.get("skip"):
+                    merged.pop("skip", None)
+                merged.update(o.setting)
+        try:
+            s = normalize_setting(merged)
+        except BudgetError as e:
+            raise BudgetError(f"{t.name}: {e}") from None
+        return None if s.get("skip") else s
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "default": self.default,
+            "targets": list(self.targets),
+            "overrides": [
+                {
+                    **({"layers": sorted(o.layers)} if o.layers is not None else {}),
+                    **({"matrices": sorted(o.matrices)} if o.matrices is not None else {}),
+                    **({"match": o.match} if o.match else {}),
+                    **o.setting,
+                }
+                for o in self.overrides
+            ],
+            "protect_heads": str(self.protect_heads) if self.protect_heads is not None else None,
+            **self.source,
+        }
+
+
+def uniform_budget(setting: Mapping[str, Any], targets: str | Sequence[str] | None = None) -> Budget:
+    """A budget applying one setting to every target matrix."""
+    try:
+        kinds = parse_kinds(targets)
+    except ValueError as e:
+        raise BudgetError(str(e)) from None
+    return Budget(default=normalize_setting(setting), targets=kinds)
+
+
+def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, targets: str | None = None) -> Budget:
+    """Read a budget file; non-None ``cli_setting`` values override its default setting."""
+    from capsense.heads import HeadSet, HeadSpecError
+
+    p = Path(path)
+    if not p.is_file():
+        raise BudgetError(f"budget file {str(p)!r} not found")
+    text = p.read_text()
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+        raise BudgetError(f"budget file {str(p)!r} cannot be parsed: {e}") from None
+    if not isinstance(data, dict):
+        raise BudgetError(f"budget file {str(p)!r} must hold a mapping with method, settings, overrides, protect")
+    allowed = SETTING_KEYS | {"targets", "overrides", "protect"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise BudgetError(f"budget file {str(p)!r}: unknown key(s) {', '.join(sorted(unknown))}; valid keys are {', '.join(sorted(allowed))}")
+    default = {k: v for k, v in data.items() if k in SETTING_KEYS}
+    if cli_setting:
+        if cli_setting.get("method") and cli_setting["method"] != default.get("method"):
+            default = {}
+        default.update({k: v for k, v in cli_setting.items() if v is not None})
+    try:
+        kinds = parse_kinds(targets if targets is not None else data.get("targets"))
+    except ValueError as e:
+        raise BudgetError(str(e)) from None
+    overrides = [Override.from_dict(d, i) for i, d in enumerate(data.get("overrides") or [])]
+    budget = Budget(default=normalize_setting(default), targets=kinds, overrides=overrides, source={"budget_file": str(p)})
+    protect = data.get("protect")
+    if protect is not None:
+        if isinstance(protect, str):
+            protect = {"heads": protect}
+        if not isinstance(protect, Mapping) or "heads" not in protect:
+            raise BudgetError("protect must be a mapping with 'heads' (a heads file or spec) and optional 'top_k'")
+        spec = protect["heads"]
+        if isinstance(spec, str) and (spec.endswith(".json") or (p.parent / spec).is_file()):
+            spec = str(p.parent / spec) if not Path(spec).is_absolute() else spec
+        try:
+            budget.protect_heads = HeadSet.parse(spec, top_k=protect.get("top_k"))
+        except HeadSpecError as e:
+            raise BudgetError(f"protect: {e}") from None
+        budget.source["protect"] = {"heads": str(protect["heads"]), "top_k": protect.get("top_k")}
+    # Fail now, not halfway through compressing: every override must yield a valid setting.
+    for o in overrides:
+        merged = dict(budget.default) if o.setting.get("method") in (None, budget.default.get("method")) else {}
+        merged.update(o.setting)
+        if not merged.get("skip"):
+            normalize_setting(merged)
+    return budget
+
+
+def protected_columns(model, budget: Budget, targets: Sequence[Target]) -> dict[str, torch.Tensor]:
+    """Boolean input-column masks of the output projections that hold protected heads."""
+    if budget.protect_heads is None or not len(budget.protect_heads):
+        return {}
+    from capsense.arch import head_layout
+    from capsense.compress.targets import out_projection_name
+    from capsense.heads import HeadSpecError
+
+    layout = head_layout(model)
+    try:
+        budget.protect_heads.validate(layout)
+    except HeadSpecError as e:
+        raise BudgetError(f"protect: {e}") from None
+    by_name = {t.name: t for t in targets}
+    out: dict[str, torch.Tensor] = {}
+    for layer, heads in budget.protect_heads.by_layer().items():
+        name = out_projection_name(model, layer)
+        if name not in by_name:
+            continue  # attention not targeted: nothing to protect
+        mask = torch.zeros(by_name[name].shape[1], dtype=torch.bool)
+        for h in heads:
+            mask[h * layout.head_dim : (h + 1) * layout.head_dim] = True
+        out[name] = mask
+    return out
+

@@ -1,0 +1,190 @@
+"""Calibration: texts to run through the model, and per-matrix input statistics.
+
+For every target matrix a forward pre-hook accumulates, over all calibration tokens,
+``sum x_j^2`` (Wanda's feature norm), ``sum |x_j|`` (ASVD's scaling) and, when asked,
+the Gram matrix ``X^T X`` (SVD-LLM's whitening). Samples run one at a time, so there is
+no padding to mask out.
+
+Calibration sources: capability names or lm-eval task names (their *last* documents, so
+they stay disjoint from probe sets, which take the first ones), a text/JSONL file, or
+literal text. Several sources are comma-separated and share the sample count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from capsense.compress.targets import Target
+
+DEFAULT_CALIBRATION = "prose,math,code,qa"
+
+
+class CalibrationError(ValueError):
+    """Calibration data that cannot be read or is empty."""
+
+
+@dataclass
+class InputStats:
+    """Running statistics of one matrix's inputs."""
+
+    n_in: int
+    n_tokens: int = 0
+    sq_sum: torch.Tensor = field(default=None)  # type: ignore[assignment]
+    abs_sum: torch.Tensor = field(default=None)  # type: ignore[assignment]
+    gram: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.sq_sum is None:
+            self.sq_sum = torch.zeros(self.n_in, dtype=torch.float64)
+        if self.abs_sum is None:
+            self.abs_sum = torch.zeros(self.n_in, dtype=torch.float64)
+
+    def add(self, x: torch.Tensor, gram: bool) -> None:
+        x = x.detach().reshape(-1, self.n_in).float()
+        self.n_tokens += x.shape[0]
+        self.sq_sum += x.pow(2).sum(0).double()
+        self.abs_sum += x.abs().sum(0).double()
+        if gram:
+            # one sample's product in float32 (fast), the running sum in float64 (exact enough)
+            g = (x.T @ x).double()
+            self.gram = g if self.gram is None else self.gram + g
+
+    @property
+    def input_norm(self) -> torch.Tensor:
+        """Per-feature L2 norm over the calibration tokens (Wanda)."""
+        return self.sq_sum.sqrt()
+
+    @property
+    def abs_mean(self) -> torch.Tensor:
+        """Per-feature mean |x| (ASVD)."""
+        return self.abs_sum / max(self.n_tokens, 1)
+
+    @classmethod
+    def from_inputs(cls, x: torch.Tensor, gram: bool = True) -> InputStats:
+        """Statistics of a known input matrix ``[tokens, in]`` (tests, hand checks)."""
+        stats = cls(x.shape[-1])
+        stats.add(x, gram)
+        return stats
+
+
+@torch.no_grad()
+def collect_stats(
+    model: nn.Module,
+    targets: Sequence[Target],
+    samples: Sequence[Sequence[int]],
+    gram: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, InputStats]:
+    """Run ``samples`` (token id lists) through ``model``; statistics of each target's input."""
+    if not samples:
+        raise CalibrationError("no calibration samples: give a task, a file or text with --calibration")
+    stats = {t.name: InputStats(t.shape[1]) for t in targets}
+    # q/k/v (and gate/up) read the same input tensor: accumulate it once and share the stats.
+    # Holding each input until the sample ends keeps its memory from being reused by a
+    # later tensor of the same shape, so equal keys really are the same tensor.
+    seen: dict[tuple, tuple[str, torch.Tensor]] = {}
+    alias: dict[str, str] = {}
+    handles = []
+    for t in targets:
+        def hook(_module, args, _name=t.name, _layer=t.layer):
+            x = args[0]
+            key = (_layer, x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+            owner = seen.setdefault(key, (_name, x))[0]
+            if owner != _name:
+                alias[_name] = owner
+                return
+            stats[_name].add(x, gram)
+
+        handles.append(t.module.register_forward_pre_hook(hook))
+    device = next(model.parameters()).device
+    try:
+        for ids in samples:
+            seen.clear()
+            model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False)
+            if progress:
+                progress(1)
+    finally:
+        for h in handles:
+            h.remove()
+    for name, owner in alias.items():
+        stats[name] = stats[owner]
+    return stats
+
+
+def _doc_text(task_obj, doc: dict[str, Any]) -> str:
+    if "context" in doc and "continuation" in doc:
+        return doc["context"] + doc["continuation"]
+    text = task_obj.doc_to_text(doc)
+    target = task_obj.doc_to_target(doc)
+    if isinstance(target, int) and task_obj.OUTPUT_TYPE == "multiple_choice":
+        target = task_obj.doc_to_choice(doc)[target]
+    return f"{text}{task_obj.config.target_delimiter}{target}"
+
+
+def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, Any]]:
+    """Up to ``n`` texts from one source, and a record of where they came from."""
+    path = Path(source)
+    if path.is_file():
+        texts = []
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("{"):
+                try:
+                    rec = json.loads(line)
+                    line = rec.get("text") or rec.get("context", "") + rec.get("continuation", "")
+                except json.JSONDecodeError:
+                    pass
+            texts.append(line)
+        return texts[:n], {"source": str(path), "kind": "file", "n": min(n, len(texts))}
+    from capsense.compress.measure import CAPABILITIES
+    from capsense.probe import ProbeError, load_task
+
+    task = CAPABILITIES.get(source, source)
+    looks_like_task = source in CAPABILITIES or (" " not in source and "\n" not in source and len(source) < 80)
+    if looks_like_task:
+        try:
+            task_obj = load_task(task, tokenizer=tokenizer)
+        except ProbeError as e:
+            if source in CAPABILITIES or os.sep in source:
+                raise CalibrationError(str(e)) from None
+        else:
+            docs = task_obj.eval_docs
+            ids = list(range(len(docs) - 1, max(len(docs) - 1 - n, -1), -1))
+            return [_doc_text(task_obj, docs[i]) for i in ids], {"source": task, "kind": "task", "doc_ids": ids}
+    return [source], {"source": source[:80], "kind": "text"}
+
+
+def calibration_samples(
+    spec: str, tokenizer, n_samples: int = 64, max_tokens: int = 512
+) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Token id lists for ``spec`` (comma-separated sources share ``n_samples``) and their provenance."""
+    if n_samples < 1:
+        raise CalibrationError(f"--calibration-samples must be at least 1, got {n_samples}")
+    sources = [s.strip() for s in spec.split(",") if s.strip()] if not Path(spec).is_file() else [spec]
+    if not sources:
+        raise CalibrationError("empty --calibration: give a task, a file or text")
+    per = [n_samples // len(sources) + (i < n_samples % len(sources)) for i in range(len(sources))]
+    samples: list[list[int]] = []
+    info = []
+    for source, n in zip(sources, per):
+        if n == 0:
+            continue
+        texts, rec = _source_texts(source, n, tokenizer)
+        ids = [tokenizer.encode(t)[:max_tokens] for t in texts]
+        ids = [i for i in ids if len(i) > 1]
+        if not ids:
+            raise CalibrationError(f"calibration source {source!r} gave no text")
+        rec["n_tokens"] = sum(len(i) for i in ids)
+        samples.extend(ids)
+        info.append(rec)
+    return samples, info

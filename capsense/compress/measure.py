@@ -1,0 +1,129 @@
+"""Per-capability loss: nats/token of reference completions, prompt masked, on fixed probe sets.
+
+Each capability is an offline lm-eval task of capsense; its probe set is the task's first
+``n_probes`` documents (fixed, so every measurement of every model state sees the same
+documents; calibration takes documents from the other end). The loss is the token-weighted
+cross-entropy of the reference continuation given the prompt, in nats/token, scored by
+:class:`capsense.probe.ProbeScorer`; a compression's response is ``dL = L(compressed) - L(original)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from capsense.probe import Probe, ProbeScorer
+
+CAPABILITIES: dict[str, str] = {
+    "math": "capsense_math_problems",
+    "code": "capsense_code",
+    "qa": "capsense_qa",
+    "arithmetic": "capsense_arithmetic",
+    "addition": "capsense_addition",
+    "induction": "capsense_induction",
+    "prose": "capsense_prose",
+    "antonyms": "capsense_antonyms",
+}
+DEFAULT_CAPABILITIES = ("math", "code", "qa")
+
+
+class MeasureError(ValueError):
+    """An unknown capability or an unusable probe request."""
+
+
+def parse_capabilities(spec: str | Sequence[str]) -> list[str]:
+    """``"math,code,qa"`` -> validated list; names are aliases above or ``capsense_*`` task names."""
+    items = [c.strip() for c in (spec.split(",") if isinstance(spec, str) else spec) if c.strip()]
+    if not items:
+        raise MeasureError(f"no capability given: choose from {', '.join(CAPABILITIES)}")
+    task_names = set(CAPABILITIES.values())
+    bad = [c for c in items if c not in CAPABILITIES and c not in task_names]
+    if bad:
+        raise MeasureError(
+            f"unknown capability {', '.join(repr(b) for b in bad)}: valid capabilities are {', '.join(CAPABILITIES)}"
+        )
+    return list(dict.fromkeys(items))
+
+
+def task_of(capability: str) -> str:
+    return CAPABILITIES.get(capability, capability)
+
+
+def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64) -> dict[str, Probe]:
+    """The fixed probe set of each capability: the first ``n_probes`` documents of its task."""
+    from capsense.probe import load_task
+
+    if n_probes < 1:
+        raise MeasureError(f"--probes must be at least 1, got {n_probes}")
+    probes = {}
+    for cap in parse_capabilities(capabilities):
+        task = task_of(cap)
+        n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)
+        # doc ids 0..n-1 in order: lm-eval numbers the selected documents in that order
+        probes[cap] = Probe.from_task(task, tokenizer, doc_ids=list(range(min(n_probes, n_docs))))
+    return probes
+
+
+class _KeepingScorer(ProbeScorer):
+    """A scorer that also keeps per-request log-probabilities (for per-document splits)."""
+
+    last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
+        self.last = (logprob, greedy)
+        return super().aggregate(logprob, greedy)
+
+
+@dataclass
+class CapabilityLoss:
+    """One capability's measurement: loss, accuracy and per-document nats and token counts."""
+
+    capability: str
+    task: str
+    nll: float
+    acc: float
+    n_docs: int
+    n_tokens: int
+    doc_nats: list[float]
+    doc_tokens: list[int]
+
+    def to_dict(self, per_doc: bool = False) -> dict[str, Any]:
+        d = {
+            "capability": self.capability, "task": self.task, "nll": self.nll, "acc": self.acc,
+            "n_docs": self.n_docs, "n_tokens": self.n_tokens,
+        }
+        if per_doc:
+            d["doc_nats"] = [round(x, 5) for x in self.doc_nats]
+            d["doc_tokens"] = self.doc_tokens
+        return d
+
+
+def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None, batch_size: int = 16) -> CapabilityLoss:
+    """Score one probe with the model as it is (no knockouts)."""
+    scorer = _KeepingScorer(model, probe, batch_size=batch_size)
+    res = scorer.score()
+    assert scorer.last is not None
+    logprob = scorer.last[0][0]
+    tokens = np.array([len(t) for t in scorer._targets])
+    if probe.kind == "multiple_choice":
+        assert probe.gold is not None and probe.choice_of is not None
+        keep = probe.choice_of == probe.gold[probe.doc_of]
+    else:
+        keep = np.ones(len(tokens), dtype=bool)
+    doc_nats = np.zeros(probe.n_docs)
+    doc_tok = np.zeros(probe.n_docs, dtype=int)
+    np.add.at(doc_nats, probe.doc_of[keep], -logprob[keep])
+    np.add.at(doc_tok, probe.doc_of[keep], tokens[keep])
+    return CapabilityLoss(
+        capability=capability or probe.name, task=probe.name, nll=float(res["nll"][0]), acc=float(res["acc"][0]),
+        n_docs=probe.n_docs, n_tokens=int(doc_tok.sum()), doc_nats=doc_nats.tolist(), doc_tokens=doc_tok.tolist(),
+    )
+
+
+def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16) -> dict[str, CapabilityLoss]:
+    """Per-capability loss of ``model`` on each probe set."""
+    return {cap: measure_probe(model, p, cap, batch_size) for cap, p in probes.items()}

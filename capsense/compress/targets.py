@@ -1,0 +1,104 @@
+"""The matrices compression acts on: linear layers inside decoder blocks, classified attn/mlp.
+
+Embeddings, the LM head and norms are never targets (SmolLM2 and Gemma tie the LM head to
+the embedding). GPT-2's ``Conv1D`` stores its weight as ``[in, out]``; :meth:`Target.get`
+and :meth:`Target.set` always speak ``[out, in]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from capsense.arch import arch_spec, unwrap
+
+KINDS = ("attn", "mlp")
+_ATTN_WORDS = ("attn", "attention")
+_MLP_WORDS = ("mlp", "ffn", "feed_forward")
+
+
+class TargetError(ValueError):
+    """A target selection that names no matrix or an unknown kind."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One compressible matrix: full module name, layer index, kind and short name."""
+
+    name: str
+    layer: int
+    kind: str  # "attn" or "mlp"
+    short: str  # e.g. "q_proj", "down_proj", "c_attn"
+    module: nn.Module
+    transposed: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        w = self.module.weight
+        return (w.shape[1], w.shape[0]) if self.transposed else (w.shape[0], w.shape[1])
+
+    @property
+    def n_params(self) -> int:
+        return int(self.module.weight.numel())
+
+    def get(self) -> torch.Tensor:
+        """The weight as ``[out, in]`` (a view for Linear, a transposed view for Conv1D)."""
+        w = self.module.weight.data
+        return w.t() if self.transposed else w
+
+    def set(self, w: torch.Tensor) -> None:
+        """Write an ``[out, in]`` weight back in place, in the module's dtype."""
+        dst = self.module.weight.data
+        dst.copy_((w.t() if self.transposed else w).to(dst.dtype))
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _classify(path: str) -> str | None:
+    head = path.split(".")[0].lower()
+    if any(w in head for w in _ATTN_WORDS):
+        return "attn"
+    if any(w in head for w in _MLP_WORDS):
+        return "mlp"
+    return None
+
+
+def parse_kinds(targets: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"attn,mlp"`` or a list -> validated tuple of kinds (default: both)."""
+    if targets is None:
+        return KINDS
+    items = [t.strip() for t in (targets.split(",") if isinstance(targets, str) else targets) if t.strip()]
+    bad = [t for t in items if t not in KINDS]
+    if bad or not items:
+        raise TargetError(f"unknown target kind {', '.join(bad) or '(none)'}: valid targets are attn, mlp")
+    return tuple(dict.fromkeys(items))
+
+
+def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> list[Target]:
+    """Every linear layer of every decoder block whose kind is in ``kinds``, in layer order."""
+    wanted = parse_kinds(kinds if kinds is None or isinstance(kinds, str) else list(kinds))
+    spec = arch_spec(model)
+    blocks = unwrap(model).get_submodule(spec.layers)
+    out: list[Target] = []
+    for i, block in enumerate(blocks):
+        for path, module in block.named_modules():
+            if not path or not _is_linear(module):
+                continue
+            kind = _classify(path)
+            if kind in wanted:
+                full = f"{spec.layers}.{i}.{path}"
+                out.append(Target(full, i, kind, path.split(".")[-1], module, type(module).__name__ == "Conv1D"))
+    if not out:
+        raise TargetError(f"no {'/'.join(wanted)} linear layers found in the decoder blocks of this model")
+    return out
+
+
+def out_projection_name(model: nn.Module, layer: int) -> str:
+    """Full module name of layer ``layer``'s attention output projection."""
+    spec = arch_spec(model)
+    return f"{spec.layers}.{layer}.{spec.out_proj}"

@@ -1,0 +1,103 @@
+"""Knockout designs: which heads each mask removes.
+
+A design is a boolean matrix ``[n_masks, n_heads]`` over the flattened heads
+(``index = layer * n_heads_per_layer + head``), True = knocked out.
+
+* :func:`bernoulli_design`: every head independently with probability ``p``;
+* :func:`balanced_design`: exactly ``k`` heads per mask, least-used heads first (random
+  tie-breaks), so every head is knocked out ``floor`` or ``ceil`` of ``m k / n`` times;
+* :func:`adaptive_round`: later rounds spend half their masks on the heads a fit so far
+  ranks high or is unsure about, and half on a balanced design over all heads.
+
+Every design is prefix-stable: the first ``m`` masks of a design of ``m' > m`` masks are the
+design of ``m`` masks, so a run can be extended with more masks and resumed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DESIGNS = ("balanced", "bernoulli", "adaptive")
+
+#: Masks per adaptive round (fixed, so that extending a run keeps earlier rounds).
+ADAPTIVE_ROUND = 25
+
+
+def heads_per_mask(n_heads: int, sparsity: float | None = None, k: int | None = None) -> int:
+    """Heads knocked out per mask from ``k`` or ``sparsity`` (at least 1)."""
+    if k is not None:
+        if not 1 <= k <= n_heads:
+            raise ValueError(f"heads per mask must be between 1 and {n_heads} (the model's heads), got {k}")
+        return int(k)
+    if sparsity is None or not 0 < sparsity < 1:
+        raise ValueError(f"sparsity must be in (0, 1), got {sparsity}")
+    return max(1, int(round(sparsity * n_heads)))
+
+
+def bernoulli_design(n_masks: int, n_heads: int, p: float, seed: int) -> np.ndarray:
+    """Each head knocked out independently with probability ``p``; no mask is empty."""
+    if not 0 < p < 1:
+        raise ValueError(f"sparsity must be in (0, 1), got {p}")
+    rng = np.random.default_rng([seed, 1])
+    out = np.zeros((n_masks, n_heads), dtype=bool)
+    for i in range(n_masks):  # row by row so that the design is prefix-stable
+        row = rng.random(n_heads) < p
+        if not row.any():
+            row[rng.integers(n_heads)] = True
+        out[i] = row
+    return out
+
+
+def balanced_design(
+    n_masks: int, n_heads: int, k: int, seed: int, counts: np.ndarray | None = None,
+    pool: np.ndarray | None = None,
+) -> np.ndarray:
+    """``k`` heads per mask, least-used first with random tie-breaks.
+
+    ``counts`` (per head) carries usage over from earlier masks; ``pool`` restricts the
+    draw to those head indices.
+    """
+    rng = np.random.default_rng([seed, 2])
+    used = np.zeros(n_heads) if counts is None else counts.astype(float).copy()
+    candidates = np.arange(n_heads) if pool is None else np.asarray(pool)
+    k = min(k, len(candidates))
+    out = np.zeros((n_masks, n_heads), dtype=bool)
+    for i in range(n_masks):
+        key = used[candidates] + rng.random(len(candidates))  # integer part = usage, fraction = tie-break
+        pick = candidates[np.argsort(key, kind="stable")[:k]]
+        out[i, pick] = True
+        used[pick] += 1
+    return out
+
+
+def adaptive_round(
+    round_index: int,
+    n_masks: int,
+    n_heads: int,
+    k: int,
+    seed: int,
+    history: np.ndarray,
+    importance: np.ndarray | None,
+    confidence: np.ndarray | None,
+    n_candidates: int | None = None,
+) -> np.ndarray:
+    """Masks of one adaptive round.
+
+    Round 0 (or no fit yet) is balanced over all heads. Later rounds draw half their masks
+    (balanced, least-used first) from the candidates: the ``n_candidates`` heads ranked
+    highest by ``importance``, plus heads whose ``confidence`` is between 0.1 and 0.9; the
+    other half stays balanced over all heads so that no head is never tested.
+    """
+    counts = history.sum(axis=0) if len(history) else np.zeros(n_heads)
+    seed_r = seed * 1000 + round_index
+    if round_index == 0 or importance is None:
+        return balanced_design(n_masks, n_heads, k, seed_r, counts)
+    n_candidates = n_candidates or max(4 * k, 20)
+    top = np.argsort(-importance, kind="stable")[:n_candidates]
+    unsure = np.flatnonzero((confidence > 0.1) & (confidence < 0.9)) if confidence is not None else []
+    pool = np.unique(np.concatenate([top, np.asarray(unsure, dtype=int)]))
+    n_focus = n_masks // 2
+    # Inside the pool, fewer heads per mask: candidates are few and each mask should tell them apart.
+    focus = balanced_design(n_focus, n_heads, max(1, min(k, len(pool) // 4)), seed_r, counts, pool)
+    rest = balanced_design(n_masks - n_focus, n_heads, k, seed_r + 1, counts + focus.sum(0))
+    return np.concatenate([focus, rest])

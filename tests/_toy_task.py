@@ -1,0 +1,41 @@
+"""A tiny offline lm-eval task (JSONL + YAML in a folder) and a tiny model folder for locate tests."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from conftest import save_tiny_folder
+
+TOY_TASK = "toy_copy"
+TOY_CONTROL = "toy_count"
+
+
+def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
+    """Two log-likelihood tasks: copy a letter string (target) and continue a count (control)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    copy_docs, count_docs = [], []
+    for _ in range(n_docs):
+        w = "".join(rng.choice("abcdefgh") for _ in range(8))
+        copy_docs.append({"context": f"{w} {w[:4]}", "continuation": w[4:6]})
+        a = rng.randint(1, 5)
+        count_docs.append({"context": " ".join(str(a + i) for i in range(4)), "continuation": f" {a + 4}"})
+    for name, docs in ((TOY_TASK, copy_docs), (TOY_CONTROL, count_docs)):
+        data = folder / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (folder / f"{name}.yaml").write_text(
+            f"task: {name}\n"
+            "dataset_path: json\n"
+            f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+            "output_type: loglikelihood\ntest_split: test\n"
+            'doc_to_text: "{{context}}"\ndoc_to_target: "{{continuation}}"\ntarget_delimiter: ""\n'
+            "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        )
+    return folder
+
+
+def make_toy_setup(root: Path) -> tuple[Path, Path]:
+    """(model folder, task folder) under ``root``."""
+    return save_tiny_folder("llama", root / "model"), write_toy_tasks(root / "tasks")

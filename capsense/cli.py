@@ -36,6 +36,3 @@ def _register() -> None:
 
 
 _register()
-
-if __name__ == "__main__":
-    main()

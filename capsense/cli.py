@@ -17,22 +17,16 @@ def main() -> None:
     """Find the attention heads a capability depends on, prove it, ship the edited model."""
 
 
+# The data flow, in order: evaluate, locate, validate, run (a recipe), export, push, then
+# compression. One module per subcommand in capsense/commands/, each named for its command.
+COMMANDS = ("evaluate", "locate", "validate", "run", "export", "push", "compress", "measure", "grid", "fit", "select")
+
+
 def _register() -> None:
-    from capsense.commands.evaluate import evaluate
-    from capsense.commands.export import export
-    from capsense.commands.locate import locate
-    from capsense.commands.push import push
-    from capsense.commands.run import run
-    from capsense.commands.validate import validate
+    import importlib
 
-    for command in (evaluate, export, locate, push, run, validate):
-        main.add_command(command)
-
-    from capsense.commands.compress import compress; main.add_command(compress)  # noqa: E702
-    from capsense.commands.measure import measure; main.add_command(measure)  # noqa: E702
-    from capsense.commands.grid import grid; main.add_command(grid)  # noqa: E702
-    from capsense.commands.fit import fit; main.add_command(fit)  # noqa: E702
-    from capsense.commands.select import select; main.add_command(select)  # noqa: E702
+    for name in COMMANDS:
+        main.add_command(getattr(importlib.import_module(f"capsense.commands.{name}"), name))
 
 
 _register()

@@ -93,6 +93,25 @@ class CompactFit:
         return asdict(self)
 
 
+def standardized_features(
+    X: np.ndarray | None, feature_names: Sequence[str], n: int
+) -> tuple[np.ndarray, list[str], list[float], list[float]]:
+    """Standardize the usable (finite, non-constant) model-state feature columns.
+
+    Returns ``(Z [n, k], names, means, stds)``; ``k`` is 0 without usable features.
+    """
+    if X is None or not np.asarray(X).size:
+        return np.zeros((n, 0)), [], [], []
+    Xa = np.asarray(X, dtype=float)
+    keep = [j for j in range(Xa.shape[1]) if np.isfinite(Xa[:, j]).all() and Xa[:, j].std() > 1e-12]
+    if not keep:
+        return np.zeros((n, 0)), [], [], []
+    mean = [float(Xa[:, j].mean()) for j in keep]
+    std = [float(Xa[:, j].std()) for j in keep]
+    Z = (Xa[:, keep] - np.array(mean)) / np.array(std)
+    return Z, [feature_names[j] for j in keep], mean, std
+
+
 def fit_compact(
     density: Sequence[float],
     dL: Sequence[float],
@@ -108,15 +127,7 @@ def fit_compact(
     y = np.asarray(dL, dtype=float)
     if len(np.unique(d)) < 2:
         raise FitError(f"{capability or 'fit'}: the compact relation needs at least two distinct densities, got {sorted(set(d.tolist()))}")
-    used, mean, std = [], [], []
-    Z = np.zeros((len(d), 0))
-    if X is not None and np.asarray(X).size:
-        Xa = np.asarray(X, dtype=float)
-        keep = [j for j in range(Xa.shape[1]) if np.isfinite(Xa[:, j]).all() and Xa[:, j].std() > 1e-12]
-        used = [feature_names[j] for j in keep]
-        mean = [float(Xa[:, j].mean()) for j in keep]
-        std = [float(Xa[:, j].std()) for j in keep]
-        Z = (Xa[:, keep] - np.array(mean)) / np.array(std) if keep else Z
+    Z, used, mean, std = standardized_features(X, feature_names, len(d))
     if len(d) < 2 + Z.shape[1]:
         raise FitError(f"{capability or 'fit'}: {len(d)} points cannot fit {2 + Z.shape[1]} parameters")
     D = np.column_stack([np.ones(len(d)), Z])
@@ -136,7 +147,7 @@ def fit_compact(
     fit = CompactFit(
         capability, method, gamma, coef.tolist(), used, mean, std, (float(d.min()), float(d.max())), len(d)
     )
-    fit.train_mae = float(np.abs(fit.predict(d, Xa[:, [feature_names.index(f) for f in used]] if used else None) - y).mean())
+    fit.train_mae = float(np.abs(fit.predict(d, np.asarray(X, dtype=float)[:, [list(feature_names).index(f) for f in used]] if used else None) - y).mean())
     return fit
 
 
@@ -175,21 +186,11 @@ def fit_per_density(
 ) -> PerDensityFit:
     d = np.asarray(density, dtype=float)
     y = np.asarray(dL, dtype=float)
-    used, mean, std, keep = [], [], [], []
-    Xa = None
-    if X is not None and np.asarray(X).size:
-        Xa = np.asarray(X, dtype=float)
-        keep = [j for j in range(Xa.shape[1]) if np.isfinite(Xa[:, j]).all() and Xa[:, j].std() > 1e-12]
-        used = [feature_names[j] for j in keep]
-        mean = [float(Xa[:, j].mean()) for j in keep]
-        std = [float(Xa[:, j].std()) for j in keep]
+    Z, used, mean, std = standardized_features(X, feature_names, len(d))
     coefs = {}
     for dv in np.unique(d):
         sel = np.isclose(d, dv)
-        cols = [np.ones(sel.sum())]
-        if keep:
-            cols.extend(((Xa[sel][:, keep] - np.array(mean)) / np.array(std)).T)
-        A = np.column_stack(cols)
+        A = np.column_stack([np.ones(sel.sum()), Z[sel]])
         c, *_ = np.linalg.lstsq(A, y[sel], rcond=None)  # minimum-norm if under-determined
         coefs[float(dv)] = c.tolist()
     return PerDensityFit(capability, method, coefs, used, mean, std)

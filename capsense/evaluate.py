@@ -38,9 +38,15 @@ def evaluate_head_sets(
     limit: int | None = None,
     samples: dict[str, list[int]] | None = None,
     include_path: Sequence[str] = (),
-    metrics: Sequence[str] = ("acc", "nats_per_token"),
+    metrics: Sequence[str] | None = None,
+    confirm_run_unsafe_code: bool = False,
 ) -> list[MetricRow]:
-    """Run ``tasks`` once per labelled head set; one row per (task, metric)."""
+    """Run ``tasks`` once per labelled head set; one row per (task, metric).
+
+    Rows cover every metric lm-eval reports for the task (or those named in ``metrics``),
+    under every filter: labelled ``name`` for the default filter, ``name,filter`` otherwise
+    (GSM8K: ``exact_match,strict-match``, ``exact_match,flexible-extract``).
+    """
     import lm_eval
 
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
@@ -55,16 +61,21 @@ def evaluate_head_sets(
             task_manager=manager,
             log_samples=False,
             verbosity="WARNING",
+            confirm_run_unsafe_code=confirm_run_unsafe_code,
         )
         results[label] = out["results"]
     lm.set_heads(HeadSet())
     rows = []
     for task in tasks:
         base = results[next(iter(head_sets))][task]
-        for metric in metrics:
-            key = f"{metric},none"
-            if key in base:
-                rows.append(MetricRow(task, metric, {lab: float(results[lab][task][key]) for lab in head_sets}))
+        for key, value in base.items():
+            name, _, filt = key.partition(",")
+            if not filt or name.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            if metrics is not None and name not in metrics:
+                continue
+            label = name if filt == "none" else key
+            rows.append(MetricRow(task, label, {lab: float(results[lab][task][key]) for lab in head_sets}))
     return rows
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from capsense.designs import ADAPTIVE_ROUND, DESIGNS, adaptive_round, balanced_design, bernoulli_design, heads_per_mask
+from capsense.refine import DEFAULT_BUDGET, DEFAULT_TOLERANCE, REFINE_ROUND, Refinement, head_set_masks, refine
 from capsense.solvers import SOLVERS, HeadScores, make_solver, residualize, ridge_effects, standardize
 from capsense.store import Evaluation, RunStore, RunStoreError
 
@@ -69,9 +70,13 @@ class LocateConfig:
     dtype: str = "auto"
     include_path: list[str] = field(default_factory=list)
     revision: str | None = None
-    greedy_k: int = 5
+    top_k: int = 5  # heads in the set the run hands on (greedy's rounds, refine's set)
+    refine: int | None = None  # measure-and-choose budget; None = refine.DEFAULT_BUDGET with controls, else 0
+    tolerance: float = DEFAULT_TOLERANCE
     prefix_reuse: bool = True
     progress: bool = True
+    confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
+    task_metric_higher_is_better: bool = True  # set by locate from the task when --metric is the task's own
 
     def check(self) -> None:
         """Raise :class:`LocateError` for settings that are wrong before any model is loaded."""
@@ -83,10 +88,10 @@ class LocateConfig:
         choice("design", self.design, DESIGNS)
         choice("solver", self.solver, SOLVERS)
         choice("dtype", self.dtype, DTYPES)
-        if self.metric not in METRICS:
+        if not self.metric or not isinstance(self.metric, str):
             raise LocateError(
-                f"unknown metric {self.metric!r}: valid metrics are nll (nats/token of the reference "
-                "continuation, the default) and acc (greedy exact match, or multiple-choice accuracy)"
+                "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "
+                "exact match, or multiple-choice accuracy) or one of the target task's own lm-eval metrics"
             )
         if self.heads_per_mask is None and (self.sparsity is None or not 0 < self.sparsity < 1):
             raise LocateError(f"--sparsity must be strictly between 0 and 1, got {self.sparsity}")
@@ -102,6 +107,31 @@ class LocateConfig:
             raise LocateError(f"duplicate control tasks in {self.controls}")
         if self.alpha is not None and self.alpha <= 0:
             raise LocateError(f"--alpha must be positive, got {self.alpha}")
+        if self.top_k < 1:
+            raise LocateError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.refine is not None and self.refine < 0:
+            raise LocateError(f"--refine must be 0 (off) or a number of evaluations, got {self.refine}")
+        if self.refine and self.method == "greedy":
+            raise LocateError("--refine does not apply to --method greedy, which measures its own top-K set")
+        if not self.tolerance >= 0:
+            raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
+
+    def metric_for(self, task: str) -> str:
+        """The metric ``task`` is scored by: ``metric`` for the target, and for controls too
+        when it is a probe metric (nll, acc); a task's own metric (``exact_match``) is the
+        target's, so controls then use nll."""
+        return self.metric if task == self.task or self.metric in METRICS else "nll"
+
+    def higher_is_better(self, task: str) -> bool:
+        m = self.metric_for(task)
+        return {"nll": False, "acc": True}.get(m, self.task_metric_higher_is_better)
+
+    @property
+    def refine_budget(self) -> int:
+        """Evaluations for measure-and-choose: ``refine``, or by default 24 in selective mode."""
+        if self.refine is not None:
+            return self.refine
+        return DEFAULT_BUDGET if self.controls and self.method != "greedy" else 0
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -152,11 +182,31 @@ def build_probe(task: str, tokenizer, limit: int | None, seed: int, include_path
     return probe
 
 
+def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> dict:
+    """With ``--metric`` one of the target task's own lm-eval metrics (not nll/acc): a scorer that
+    runs the task through lm-eval under each mask on the probe's documents (faithful, slow)."""
+    if cfg.metric in METRICS:
+        return {}
+    from capsense.probe import load_task
+    from capsense.task_metric import TaskMetricScorer, resolve_task_metric
+
+    try:
+        tm = resolve_task_metric(cfg.task, load_task(cfg.task, cfg.include_path, tokenizer), cfg.metric)
+    except ValueError as e:
+        raise LocateError(str(e)) from None
+    cfg.task_metric_higher_is_better = tm.higher_is_better
+    scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, tm, cfg.metric,
+                              batch_size=cfg.batch_size, include_path=cfg.include_path,
+                              confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
+    return {cfg.task: scorer}
+
+
 # -- evaluation --------------------------------------------------------------------------
 class MaskEvaluator:
     """Scores masks (flat head index sets) on every probe with one loaded model."""
 
-    def __init__(self, model, probes: dict, batch_size: int, masks_per_forward: int, prefix_reuse: bool) -> None:
+    def __init__(self, model, probes: dict, batch_size: int, masks_per_forward: int, prefix_reuse: bool,
+                 extra: dict | None = None) -> None:
         from capsense.arch import head_layout
         from capsense.prefix import PrefixReuseScorer
         from capsense.probe import ProbeScorer
@@ -167,6 +217,7 @@ class MaskEvaluator:
             name: cls(model, probe, batch_size=batch_size, masks_per_forward=masks_per_forward)
             for name, probe in probes.items()
         }
+        self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
 
     def knockouts(self, masks: np.ndarray):
         import torch
@@ -176,6 +227,8 @@ class MaskEvaluator:
     def __call__(self, masks: np.ndarray) -> list[dict[str, dict[str, float]]]:
         ko = self.knockouts(masks)
         per_task = {name: s.score(ko) for name, s in self.scorers.items()}
+        for name, s in self.extra.items():
+            per_task[name] = {**per_task.get(name, {}), **s.score(ko)}
         return [
             {name: {k: float(v[i]) for k, v in r.items()} for name, r in per_task.items()} for i in range(len(masks))
         ]
@@ -237,25 +290,26 @@ def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:
     return X
 
 
-def task_scores(evals: Sequence[Evaluation], task: str, metric: str) -> np.ndarray:
-    """Score per mask, higher = better: ``-nll`` or ``acc``."""
-    v = np.array([e.scores[task][metric] for e in evals], dtype=float)
-    return -v if metric == "nll" else v
+def task_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig) -> np.ndarray:
+    """Score per mask of ``task`` by its metric, signed so that higher = better (``-nll``, ``acc``)."""
+    v = np.array([e.scores[task][cfg.metric_for(task)] for e in evals], dtype=float)
+    return v if cfg.higher_is_better(task) else -v
 
 
-def damage(evals: Sequence[Evaluation], task: str, metric: str, base: Evaluation) -> np.ndarray:
-    """Relative worsening of ``metric`` on ``task`` per mask vs the clean model (+0.2 = 20% worse)."""
-    v = np.array([e.scores[task][metric] for e in evals], dtype=float)
-    v0 = float(base.scores[task][metric])
-    diff = (v - v0) if metric == "nll" else (v0 - v)
+def damage(evals: Sequence[Evaluation], task: str, cfg: LocateConfig, base: Evaluation) -> np.ndarray:
+    """Relative worsening of ``task``'s metric per mask vs the clean model (+0.2 = 20% worse)."""
+    m = cfg.metric_for(task)
+    v = np.array([e.scores[task][m] for e in evals], dtype=float)
+    v0 = float(base.scores[task][m])
+    diff = (v0 - v) if cfg.higher_is_better(task) else (v - v0)
     return diff / abs(v0) if v0 != 0 else diff
 
 
 def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective: bool = True) -> np.ndarray:
     """The vector the solver fits: the target score, residualized on the controls when selective."""
-    y = task_scores(evals, cfg.task, cfg.metric)
+    y = task_scores(evals, cfg.task, cfg)
     if selective and cfg.controls:
-        C = np.column_stack([task_scores(evals, c, cfg.metric) for c in cfg.controls])
+        C = np.column_stack([task_scores(evals, c, cfg) for c in cfg.controls])
         y = residualize(y, C)
     return y
 
@@ -271,6 +325,7 @@ class LocateResult:
     n_evaluations: int
     base: dict[str, dict[str, float]]
     seconds_per_mask: float
+    refinement: Refinement | None = None
 
 
 def _single_head_scores(evals: Sequence[Evaluation], y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -290,12 +345,12 @@ def summarize(evals: list[Evaluation], cfg: LocateConfig, n: int, single_head: b
     base = evals[0]
     X = design_matrix(evals, n)
     tasks = [cfg.task, *cfg.controls]
-    dmg = {t: damage(evals, t, cfg.metric, base) for t in tasks}
+    dmg = {t: damage(evals, t, cfg, base) for t in tasks}
     if single_head:
         singles = [e for e in evals if len(e.heads) == 1]
         effects = {t: np.zeros(n) for t in tasks}
         for t in tasks:
-            d = damage([base, *singles], t, cfg.metric, base)
+            d = damage([base, *singles], t, cfg, base)
             for e, v in zip(singles, d[1:]):
                 effects[t][e.heads[0]] = v
         sel = [base, *singles]
@@ -363,8 +418,8 @@ def run_greedy(run: MaskRunner, cfg: LocateConfig, n: int) -> tuple[list[Evaluat
     imp, _ = _single_head_scores(evals, fit_target(evals, cfg, n), n)
     order = [int(i) for i in np.argsort(-imp, kind="stable")]
     chosen = [order[0]]
-    n_cand = min(n - 1, max(20, 4 * cfg.greedy_k))
-    for r in range(1, cfg.greedy_k):
+    n_cand = min(n - 1, max(20, 4 * cfg.top_k))
+    for r in range(1, cfg.top_k):
         cands = [h for h in order if h not in chosen][:n_cand]
         masks = np.zeros((len(cands), n), dtype=bool)
         masks[:, chosen] = True
@@ -412,14 +467,38 @@ def thompson_scores(evals: Sequence[Evaluation], y: np.ndarray, n: int) -> HeadS
     return HeadScores(-mean, norm.cdf(-mean / sd), -mean)
 
 
+def run_refine(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, ranking: Sequence[int]) -> tuple[Refinement, list[Evaluation]]:
+    """Measure and choose the top-K set on the run's documents (see :mod:`capsense.refine`)."""
+    spent: list[Evaluation] = []
+
+    def measure(sets: list[tuple[int, ...]]) -> list[tuple[float, dict[str, float]]]:
+        evs = run(head_set_masks(sets, n), REFINE_ROUND)
+        spent.extend(evs)
+        return [
+            (float(damage([e], cfg.task, cfg, base)[0]),
+             {c: float(damage([e], c, cfg, base)[0]) for c in cfg.controls})
+            for e in evs
+        ]
+
+    found = refine(ranking, min(cfg.top_k, n), measure, budget=cfg.refine_budget, tolerance=cfg.tolerance)
+    return found, spent
+
+
+def put_first(scores: HeadScores, chosen: Sequence[int]) -> HeadScores:
+    """The same scores, re-ranked so that ``chosen`` (in its order) leads."""
+    imp = scores.importance
+    top = np.nanmax(np.abs(imp[np.isfinite(imp)])) if np.isfinite(imp).any() else 0.0
+    boost = np.zeros(len(imp))
+    boost[list(chosen)] = np.arange(len(chosen), 0, -1) + top
+    return HeadScores(imp + boost, scores.confidence, scores.marginal)
+
+
 # -- the run -----------------------------------------------------------------------------
 def expected_evaluations(cfg: LocateConfig, n: int) -> int:
-    if cfg.method == "exhaustive":
-        return n + 1
     if cfg.method == "greedy":
-        n_cand = min(n - 1, max(20, 4 * cfg.greedy_k))
-        return n + 1 + sum(min(n - r, n_cand) for r in range(1, cfg.greedy_k))
-    return cfg.masks + 1
+        n_cand = min(n - 1, max(20, 4 * cfg.top_k))
+        return n + 1 + sum(min(n - r, n_cand) for r in range(1, cfg.top_k))
+    return (n + 1 if cfg.method == "exhaustive" else cfg.masks + 1) + cfg.refine_budget
 
 
 def library_versions() -> dict[str, str]:
@@ -439,10 +518,22 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
     if cfg.method in ("cs", "thompson"):
         keys += ["design", "heads_per_mask"]
     if cfg.method == "greedy":
-        keys += ["greedy_k", "metric"]
+        keys += ["top_k", "metric"]
     if cfg.method == "thompson" or cfg.design == "adaptive":
         keys += ["metric", "solver", "alpha"]
+    if cfg.metric not in METRICS:  # the task's own metric is stored beside nll and acc
+        keys.append("metric")
+    if cfg.refine_budget:  # refine's sets follow from the fit of every earlier mask
+        keys += [k for k in ("masks", "metric", "solver", "alpha", "top_k", "refine", "tolerance") if k not in keys]
     return keys
+
+
+def _bar(cfg: LocateConfig, total: int, done: int, desc: str):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=min(done, total), unit="mask", desc=desc, dynamic_ncols=True)
 
 
 def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[LocateResult, Path]:
@@ -472,6 +563,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     probes = {}
     for t in [cfg.task, *cfg.controls]:
         probes[t] = build_probe(t, tokenizer, cfg.limit, cfg.seed, cfg.include_path)
+    extra = task_metric_scorers(cfg, model, tokenizer, probes)
     fingerprint = model_fingerprint(cfg.model, cfg.revision)
     ident = {
         "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
@@ -483,7 +575,10 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
         "dtype": dtype,
         "design": cfg.design,
         "heads_per_mask": k,
-        "greedy_k": cfg.greedy_k,
+        "top_k": cfg.top_k,
+        "masks": cfg.masks,
+        "refine": cfg.refine_budget,
+        "tolerance": cfg.tolerance,
         "metric": cfg.metric,
         "solver": cfg.solver,
         "alpha": cfg.alpha,
@@ -504,6 +599,11 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
             for t, p in probes.items()
         },
         "identity": ident,
+        "task_metric": {
+            t: {"metric": cfg.metric, "label": sc.metric.label, "higher_is_better": sc.metric.higher_is_better,
+                "scored_by": "lm-eval under each mask (capsense-masked)"}
+            for t, sc in extra.items()
+        },
         "versions": library_versions(),
         "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": cfg.device},
     }
@@ -512,13 +612,9 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     done = len(store.evaluations)
     if done:
         log(f"Resuming {out}: {done} masks already evaluated")
-    evaluator = MaskEvaluator(model, probes, cfg.batch_size, cfg.masks_per_forward, cfg.prefix_reuse)
+    evaluator = MaskEvaluator(model, probes, cfg.batch_size, cfg.masks_per_forward, cfg.prefix_reuse, extra)
     total = expected_evaluations(cfg, n)
-    bar = None
-    if cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, initial=min(done, total), unit="mask", desc=f"locate {cfg.task}", dynamic_ncols=True)
+    bar = _bar(cfg, total - cfg.refine_budget, done, f"locate {cfg.task}")
     runner = MaskRunner(store, evaluator, total, cfg.masks_per_forward, bar)
     t0 = time.perf_counter()
     chosen: list[int] | None = None
@@ -534,22 +630,36 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     finally:
         if bar is not None:
             bar.close()
-    wall = time.perf_counter() - t0
     result = summarize(evals, cfg, n, single_head=cfg.method in ("exhaustive", "greedy"))
     if cfg.method == "thompson":
         result.scores = thompson_scores(evals, fit_target(evals, cfg, n), n)
         if cfg.controls:
             result.raw_scores = thompson_scores(evals, fit_target(evals, cfg, n, False), n)
     if chosen is not None:
-        boost = np.zeros(n)
-        boost[chosen] = np.arange(len(chosen), 0, -1) + np.nanmax(np.abs(result.scores.importance[np.isfinite(result.scores.importance)]))
-        result.scores = HeadScores(result.scores.importance + boost, result.scores.confidence, result.scores.marginal)
+        result.scores = put_first(result.scores, chosen)
+    spent: list[Evaluation] = []
+    if cfg.refine_budget:
+        runner.bar = bar = _bar(cfg, cfg.refine_budget, max(0, done - len(evals)), f"refine top-{cfg.top_k}")
+        try:
+            result.refinement, spent = run_refine(runner, cfg, n, evals[0], result.scores.rank)
+        finally:
+            if bar is not None:
+                bar.close()
+        result.scores = put_first(result.scores, result.refinement.heads)
+        result.n_evaluations += len(spent)
+        log(
+            f"refine: {len(spent)} sets measured; chosen "
+            + ", ".join(f"L{h // layout.n_heads}H{h % layout.n_heads}" for h in result.refinement.heads)
+            + f" (target {100 * result.refinement.quality.target:+.1f}%, worst control "
+            f"{100 * result.refinement.quality.control:+.1f}%, tolerance {100 * cfg.tolerance:.1f}%)"
+        )
+    wall = time.perf_counter() - t0
     from capsense.report import write_outputs
 
     store.manifest["timing"] = {
         "load_s": round(load_s, 2),
         "evaluate_s_this_attempt": round(wall, 2),
-        "new_evaluations_this_attempt": len(evals) - done,
+        "new_evaluations_this_attempt": max(0, len(evals) + len(spent) - done),
         "seconds_per_mask": round(result.seconds_per_mask, 4),
     }
     store.write_manifest()

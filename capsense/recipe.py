@@ -31,7 +31,8 @@ class RecipeError(ValueError):
 
 
 _LOCATE_FIELDS = {f.name for f in fields(LocateConfig)} - {"model", "out", "task"}
-_VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "dtype", "include_path"}
+_VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "dtype", "include_path",
+                    "confirm_run_unsafe_code"}
 
 
 def load_recipe(path: str | Path) -> dict[str, Any]:

@@ -68,6 +68,9 @@ def write_outputs(out: Path, cfg: "LocateConfig", result: "LocateResult", layout
         "effects": "relative worsening of the metric when the head is knocked out (+0.1 = 10% worse); "
         "control_effect = the largest over the controls",
     }
+    if result.refinement is not None:
+        n_heads = layout.n_heads
+        meta["refine"] = result.refinement.as_dict(lambda i: _name(i, n_heads))
     heads_path = write_heads_file(out / "heads.json", HeadsFile(model=cfg.model, heads=recs, meta=meta))
     cols = ["rank", "layer", "head", "importance", "confidence", "raw_importance", "target_effect", "control_effect"]
     cols += [f"effect_{c}" for c in cfg.controls]
@@ -130,11 +133,33 @@ def report_markdown(cfg: "LocateConfig", result: "LocateResult", recs: list[dict
         row = f"| {r['rank']} | L{r['layer']}H{r['head']} | {r['importance']} | {r['confidence']} | {_pct(r['target_effect'])} |"
         row += "".join(f" {_pct(r.get('control_effects', {}).get(c))} |" for c in cfg.controls)
         lines.append(row)
+    if result.refinement is not None:
+        lines += ["", *_refine_lines(result.refinement, cfg, manifest["layout"]["n_heads"])]
     if result.raw_scores is not None:
         raw_top = [_name(int(i), manifest["layout"]["n_heads"]) for i in result.raw_scores.rank[:10]]
         lines += ["", f"Raw target-score ranking (not selective), top 10: {', '.join(raw_top)}"]
     lines += ["", "![importance heatmap](heatmap.png)", ""]
     return "\n".join(lines)
+
+
+def _refine_lines(ref, cfg: "LocateConfig", n_heads: int) -> list[str]:
+    def row(label: str, q) -> str:
+        heads = ", ".join(_name(h, n_heads) for h in q.heads)
+        return (f"| {label} | {heads} | {_pct(q.target)} |" + "".join(f" {_pct(q.controls.get(c))} |" for c in cfg.controls)
+                + f" {'yes' if q.feasible else 'no'} |")
+
+    return [
+        f"## Chosen top-{len(ref.heads)} set (measured on the run's documents)",
+        "",
+        f"{len(ref.measured)} candidate sets measured; a set is within tolerance when no control worsens by more "
+        f"than {100 * ref.quality.tolerance:.1f}%. Heads in order of how much the target misses each: "
+        + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
+        "",
+        "| set | heads | target |" + "".join(f" {c} |" for c in cfg.controls) + " within tolerance |",
+        "|" + "---|" * (4 + len(cfg.controls)),
+        row("ranking's top K", ref.start),
+        row("chosen", ref.quality),
+    ]
 
 
 def _pct(x: float | None) -> str:

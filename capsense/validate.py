@@ -19,8 +19,6 @@ import numpy as np
 
 from capsense.heads import HeadSet, load_heads_file
 
-METRICS = ("acc", "acc_norm", "exact_match", "pass@1", "nats_per_token")
-
 
 class ValidateError(ValueError):
     """Bad settings for a validation."""
@@ -80,6 +78,7 @@ def validate(
     device: str = "cpu",
     dtype: str = "float32",
     include_path: Sequence[str] = (),
+    confirm_run_unsafe_code: bool = False,
     log=print,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
     """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs."""
@@ -115,7 +114,8 @@ def validate(
         sets[f"random{i + 1}"] = hs
     log(f"Validating top-{top_k} ({top}) and {n_random} random {top_k}-head sets on "
         + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
-    raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path, metrics=METRICS)
+    raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
+                             confirm_run_unsafe_code=confirm_run_unsafe_code)
     rows = []
     for r in raw:
         base, abl = r.values["base"], r.values["ablated"]

@@ -10,10 +10,11 @@ from conftest import save_tiny_folder
 
 TOY_TASK = "toy_copy"
 TOY_CONTROL = "toy_count"
+TOY_GEN = "toy_copy_gen"  # the copy task as generation (exact_match, char_code)
 
 
 def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
-    """Two log-likelihood tasks: copy a letter string (target) and continue a count (control)."""
+    """Two log-likelihood tasks (copy a letter string: target; continue a count: control) and the copy task as generation."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     copy_docs, count_docs = [], []
@@ -33,6 +34,28 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
             'doc_to_text: "{{context}}"\ndoc_to_target: "{{continuation}}"\ntarget_delimiter: ""\n'
             "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
         )
+    gen = folder / f"{TOY_GEN}.jsonl"
+    gen.write_text("".join(json.dumps(d) + "\n" for d in copy_docs))
+    (folder / f"{TOY_GEN}.yaml").write_text(
+        f"task: {TOY_GEN}\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {gen}\n"
+        "output_type: generate_until\ntest_split: test\n"
+        'doc_to_text: "{{context}}"\ndoc_to_target: "{{continuation}}"\ntarget_delimiter: ""\n'
+        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 3\n  do_sample: false\n"
+        "process_results: !function toy_gen_metrics.process\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+        "  - metric: char_code\n    aggregation: mean\n    higher_is_better: false\n"
+        "filter_list:\n  - name: first\n    filter:\n      - function: take_first\n"
+    )
+    # char_code: a graded, deterministic function of the generation (a random tiny model never
+    # matches exactly), so tests can tell masks apart.
+    (folder / "toy_gen_metrics.py").write_text(
+        "def process(doc, results):\n"
+        "    gen = results[0]\n"
+        "    return {'exact_match': float(gen.strip() == doc['continuation'].strip()),\n"
+        "            'char_code': sum(ord(c) for c in gen) / (128.0 * max(1, len(gen)))}\n"
+    )
     return folder
 
 

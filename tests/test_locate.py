@@ -70,10 +70,39 @@ def test_selective_mode_records_control_effects(toy, tmp_path):
     assert set(line["scores"]) == {TOY_TASK, TOY_CONTROL}
 
 
+def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
+    out = tmp_path / "refine"
+    r = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "10", "--tolerance", "0.02")
+    assert r.exit_code == 0, r.output
+    assert "refine:" in r.output
+    hf = load_heads_file(out / "heads.json")
+    ref = hf.meta["refine"]
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert len(lines) == 17 + ref["n_evaluations"] and 1 <= ref["n_evaluations"] <= 10
+    assert hf.meta["n_evaluations"] == len(lines)
+    extra = lines[17:]
+    assert all(ln["round"] == -1 for ln in extra) and all(ln["round"] >= 0 for ln in lines[:17])
+    # the chosen set leads the ranking, and its recorded damage is what its evaluation measured
+    assert [f"L{h['layer']}H{h['head']}" for h in hf.heads[:3]] == ref["heads"]
+    chosen = next(ln for ln in extra if sorted(ln["heads"]) == sorted(ref["heads"]))
+    base = lines[0]["scores"]
+    for task, got in [(TOY_TASK, ref["chosen"]["target_damage"]), (TOY_CONTROL, ref["chosen"]["control_damage"][TOY_CONTROL])]:
+        want = (chosen["scores"][task]["nll"] - base[task]["nll"]) / base[task]["nll"]
+        assert got == pytest.approx(want, abs=1e-4)
+    assert ref["chosen"]["feasible"] == (ref["chosen"]["control_damage"][TOY_CONTROL] <= 0.02)
+    assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
+    assert "Chosen top-3 set" in (out / "report.md").read_text()
+    # the same command resumes: nothing new, the same heads.json
+    r2 = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "10", "--tolerance", "0.02")
+    assert r2.exit_code == 0 and f"{len(lines)} masks already evaluated" in r2.output
+    assert load_heads_file(out / "heads.json").heads == hf.heads
+    assert len((out / "evaluations.jsonl").read_text().splitlines()) == len(lines)
+
+
 @pytest.mark.parametrize("method, n_evals", [("exhaustive", 13), ("greedy", 13 + 11 + 10), ("thompson", 13)])
 def test_baselines(toy, tmp_path, method, n_evals):
     out = tmp_path / method
-    r = _locate(toy, out, "--method", method, "--masks", "12", "--greedy-k", "3")
+    r = _locate(toy, out, "--method", method, "--masks", "12", "--top-k", "3")
     assert r.exit_code == 0, r.output
     hf = load_heads_file(out / "heads.json")
     assert hf.meta["method"] == method and hf.meta["n_evaluations"] == n_evals
@@ -94,13 +123,17 @@ def test_exhaustive_effects_are_measured_single_head_changes(toy, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--task", "no_such_task_xyz"], "no_such_task_xyz"),
     (["--controls", "no_such_control_xyz"], "no_such_control_xyz"),
-    (["--metric", "bleu"], "unknown metric 'bleu': valid metrics are nll"),
+    (["--metric", "bleu"], "unknown metric 'bleu' for task 'toy_copy': valid metrics are nll"),
     (["--sparsity", "0"], "--sparsity must be strictly between 0 and 1, got 0.0"),
     (["--sparsity", "1.5"], "--sparsity must be strictly between 0 and 1, got 1.5"),
     (["--heads-per-mask", "13"], "--heads-per-mask 13 is more than the model's 12 heads"),
     (["--design", "sobol"], "unknown design 'sobol': valid values are balanced, bernoulli, adaptive"),
     (["--solver", "ridge"], "unknown solver 'ridge': valid values are lasso, lasso-cv, omp, stability"),
     (["--method", "random"], "unknown method 'random': valid values are cs, exhaustive, greedy, thompson"),
+    (["--refine", "-1"], "--refine must be 0 (off) or a number of evaluations, got -1"),
+    (["--tolerance", "-0.1"], "--tolerance must be a relative worsening >= 0"),
+    (["--top-k", "0"], "--top-k must be at least 1, got 0"),
+    (["--method", "greedy", "--refine", "4"], "--refine does not apply to --method greedy"),
 ])
 def test_bad_input_is_one_clear_message(toy, tmp_path, extra, message):
     args = _args(toy, tmp_path / "bad", "--masks", "4")
@@ -156,7 +189,9 @@ def test_sigkill_then_rerun_gives_the_same_heads_json(toy, tmp_path):
     rerun = subprocess.run(_cli(toy, killed, masks), env=env, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     assert "already evaluated" in rerun.stderr
-    assert len(evals.read_text().splitlines()) == masks + 1
+    n_refine = load_heads_file(full / "heads.json").meta["refine"]["n_evaluations"]
+    assert 1 <= n_refine <= 24
+    assert len(evals.read_text().splitlines()) == masks + 1 + n_refine
     assert json.loads((killed / "heads.json").read_text()) == json.loads((full / "heads.json").read_text())
 
 
@@ -169,3 +204,50 @@ def test_many_masks_per_forward_gives_the_same_scores(toy, tmp_path):
     assert [e["heads"] for e in a] == [e["heads"] for e in b]
     for x, y in zip(a, b):
         assert x["scores"][TOY_TASK]["nll"] == pytest.approx(y["scores"][TOY_TASK]["nll"], abs=1e-5)
+
+
+def test_task_metric_is_lm_eval_under_each_mask(toy, tmp_path):
+    # --metric names the task's own metric: every mask runs the generation task through lm-eval
+    # (capsense-masked) on the run's documents; the values equal a direct lm-eval evaluation.
+    from _toy_task import TOY_GEN
+    from capsense.evaluate import evaluate_head_sets, load_lm
+    from capsense.heads import HeadSet
+
+    model, tasks = toy
+    out = tmp_path / "gen"
+    args = [str(model), "--task", TOY_GEN, "--include-path", str(tasks), "--limit", "6", "--heads-per-mask", "3",
+            "--masks", "4", "--metric", "char_code", "--controls", TOY_CONTROL, "--refine", "0", "--quiet", "--out", str(out)]
+    r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert len(lines) == 5
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["task_metric"][TOY_GEN] == {"metric": "char_code", "label": "char_code,first", "higher_is_better": False,
+                                                "scored_by": "lm-eval under each mask (capsense-masked)"}
+    docs = manifest["probes"][TOY_GEN]["doc_ids"]
+    assert {"char_code", "nll", "acc"} <= set(lines[0]["scores"][TOY_GEN])
+    assert set(lines[0]["scores"][TOY_CONTROL]) == {"nll", "acc"}  # controls fall back to nll
+    values = {ln["scores"][TOY_GEN]["char_code"] for ln in lines}
+    assert len(values) > 1, "masks should change the generations"
+    lm = load_lm(str(model), batch_size=4)
+    sets = {str(i): HeadSet.parse("+".join(ln["heads"])) if ln["heads"] else HeadSet() for i, ln in enumerate(lines)}
+    rows = evaluate_head_sets(lm, sets, [TOY_GEN], samples={TOY_GEN: sorted(set(docs))}, include_path=[str(tasks)])
+    direct = next(r for r in rows if r.metric == "char_code,first")
+    for i, ln in enumerate(lines):
+        assert ln["scores"][TOY_GEN]["char_code"] == pytest.approx(direct.values[str(i)], abs=1e-9)
+    # lower char_code is better here: damage has the right sign
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["metric"] == "char_code"
+
+
+def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):
+    from _toy_task import TOY_GEN
+
+    model, tasks = toy
+    args = [str(model), "--task", TOY_GEN, "--include-path", str(tasks), "--limit", "4", "--masks", "2",
+            "--metric", "bleu", "--quiet", "--out", str(tmp_path / "x")]
+    r = CliRunner().invoke(main, ["locate", *args])
+    assert r.exit_code == 1
+    assert "unknown metric 'bleu' for task 'toy_copy_gen'" in r.output
+    assert "exact_match,first, char_code,first" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "x").exists()

@@ -1,7 +1,8 @@
 """SmolLM2-135M end to end (slow; CI runs it): cs vs exhaustive, selective mode, held-out validation.
 
 Sized for CI on CPU: 24 documents per task for locate, 150 balanced masks at sparsity 0.02
-(5 heads per mask) scored on induction + prose + arithmetic, float32. Set
+(5 heads per mask) scored on induction + prose + arithmetic, then 24 evaluations choosing
+the top-5 set (refine), float32. Set
 CAPSENSE_SLOW_RUNS to a persistent folder to resume the run folders across sessions.
 """
 
@@ -83,10 +84,9 @@ def test_selective_top5_wipes_induction_and_spares_the_controls(runs, tmp_path):
     assert ind.change_rel <= -0.8, ind
     prose = by[("capsense_prose", "nats_per_token")]
     assert abs(prose.change_rel) <= 0.05, prose
-    # Measured: arithmetic nats/token +11.0% for the top 5, but +8.8% (sd 7.7) for random
-    # 5-head sets on the same 40 documents: arithmetic is fragile to any 5 heads. The
-    # issue's 5% bound is not met; assert no more damage than random heads (mean + 2 sd).
+    # Measured: the regression's top 5 cost arithmetic +11.0% here (random 5-head sets +8.8%);
+    # the set chosen by measure-and-choose (refine, 24 evaluations) +3.4%.
     arith = by[("capsense_arithmetic", "nats_per_token")]
-    assert arith.change_rel <= arith.random_change_rel_mean + 2 * arith.random_change_rel_sd, arith
+    assert abs(arith.change_rel) <= 0.05, arith
     # 5 random heads move induction far less than the selected 5.
     assert abs(ind.random_change_rel_mean) < 0.25 * abs(ind.change_rel), ind

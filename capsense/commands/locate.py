@@ -22,7 +22,12 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--task", required=True, help="Target lm-eval task (capsense's lm_eval_tasks/ are always included).")
 @click.option("--controls", help="Comma-separated control tasks: rank heads that hurt the target but not these.")
 @click.option("--metric", default="nll", show_default=True,
-              help="nll (nats/token of the reference continuation) or acc (exact match / multiple-choice accuracy).")
+              help="nll (nats/token of the reference continuation), acc (greedy exact match / multiple-choice "
+                   "accuracy), or one of the target task's own lm-eval metrics (e.g. exact_match, "
+                   "exact_match,flexible-extract, pass@1): then the target is run through lm-eval under each mask "
+                   "(generation for generation tasks: faithful, slow) and the controls use nll.")
+@click.option("--confirm-run-unsafe-code", is_flag=True,
+              help="Allow tasks that execute model-written code (HumanEval, MBPP), as lm-eval requires.")
 @click.option("--limit", type=int, default=100, show_default=True, help="Documents per task, sampled with --seed (paper: 100).")
 @click.option("--masks", type=int, default=100, show_default=True, help="Knockout masks for cs and thompson (paper: 100).")
 @click.option("--sparsity", type=float, help="Fraction of heads knocked out per mask (default 0.02, the paper's).")
@@ -31,7 +36,12 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--solver", default="lasso", show_default=True, help="Sparse solver: " + ", ".join(_SOLVERS) + ".")
 @click.option("--alpha", type=float, help="Lasso penalty on the standardized score (default 0.01, the paper's).")
 @click.option("--method", default="cs", show_default=True, help="cs (compressed sensing) or a baseline: exhaustive, greedy, thompson.")
-@click.option("--greedy-k", type=int, default=5, show_default=True, help="Heads chosen by --method greedy.")
+@click.option("--top-k", type=int, default=5, show_default=True,
+              help="Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
+@click.option("--refine", type=int,
+              help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with --controls, else 0).")
+@click.option("--tolerance", type=float, default=0.03, show_default=True,
+              help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Requests per forward pass.")
 @click.option("--masks-per-forward", type=int, default=1, show_default=True,
@@ -45,9 +55,9 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Run folder (rerunning the same command resumes).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
-           heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, greedy_k: int,
+           heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, top_k: int, refine: int | None, tolerance: float,
            seed: int, batch_size: int, masks_per_forward: int, no_prefix_reuse: bool, device: str, dtype: str,
-           revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool) -> None:
+           revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
     """Rank MODEL's attention heads by how much --task depends on them.
 
     Writes OUT/manifest.json, evaluations.jsonl (one line per mask, durable), heads.json
@@ -64,7 +74,8 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, seed=seed, batch_size=batch_size,
         masks_per_forward=masks_per_forward, device=device, dtype=dtype, include_path=list(include_path),
-        revision=revision, greedy_k=greedy_k, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+        revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+        confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
     try:
         cfg.check()

@@ -44,7 +44,9 @@ def run(recipe: Path, out: str | None, dry_run: bool) -> None:
                     cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"], n_random=int(val.get("random", 3)),
                     limit=val.get("limit", 100), seed=int(val.get("seed", 0)), batch_size=int(val.get("batch_size", 16)),
                     device=val.get("device", cfg.device), dtype=val.get("dtype", "float32"),
-                    include_path=val.get("include_path", cfg.include_path), log=lambda m: click.echo(m, err=True),
+                    include_path=val.get("include_path", cfg.include_path),
+                    confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
+                    log=lambda m: click.echo(m, err=True),
                 )
                 write_validation(Path(val["out"]), rows, info)
                 click.echo(f"\n{cfg.task}: top-{info['top_k']} = {info['heads']}\n" + format_validation(rows))

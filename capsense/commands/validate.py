@@ -23,9 +23,11 @@ from capsense.cli import CapsenseError
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--include-path", multiple=True, type=click.Path(exists=True, file_okay=False), help="Extra lm-eval task folder.")
+@click.option("--confirm-run-unsafe-code", is_flag=True,
+              help="Allow tasks that execute model-written code (HumanEval, MBPP), as lm-eval requires.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for validation.json/.md/.png.")
 def validate(model: str, heads_path: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
-             batch_size: int, device: str, dtype: str, include_path: tuple[str, ...], out: Path) -> None:
+             batch_size: int, device: str, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool, out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
     from capsense.heads import HeadSpecError
     from capsense.validate import ValidateError, format_validation, validate as run_validate, write_validation
@@ -36,7 +38,8 @@ def validate(model: str, heads_path: Path, top_k: int, tasks: str, n_random: int
     try:
         rows, info = run_validate(
             model, heads_path, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
-            device=device, dtype=dtype, include_path=list(include_path), log=lambda m: click.echo(m, err=True),
+            device=device, dtype=dtype, include_path=list(include_path),
+            confirm_run_unsafe_code=confirm_run_unsafe_code, log=lambda m: click.echo(m, err=True),
         )
     except (ValidateError, HeadSpecError, ValueError, FileNotFoundError) as e:
         raise CapsenseError(str(e)) from None

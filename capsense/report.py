@@ -57,6 +57,7 @@ def write_outputs(out: Path, cfg: "LocateConfig", result: "LocateResult", layout
         "task": cfg.task,
         "controls": list(cfg.controls),
         "metric": cfg.metric,
+        "control_metric": cfg.metric_for(cfg.controls[0]) if cfg.controls else None,
         "method": cfg.method,
         "design": cfg.design if cfg.method == "cs" else None,
         "solver": cfg.solver if cfg.method == "cs" else None,
@@ -115,7 +116,8 @@ def report_markdown(cfg: "LocateConfig", result: "LocateResult", recs: list[dict
         f"{manifest.get('layout', {}).get('n_heads')} heads)",
         f"- method: {cfg.method}" + (f", design {cfg.design}, solver {cfg.solver}, "
                                      f"{manifest.get('heads_per_mask')} heads per mask" if cfg.method == "cs" else ""),
-        f"- metric: {cfg.metric}; controls: {', '.join(cfg.controls) or 'none (raw target score)'}",
+        f"- metric: {cfg.metric}; controls: {', '.join(cfg.controls) or 'none (raw target score)'}"
+        + (f" (scored by {cfg.metric_for(cfg.controls[0])})" if cfg.controls and cfg.metric_for(cfg.controls[0]) != cfg.metric else ""),
         f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (all probes)",
         f"- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),
         "",

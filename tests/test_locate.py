@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -235,9 +236,20 @@ def test_task_metric_is_lm_eval_under_each_mask(toy, tmp_path):
     direct = next(r for r in rows if r.metric == "char_code,first")
     for i, ln in enumerate(lines):
         assert ln["scores"][TOY_GEN]["char_code"] == pytest.approx(direct.values[str(i)], abs=1e-9)
-    # lower char_code is better here: damage has the right sign
+    # char_code is lower-is-better (the task says so): a mask that raises it damages the target
+    from capsense.locate import LocateConfig, damage
+    from capsense.store import Evaluation
+
+    cfg = LocateConfig(model=str(model), task=TOY_GEN, out=str(out), controls=[TOY_CONTROL], metric="char_code",
+                       task_metric_higher_is_better=manifest["task_metric"][TOY_GEN]["higher_is_better"])
+    evs = [Evaluation.from_dict(ln, 3) for ln in lines]
+    d = damage(evs, TOY_GEN, cfg, evs[0])
+    v = np.array([ln["scores"][TOY_GEN]["char_code"] for ln in lines])
+    assert np.allclose(d, (v - v[0]) / abs(v[0]))
+    assert np.allclose(damage(evs, TOY_CONTROL, cfg, evs[0]),
+                       [(ln["scores"][TOY_CONTROL]["nll"] - lines[0]["scores"][TOY_CONTROL]["nll"]) / lines[0]["scores"][TOY_CONTROL]["nll"] for ln in lines])
     hf = load_heads_file(out / "heads.json")
-    assert hf.meta["metric"] == "char_code"
+    assert hf.meta["metric"] == "char_code" and hf.meta["control_metric"] == "nll"
 
 
 def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from capsense.designs import ADAPTIVE_ROUND, DESIGNS, adaptive_round, balanced_design, bernoulli_design, heads_per_mask
-from capsense.refine import DEFAULT_BUDGET, DEFAULT_TOLERANCE, REFINE_ROUND, Refinement, head_set_masks, refine
+from capsense.refine import DEFAULT_BUDGET, DEFAULT_TOLERANCE, Refinement, head_set_masks, refine
 from capsense.solvers import SOLVERS, HeadScores, make_solver, residualize, ridge_effects, standardize
-from capsense.store import Evaluation, RunStore, RunStoreError
+from capsense.store import REFINE_ROUND, Evaluation, RunStore, RunStoreError
 
 METHODS = ("cs", "exhaustive", "greedy", "thompson")
 METRICS = ("nll", "acc")

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-REFINE_ROUND = -1  # ``round`` of refine evaluations in evaluations.jsonl
 DEFAULT_BUDGET = 24
 DEFAULT_TOLERANCE = 0.03  # relative control worsening allowed on the run's documents
 DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked

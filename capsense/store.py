@@ -17,6 +17,7 @@ from typing import Any
 
 MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"
+REFINE_ROUND = -1  # ``round`` of the evaluations that measure candidate top-K sets (capsense.refine)
 
 
 class RunStoreError(ValueError):
@@ -125,3 +126,15 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> list[Evaluation]:
+    """The evaluations in a run folder (head names resolved with its manifest's layout).
+
+    ``design_only`` keeps the masks of the method's design and drops the candidate top-K
+    sets refine measured, which are not random and must not enter a fit.
+    """
+    p = Path(run_dir)
+    n_heads = int(json.loads((p / MANIFEST).read_text())["layout"]["n_heads"])
+    evals = [Evaluation.from_dict(json.loads(ln), n_heads) for ln in (p / EVALUATIONS).read_text().splitlines() if ln.strip()]
+    return [e for e in evals if e.round != REFINE_ROUND] if design_only else evals

@@ -21,15 +21,12 @@ import numpy as np
 
 from capsense.locate import LocateConfig, _single_head_scores, design_matrix, fit_target, locate
 from capsense.solvers import SOLVERS, make_solver
-from capsense.store import EVALUATIONS, Evaluation
+from capsense.store import read_evaluations
 
 TASK = "capsense_induction"
 CONFIGS = [("balanced", 5), ("bernoulli", 5), ("adaptive", 5), ("balanced", 13), ("adaptive", 13), ("balanced", 27)]
 PREFIXES = (25, 50, 75, 100, 150)
 
-
-def read(run: Path, n_heads: int) -> list[Evaluation]:
-    return [Evaluation.from_dict(json.loads(ln), n_heads) for ln in (run / EVALUATIONS).read_text().splitlines()]
 
 
 def main() -> None:
@@ -43,7 +40,7 @@ def main() -> None:
     n_heads, n = 9, 270
     ex_cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "exhaustive"), method="exhaustive",
                           limit=args.limit, dtype="float32")
-    ex = read(root / "exhaustive", n_heads)
+    ex = read_evaluations(root / "exhaustive")
     imp, _ = _single_head_scores(ex, fit_target(ex, ex_cfg, n), n)
     ex_top = set(int(i) for i in np.argsort(-imp, kind="stable")[:5])
     rows, timing = [], {}
@@ -55,7 +52,7 @@ def main() -> None:
             t0 = time.perf_counter()
             locate(cfg, log=lambda m: None)
             timing[f"{design}-k{k}"] = time.perf_counter() - t0
-        evals = read(Path(cfg.out), n_heads)
+        evals = read_evaluations(cfg.out)
         for m in PREFIXES:
             if len(evals) < m + 1:
                 break

@@ -24,15 +24,12 @@ import numpy as np
 
 from capsense.locate import LocateConfig, design_matrix, fit_target, locate, _single_head_scores
 from capsense.solvers import SOLVERS, make_solver
-from capsense.store import EVALUATIONS, Evaluation
+from capsense.store import read_evaluations
 
 TASK = "capsense_induction"
 CONTROLS = ["capsense_prose", "capsense_arithmetic"]
 PREFIXES = (30, 50, 75, 100, 125, 150)
 
-
-def read(run: Path, n_heads: int) -> list[Evaluation]:
-    return [Evaluation.from_dict(json.loads(ln), n_heads) for ln in (run / EVALUATIONS).read_text().splitlines()]
 
 
 def main() -> None:
@@ -52,10 +49,10 @@ def main() -> None:
         locate(ex_cfg)
         locate(cs_cfg)
     n_heads, n = 9, 270
-    ex = read(root / "exhaustive", n_heads)
+    ex = read_evaluations(root / "exhaustive")
     imp, _ = _single_head_scores(ex, fit_target(ex, ex_cfg, n), n)
     ex_top = [int(i) for i in np.argsort(-imp, kind="stable")[:5]]
-    cs = read(root / "cs", n_heads)
+    cs = read_evaluations(root / "cs", design_only=True)
     name = lambda i: f"L{i // n_heads}H{i % n_heads}"  # noqa: E731
     rows = []
     for m in PREFIXES:

@@ -13,6 +13,15 @@ TOY_CONTROL = "toy_count"
 TOY_GEN = "toy_copy_gen"  # the copy task as generation (exact_match, char_code)
 
 
+def _write_task(folder: Path, name: str, docs: list[dict], body: str) -> None:
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'doc_to_text: "{{context}}"\ndoc_to_target: "{{continuation}}"\ntarget_delimiter: ""\n' + body
+    )
+
+
 def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
     """Two log-likelihood tasks (copy a letter string: target; continue a count: control) and the copy task as generation."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -23,31 +32,17 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
         copy_docs.append({"context": f"{w} {w[:4]}", "continuation": w[4:6]})
         a = rng.randint(1, 5)
         count_docs.append({"context": " ".join(str(a + i) for i in range(4)), "continuation": f" {a + 4}"})
-    for name, docs in ((TOY_TASK, copy_docs), (TOY_CONTROL, count_docs)):
-        data = folder / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-        (folder / f"{name}.yaml").write_text(
-            f"task: {name}\n"
-            "dataset_path: json\n"
-            f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-            "output_type: loglikelihood\ntest_split: test\n"
-            'doc_to_text: "{{context}}"\ndoc_to_target: "{{continuation}}"\ntarget_delimiter: ""\n'
-            "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
-        )
-    gen = folder / f"{TOY_GEN}.jsonl"
-    gen.write_text("".join(json.dumps(d) + "\n" for d in copy_docs))
-    (folder / f"{TOY_GEN}.yaml").write_text(
-        f"task: {TOY_GEN}\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {gen}\n"
-        "output_type: generate_until\ntest_split: test\n"
-        'doc_to_text: "{{context}}"\ndoc_to_target: "{{continuation}}"\ntarget_delimiter: ""\n'
+    loglik = "output_type: loglikelihood\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+    _write_task(folder, TOY_TASK, copy_docs, loglik)
+    _write_task(folder, TOY_CONTROL, count_docs, loglik)
+    _write_task(folder, TOY_GEN, copy_docs, (
+        "output_type: generate_until\n"
         "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 3\n  do_sample: false\n"
         "process_results: !function toy_gen_metrics.process\n"
         "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
         "  - metric: char_code\n    aggregation: mean\n    higher_is_better: false\n"
         "filter_list:\n  - name: first\n    filter:\n      - function: take_first\n"
-    )
+    ))
     # char_code: a graded, deterministic function of the generation (a random tiny model never
     # matches exactly), so tests can tell masks apart.
     (folder / "toy_gen_metrics.py").write_text(

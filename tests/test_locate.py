@@ -93,6 +93,9 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
     assert ref["chosen"]["feasible"] == (ref["chosen"]["control_damage"][TOY_CONTROL] <= 0.02)
     assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
     assert "Chosen top-3 set" in (out / "report.md").read_text()
+    from capsense.store import read_evaluations
+
+    assert len(read_evaluations(out)) == len(lines) and len(read_evaluations(out, design_only=True)) == 17
     # the same command resumes: nothing new, the same heads.json
     r2 = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "10", "--tolerance", "0.02")
     assert r2.exit_code == 0 and f"{len(lines)} masks already evaluated" in r2.output

@@ -56,11 +56,11 @@ def test_cs_raw_top5_overlaps_exhaustive_top5(runs):
     # misses are the sweep's #6 and #7 (ranks 3-8 of the sweep lie within 40% of each other).
     from capsense.locate import design_matrix, fit_target
     from capsense.solvers import make_solver
-    from capsense.store import EVALUATIONS, Evaluation
+    from capsense.store import read_evaluations
 
     ex_top = set(runs["ex"].scores.top(5))
-    lines = (runs["root"] / "cs" / EVALUATIONS).read_text().splitlines()
-    evals = [Evaluation.from_dict(__import__("json").loads(ln), 9) for ln in lines]
+    evals = read_evaluations(runs["root"] / "cs", design_only=True)
+    assert len(evals) == MASKS + 1  # the clean model + the design's masks (refine's sets left out)
     cfg = runs["cs_cfg"]
     X, y = design_matrix(evals, 270), fit_target(evals, cfg, 270, selective=False)
     cv_top = set(make_solver("lasso-cv", confidence=False).fit(X, y).scores_.top(5))

@@ -190,14 +190,19 @@ def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> di
     from capsense.probe import load_task
     from capsense.task_metric import TaskMetricScorer, resolve_task_metric
 
-    try:
-        tm = resolve_task_metric(cfg.task, load_task(cfg.task, cfg.include_path, tokenizer), cfg.metric)
-    except ValueError as e:
-        raise LocateError(str(e)) from None
-    cfg.task_metric_higher_is_better = tm.higher_is_better
-    scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, tm, cfg.metric,
+    task_obj = load_task(cfg.task, cfg.include_path, tokenizer)
+    scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, None, cfg.metric,
                               batch_size=cfg.batch_size, include_path=cfg.include_path,
                               confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
+    try:
+        try:
+            tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
+        except ValueError:  # maybe a name a metric function reports at run time: run the clean model once
+            tm = resolve_task_metric(cfg.task, task_obj, cfg.metric, reported=scorer.reported())
+    except ValueError as e:
+        raise LocateError(str(e)) from None
+    scorer.metric = tm
+    cfg.task_metric_higher_is_better = tm.higher_is_better
     return {cfg.task: scorer}
 
 

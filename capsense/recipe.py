@@ -5,7 +5,8 @@
     expected_time: 45 min
     model: smollm2-135m
     out: runs/smollm2-induction       # <out>/<target>/locate and <out>/<target>/validate
-    locate:                           # any LocateConfig field; task may be a list of targets
+    locate:                           # any LocateConfig field; task may be a list of targets,
+                                      # and a field may map targets to values (metric: {gsm8k: exact_match})
       task: capsense_induction
       controls: [capsense_prose, capsense_arithmetic]
       masks: 150
@@ -63,10 +64,17 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
     targets = loc.pop("task")
     targets = [targets] if isinstance(targets, str) else list(targets)
     root = Path(out or data["out"])
+    per_target = {k: v for k, v in loc.items() if isinstance(v, dict)}
+    for key, values in per_target.items():
+        if set(values) - set(targets):
+            raise RecipeError(f"locate.{key} maps {sorted(set(values) - set(targets))}, which are not targets "
+                              f"({', '.join(targets)})")
     steps = []
     for t in targets:
         run_dir = root / t if len(targets) > 1 else root
-        cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **loc)
+        kwargs = {k: v for k, v in loc.items() if k not in per_target}
+        kwargs.update({k: v[t] for k, v in per_target.items() if t in v})
+        cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **kwargs)
         val = data.get("validate")
         if val is not None:
             val = {"tasks": [t, *cfg.controls], **val, "out": str(run_dir / "validate")}

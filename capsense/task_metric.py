@@ -51,9 +51,18 @@ def _registry_direction(name: str) -> bool:
     return True if value is None else bool(value)
 
 
-def resolve_task_metric(task: str, task_obj, metric: str) -> TaskMetric:
-    """``metric`` (``exact_match`` or ``exact_match,flexible-extract``) among the task's own."""
+def resolve_task_metric(task: str, task_obj, metric: str, reported: Sequence[str] = ()) -> TaskMetric:
+    """``metric`` (``exact_match`` or ``exact_match,flexible-extract``) among the task's own.
+
+    ``reported``: labels an lm-eval run of the task reported; they add the names a metric
+    function expands to at run time (HumanEval's ``pass_at_k`` reports ``pass@1``).
+    """
     metrics = task_metrics(task_obj)
+    for label in reported:
+        if label not in metrics:
+            name = label.split(",", 1)[0]
+            hib = (task_obj.higher_is_better() or {}).get(name)
+            metrics[label] = TaskMetric(label, _registry_direction(name) if hib is None else bool(hib))
     if metric in metrics:
         return metrics[metric]
     by_name = [m for label, m in metrics.items() if label.split(",", 1)[0] == metric]
@@ -69,7 +78,7 @@ def resolve_task_metric(task: str, task_obj, metric: str) -> TaskMetric:
 class TaskMetricScorer:
     """Scores masks by running the task through lm-eval under each one (same ``score`` API as probes)."""
 
-    def __init__(self, model, tokenizer, task: str, doc_ids: Sequence[int], metric: TaskMetric, name: str,
+    def __init__(self, model, tokenizer, task: str, doc_ids: Sequence[int], metric: TaskMetric | None, name: str,
                  batch_size: int = 16, include_path: Sequence[str] = (), confirm_run_unsafe_code: bool = False) -> None:
         from capsense.arch import head_layout
         from capsense.lm_eval_model import CapsenseMaskedLM
@@ -80,21 +89,32 @@ class TaskMetricScorer:
         self.samples = {task: sorted(int(d) for d in doc_ids)}
         self.include_path = list(include_path)
         self.confirm = confirm_run_unsafe_code
+        self._clean: dict[str, float] | None = None  # the clean model's metrics, kept from reported()
+
+    def _run(self, heads: HeadSet) -> dict[str, float]:
+        from capsense.evaluate import evaluate_head_sets
+
+        if not heads and self._clean is not None:
+            return self._clean
+        rows = evaluate_head_sets(self.lm, {"mask": heads}, [self.task], samples=self.samples,
+                                  include_path=self.include_path, metrics=None, confirm_run_unsafe_code=self.confirm)
+        return {r.metric: r.values["mask"] for r in rows}
+
+    def reported(self) -> list[str]:
+        """The metric labels lm-eval reports for the task (runs the clean model once, kept)."""
+        self._clean = self._run(HeadSet())
+        return list(self._clean)
 
     def score(self, knockouts) -> dict[str, np.ndarray]:
         """``{name: value per mask}`` for boolean ``knockouts`` [m, layers, heads]."""
-        from capsense.evaluate import evaluate_head_sets
-
         ko = np.asarray(knockouts, dtype=bool)
         values = []
         for grid in ko:
             heads = HeadSet.from_pairs([(int(l), int(h)) for l, h in zip(*np.nonzero(grid))])
-            rows = evaluate_head_sets(self.lm, {"mask": heads}, [self.task], samples=self.samples,
-                                      include_path=self.include_path, metrics=None,
-                                      confirm_run_unsafe_code=self.confirm)
-            got = [r.values["mask"] for r in rows if r.metric == self.metric.label]
+            out = self._run(heads)
+            got = [v for label, v in out.items() if label == self.metric.label]
             if not got:
                 raise ValueError(f"lm-eval reported no {self.metric.label!r} for {self.task!r}: "
-                                 f"it reported {', '.join(r.metric for r in rows)}")
+                                 f"it reported {', '.join(out)}")
             values.append(got[0])
         return {self.name: np.array(values, dtype=float)}

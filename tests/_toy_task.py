@@ -11,6 +11,7 @@ from conftest import save_tiny_folder
 TOY_TASK = "toy_copy"
 TOY_CONTROL = "toy_count"
 TOY_GEN = "toy_copy_gen"  # the copy task as generation (exact_match, char_code)
+TOY_GEN_FN = "toy_copy_gen_fn"  # the same with a metric function reporting len@chars
 
 
 def _write_task(folder: Path, name: str, docs: list[dict], body: str) -> None:
@@ -43,6 +44,13 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
         "  - metric: char_code\n    aggregation: mean\n    higher_is_better: false\n"
         "filter_list:\n  - name: first\n    filter:\n      - function: take_first\n"
     ))
+    # the same, scored by a metric function that reports under another name (like HumanEval's
+    # pass_at_k -> pass@1): gen_len -> len@chars
+    _write_task(folder, TOY_GEN_FN, copy_docs, (
+        "output_type: generate_until\n"
+        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 3\n  do_sample: false\n"
+        "metric_list:\n  - metric: !function toy_gen_metrics.gen_len\n    aggregation: mean\n    higher_is_better: true\n"
+    ))
     # char_code: a graded, deterministic function of the generation (a random tiny model never
     # matches exactly), so tests can tell masks apart.
     (folder / "toy_gen_metrics.py").write_text(
@@ -50,6 +58,8 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
         "    gen = results[0]\n"
         "    return {'exact_match': float(gen.strip() == doc['continuation'].strip()),\n"
         "            'char_code': sum(ord(c) for c in gen) / (128.0 * max(1, len(gen)))}\n"
+        "\n\ndef gen_len(references, predictions, **kwargs):\n"
+        "    return {'len@chars': float(len(predictions[0]))}\n"
     )
     return folder
 

@@ -266,3 +266,19 @@ def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):
     assert "unknown metric 'bleu' for task 'toy_copy_gen'" in r.output
     assert "exact_match,first, char_code,first" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_task_metric_named_at_run_time(toy, tmp_path):
+    # A metric function may report under another name (HumanEval: pass_at_k -> pass@1): the
+    # name is found by running the clean model once, whose result is then the first evaluation.
+    from _toy_task import TOY_GEN_FN
+
+    model, tasks = toy
+    out = tmp_path / "fn"
+    args = [str(model), "--task", TOY_GEN_FN, "--include-path", str(tasks), "--limit", "4", "--heads-per-mask", "3",
+            "--masks", "2", "--metric", "len@chars", "--quiet", "--out", str(out)]
+    r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and all(0 <= ln["scores"][TOY_GEN_FN]["len@chars"] <= 64 for ln in lines)
+    assert json.loads((out / "manifest.json").read_text())["task_metric"][TOY_GEN_FN]["label"] == "len@chars"

@@ -40,3 +40,13 @@ def test_run_dry_run_prints_the_steps():
     r = CliRunner().invoke(main, ["run", "recipes/smollm2_induction_cpu.yaml", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert "locate smollm2-135m --task capsense_induction --controls capsense_prose,capsense_arithmetic" in r.output
+
+
+def test_a_field_may_map_targets_to_values(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("model: m\nlocate:\n  task: [a, b]\n  metric: {a: exact_match}\n  masks: 7\n")
+    steps = recipe_steps(load_recipe(p))
+    assert [(c.task, c.metric, c.masks) for c, _ in steps] == [("a", "exact_match", 7), ("b", "nll", 7)]
+    p.write_text("model: m\nlocate:\n  task: [a, b]\n  metric: {c: acc}\n")
+    with pytest.raises(RecipeError, match=r"locate.metric maps \['c'\], which are not targets \(a, b\)"):
+        recipe_steps(load_recipe(p))

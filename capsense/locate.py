@@ -215,11 +215,18 @@ class MaskEvaluator:
         from capsense.arch import head_layout
         from capsense.prefix import PrefixReuseScorer
         from capsense.probe import ProbeScorer
+        from capsense.shared_context import SharedContextScorer, shared_context_groups
 
         self.layout = head_layout(model)
-        cls = PrefixReuseScorer if prefix_reuse and masks_per_forward == 1 else ProbeScorer
+        def scorer_class(probe):
+            if masks_per_forward > 1:
+                return ProbeScorer
+            if shared_context_groups(probe) is not None:  # multiple choice: each context once per mask
+                return SharedContextScorer
+            return PrefixReuseScorer if prefix_reuse else ProbeScorer
+
         self.scorers = {
-            name: cls(model, probe, batch_size=batch_size, masks_per_forward=masks_per_forward)
+            name: scorer_class(probe)(model, probe, batch_size=batch_size, masks_per_forward=masks_per_forward)
             for name, probe in probes.items()
         }
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)

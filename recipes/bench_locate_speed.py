@@ -1,6 +1,6 @@
 """Speed of mask evaluation on SmolLM2-135M (CPU), measured side by side in one process.
 
-    HF_HUB_OFFLINE=1 python recipes/bench_locate_speed.py [--limit 24] [--threads 1]
+    HF_HUB_OFFLINE=1 python recipes/bench_locate_speed.py [--task capsense_induction] [--limit 24] [--threads 1]
 
 1. Reference method (the paper's code): for each mask, reload the model, build the lm-eval
    task, run lm-eval's ``hf`` model at batch size 1 with the heads ablated
@@ -10,7 +10,9 @@
 3. Exhaustive sweep with vs without prefix reuse: one head per layer (layer order, as in
    the sweep, so the ratio is the full sweep's), scores compared (float32).
 4. float32 vs bfloat16 on this CPU.
-Writes recipes/results/locate_speed.json.
+5. Multiple-choice tasks (e.g. ``--task capsense_antonyms``): each context once per mask
+   (shared-context scoring) vs every request in full, scores compared.
+Writes recipes/results/locate_speed.json (locate_speed_<task>.json for other tasks).
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ref-masks", type=int, default=2)
     ap.add_argument("--masks", type=int, default=8)
-    ap.add_argument("--out", default="recipes/results/locate_speed.json")
+    ap.add_argument("--task", default=TASK)
+    ap.add_argument("--skip-sweep", action="store_true", help="Skip the prefix-reuse sweep and the bf16 check.")
+    ap.add_argument("--out")
     args = ap.parse_args()
+    task = args.task
+    args.out = args.out or ("recipes/results/locate_speed.json" if task == TASK else f"recipes/results/locate_speed_{task}.json")
     torch.set_num_threads(args.threads)
 
     from capsense.heads import HeadSet
@@ -46,16 +52,17 @@ def main() -> None:
     masks = np.zeros((args.masks, 270), dtype=bool)
     for i in range(args.masks):
         masks[i, rng.choice(270, 5, replace=False)] = True
-    out: dict = {"limit": args.limit, "threads": args.threads, "task": TASK}
+    out: dict = {"limit": args.limit, "threads": args.threads, "task": task}
 
     # 2. capsense (first, to get the documents)
     model, tok = load_model("smollm2-135m", "float32")
-    probe = build_probe(TASK, tok, args.limit, 0)
+    probe = build_probe(task, tok, args.limit, 0)
     docs = [int(d) for d in probe.doc_ids]
-    ev = MaskEvaluator(model, {TASK: probe}, batch_size=16, masks_per_forward=1, prefix_reuse=True)
+    ev = MaskEvaluator(model, {task: probe}, batch_size=16, masks_per_forward=1, prefix_reuse=True)
+    out["capsense_scorer"] = type(ev.scorers[task]).__name__
     ev(masks[:1])  # warm-up and prefix cache
     t0 = time.perf_counter()
-    ours = [ev(masks[i : i + 1])[0][TASK] for i in range(args.masks)]
+    ours = [ev(masks[i : i + 1])[0][task] for i in range(args.masks)]
     out["capsense_s_per_mask"] = (time.perf_counter() - t0) / args.masks
     print("capsense", out["capsense_s_per_mask"], flush=True)
 
@@ -73,15 +80,34 @@ def main() -> None:
         t0 = time.perf_counter()
         lm = CapsenseMaskedLM(pretrained=path, heads=str(heads), batch_size=1, device="cpu", dtype="float32")
         manager = TaskManager(include_path=[str(tasks_dir())], include_defaults=False, metadata={"pretrained": path})
-        res = lm_eval.simple_evaluate(model=lm, tasks=[TASK], samples={TASK: docs}, task_manager=manager,
+        res = lm_eval.simple_evaluate(model=lm, tasks=[task], samples={task: docs}, task_manager=manager,
                                       log_samples=False, bootstrap_iters=0, verbosity="ERROR")
         ref_times.append(time.perf_counter() - t0)
-        ref_nll.append(res["results"][TASK]["nats_per_token,none"])
+        ref_nll.append(res["results"][task]["nats_per_token,none"])
         del lm
         print("reference", ref_times[-1], ref_nll[-1], "capsense", ours[i]["nll"], flush=True)
     out["reference_s_per_mask"] = float(np.mean(ref_times))
     out["speedup_vs_reference"] = out["reference_s_per_mask"] / out["capsense_s_per_mask"]
     out["reference_vs_capsense_nll"] = [[a, b["nll"]] for a, b in zip(ref_nll, ours)]
+
+    # 5. multiple choice: shared context vs every request in full (same masks)
+    from capsense.shared_context import SharedContextScorer, shared_context_groups
+
+    if shared_context_groups(probe) is not None:
+        ko5 = torch.from_numpy(masks.reshape(-1, 30, 9).copy())
+        plain, shared = ProbeScorer(model, probe, batch_size=16), SharedContextScorer(model, probe, batch_size=16)
+        plain.score(ko5[:1]), shared.score(ko5[:1])
+        t0 = time.perf_counter(); a = plain.score(ko5)["nll"]; t_plain = time.perf_counter() - t0
+        t0 = time.perf_counter(); b = shared.score(ko5)["nll"]; t_shared = time.perf_counter() - t0
+        out["full_requests_s_per_mask"], out["shared_context_s_per_mask"] = t_plain / len(ko5), t_shared / len(ko5)
+        out["shared_context_speedup"] = t_plain / t_shared
+        out["shared_context_max_abs_diff_nll"] = float(np.abs(a - b).max())
+        print("shared context", out["shared_context_speedup"], out["shared_context_max_abs_diff_nll"], flush=True)
+    if args.skip_sweep:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out, indent=1))
+        return
 
     # 3. exhaustive sweep: prefix reuse vs full forward, one head per layer
     ko = torch.zeros(30, 30, 9, dtype=torch.bool)

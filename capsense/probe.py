@@ -243,28 +243,29 @@ class ProbeScorer:
         m = knockouts.shape[0]
         logprob = np.zeros((m, self.probe.n_requests))
         greedy = np.zeros((m, self.probe.n_requests), dtype=bool)
+        for m0, ko, reqs in self._batches(knockouts):
+            lp, gr = self._score_batch(ko, reqs)
+            for j in range(ko.shape[0]):
+                logprob[m0 + j, reqs] = lp[j]
+                greedy[m0 + j, reqs] = gr[j]
+        return self.aggregate(logprob, greedy)
+
+    def _batches(self, knockouts: torch.Tensor):
+        """(first mask index, masks, requests) of every forward pass."""
         k = self.masks_per_forward
         per_batch = max(1, self.batch_size // k)
-        for m0 in range(0, m, k):
-            ko = knockouts[m0 : m0 + k]
+        for m0 in range(0, knockouts.shape[0], k):
             for b0 in range(0, len(self._order), per_batch):
-                reqs = self._order[b0 : b0 + per_batch]
-                lp, gr = self._run(ko, reqs)
-                for j in range(ko.shape[0]):
-                    logprob[m0 + j, reqs] = lp[j]
-                    greedy[m0 + j, reqs] = gr[j]
-        return self.aggregate(logprob, greedy)
+                yield m0, knockouts[m0 : m0 + k], self._order[b0 : b0 + per_batch]
+
+    def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        return self._run(ko, reqs)
 
     @torch.no_grad()
     def _run(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
         k = ko.shape[0]
         seqs = [self._inputs[r] for r in reqs]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        att = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-            att[i, : len(s)] = 1
+        ids, att = pad_right(seqs, self.pad_id)
         ids, att = ids.repeat(k, 1).to(self.device), att.repeat(k, 1).to(self.device)
         row_ko = ko.repeat_interleave(len(seqs), dim=0) if k > 1 else ko
         # (row, position, target) of every scored token
@@ -280,10 +281,8 @@ class ProbeScorer:
         pos_t = torch.tensor(pos).repeat(k)
         tgt_t = torch.tensor(tgt, device=self.device).repeat(k)
         hidden = self._hidden(ids, att, row_ko, reqs)
-        logits = output_logits(self.model, hidden[rows_t.to(self.device), pos_t.to(self.device)])
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        tok_lp = logp.gather(1, tgt_t[:, None])[:, 0].view(k, n_tok).cpu().double().numpy()
-        tok_ok = (logits.argmax(-1) == tgt_t).view(k, n_tok).cpu().numpy()
+        tok_lp, tok_ok = token_scores(self.model, hidden[rows_t.to(self.device), pos_t.to(self.device)], tgt_t)
+        tok_lp, tok_ok = tok_lp.reshape(k, n_tok), tok_ok.reshape(k, n_tok)
         bounds = np.cumsum([0] + [len(self._targets[r]) for r in reqs])
         lp = np.stack([np.add.reduceat(tok_lp[j], bounds[:-1]) for j in range(k)])
         gr = np.stack([np.logical_and.reduceat(tok_ok[j], bounds[:-1]) for j in range(k)])
@@ -310,6 +309,25 @@ class ProbeScorer:
             return {"nll": nll, "acc": acc / p.n_docs}
         nll = -logprob.sum(1) / n_tokens.sum()
         return {"nll": nll, "acc": greedy.mean(1)}
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids and attention mask, ``[len(seqs), longest]``."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        att[i, : len(s)] = 1
+    return ids, att
+
+
+def token_scores(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probability of each target token and whether it is the greedy choice, from the
+    final hidden states that predict it (``[n, d]``, ``[n]``)."""
+    logits = output_logits(model, hidden)
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+    return logp.cpu().double().numpy(), (logits.argmax(-1) == targets).cpu().numpy()
 
 
 def scored_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsense.probe import ProbeScorer, output_logits
+from capsense.probe import ProbeScorer, pad_right, token_scores
 
 
 def shared_context_groups(probe) -> list[list[int]] | None:
@@ -49,26 +49,24 @@ class SharedContextScorer(ProbeScorer):
             self.groups.sort(key=lambda g: -max(len(self._inputs[r]) for r in g))
 
     def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-        if not self.enabled:
-            return super().score(knockouts)
-        if not self._checked:
+        if self.enabled and not self._checked:
             self._check()
-            if not self.enabled:
-                return super().score(knockouts)
-        if knockouts is None:
-            knockouts = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
-        knockouts = knockouts.bool()
-        m = knockouts.shape[0]
-        logprob = np.zeros((m, self.probe.n_requests))
-        greedy = np.zeros((m, self.probe.n_requests), dtype=bool)
+        return super().score(knockouts)
+
+    def _batches(self, knockouts: torch.Tensor):
+        if not self.enabled:
+            yield from super()._batches(knockouts)
+            return
         per_batch = self._docs_per_batch()
-        for j in range(m):
+        for j in range(knockouts.shape[0]):
             for g0 in range(0, len(self.groups), per_batch):
-                groups = self.groups[g0 : g0 + per_batch]
-                reqs, lp, gr = self._run_shared(knockouts[j : j + 1], groups)
-                logprob[j, reqs] = lp
-                greedy[j, reqs] = gr
-        return self.aggregate(logprob, greedy)
+                yield j, knockouts[j : j + 1], [r for g in self.groups[g0 : g0 + per_batch] for r in g]
+
+    def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        if not self.enabled:
+            return super()._score_batch(ko, reqs)
+        lp, gr = self._run_shared(ko, reqs)
+        return lp[None], gr[None]
 
     def _docs_per_batch(self) -> int:
         n_choices = max(len(g) for g in self.groups)
@@ -77,38 +75,31 @@ class SharedContextScorer(ProbeScorer):
     def _check(self) -> None:
         """Shared and plain scoring agree on the first batch of the clean model, or sharing is off."""
         self._checked = True
-        groups = self.groups[: self._docs_per_batch()]
-        reqs, lp, gr = self._run_shared(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool), groups)
-        plain_lp, plain_gr = self._run(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool), reqs)
+        reqs = [r for g in self.groups[: self._docs_per_batch()] for r in g]
+        clean = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
+        lp, _ = self._run_shared(clean, reqs)
+        plain_lp, _ = self._run(clean, reqs)
         tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
         if not np.allclose(lp, plain_lp[0], atol=tol * max(1.0, float(np.abs(plain_lp).max())), rtol=0):
             self.enabled = False
 
     @torch.no_grad()
-    def _run_shared(self, ko: torch.Tensor, groups: list[list[int]]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    def _run_shared(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-request log-probability and greedy flag; ``reqs`` are whole documents' requests."""
         p = self.probe
         base = getattr(self.model, self.model.base_model_prefix)
-        ctxs = [p.context_ids[g[0]] for g in groups]
-        wc = max(len(c) for c in ctxs)
-        ctx_ids = torch.full((len(groups), wc), self.pad_id, dtype=torch.long)
-        ctx_att = torch.zeros((len(groups), wc), dtype=torch.long)
-        for i, c in enumerate(ctxs):
-            ctx_ids[i, : len(c)] = torch.tensor(c)
-            ctx_att[i, : len(c)] = 1
-        reqs = [r for g in groups for r in g]
-        doc_idx = torch.tensor([i for i, g in enumerate(groups) for _ in g])
+        docs = list(dict.fromkeys(int(p.doc_of[r]) for r in reqs))
+        first = {d: next(r for r in reqs if int(p.doc_of[r]) == d) for d in docs}
+        ctx_ids, ctx_att = pad_right([p.context_ids[first[d]] for d in docs], self.pad_id)
+        doc_idx = torch.tensor([docs.index(int(p.doc_of[r])) for r in reqs])
         conts = [p.continuation_ids[r] for r in reqs]
-        wa = max(len(t) for t in conts)
-        cont_ids = torch.full((len(reqs), wa), self.pad_id, dtype=torch.long)
-        cont_att = torch.zeros((len(reqs), wa), dtype=torch.long)
-        for i, t in enumerate(conts):
-            cont_ids[i, : len(t)] = torch.tensor(t)
-            cont_att[i, : len(t)] = 1
+        cont_ids, cont_att = pad_right(conts, self.pad_id)
+        wa = cont_ids.shape[1]
         ctx_len = ctx_att.sum(1)
         dev = self.device
         with self.ablator.apply(ko):
             out = base(input_ids=ctx_ids.to(dev), attention_mask=ctx_att.to(dev), use_cache=True)
-            last = out[0][torch.arange(len(groups), device=dev), (ctx_len - 1).to(dev)]  # predicts each choice's first token
+            last = out[0][torch.arange(len(docs), device=dev), (ctx_len - 1).to(dev)]  # predicts each choice's first token
             cache = out.past_key_values
             cache.reorder_cache(doc_idx.to(dev))
             att = torch.cat([ctx_att[doc_idx], cont_att], dim=1).to(dev)
@@ -122,9 +113,6 @@ class SharedContextScorer(ProbeScorer):
             tgt.extend(t)
         rows_t, cols_t = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
         h = torch.where((cols_t < 0)[:, None], last[doc_idx.to(dev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
-        logits = output_logits(self.model, h)
-        tgt_t = torch.tensor(tgt, device=dev)
-        tok_lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tgt_t[:, None])[:, 0].cpu().double().numpy()
-        tok_ok = (logits.argmax(-1) == tgt_t).cpu().numpy()
+        tok_lp, tok_ok = token_scores(self.model, h, torch.tensor(tgt, device=dev))
         bounds = np.cumsum([0] + [len(t) for t in conts])
-        return reqs, np.add.reduceat(tok_lp, bounds[:-1]), np.logical_and.reduceat(tok_ok, bounds[:-1])
+        return np.add.reduceat(tok_lp, bounds[:-1]), np.logical_and.reduceat(tok_ok, bounds[:-1])

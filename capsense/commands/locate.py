@@ -46,7 +46,7 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Requests per forward pass.")
 @click.option("--masks-per-forward", type=int, default=1, show_default=True,
               help="Masks packed in one forward pass (pays on GPUs; 1 is best on a few CPU cores).")
-@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer).")
+@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer); multiple-choice contexts are still shared across choices.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", default="auto", show_default=True,
               help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import torch
 
+from capsense.compress.checks import unit_fraction
+
 LOWRANK_METHODS = ("svd", "asvd", "svd-llm")
 
 
 def check_ratio(ratio: float) -> float:
-    r = float(ratio)
-    if not 0.0 < r <= 1.0:
-        raise ValueError(f"parameter ratio {ratio} is outside (0, 1]: it is the factors' share of the dense parameters")
-    return r
+    """Parameter ratios are the factors' share of the dense parameters, in (0, 1]."""
+    return unit_fraction(ratio, "parameter ratio", "it is the factors' share of the dense parameters")
 
 
 def rank_for_ratio(shape: tuple[int, int], ratio: float) -> int:

@@ -20,15 +20,14 @@ from collections.abc import Sequence
 
 import torch
 
+from capsense.compress.checks import unit_fraction
+
 SCOPES = ("row", "matrix", "global")
 
 
 def check_density(density: float) -> float:
     """Densities are the fraction of weights kept, in (0, 1]."""
-    d = float(density)
-    if not 0.0 < d <= 1.0:
-        raise ValueError(f"density {density} is outside (0, 1]: it is the fraction of weights kept, e.g. 0.5")
-    return d
+    return unit_fraction(density, "density", "it is the fraction of weights kept, e.g. 0.5")
 
 
 def check_scope(scope: str) -> str:

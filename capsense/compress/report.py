@@ -22,6 +22,13 @@ def _plt():
     return plt
 
 
+def _save(fig, path: str | Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return Path(path)
+
+
 def plot_pruning(fits: Mapping[str, Any], path: str | Path) -> Path | None:
     """dL vs density per capability, one panel per pruning method, with the fitted curves."""
     pr = {m: e for m, e in (fits.get("pruning") or {}).items() if any("points" in c for c in e["capabilities"].values())}
@@ -50,10 +57,7 @@ def plot_pruning(fits: Mapping[str, Any], path: str | Path) -> Path | None:
         ax.invert_xaxis()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Path | None:
@@ -92,10 +96,7 @@ def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Pat
     ax.set_title("out-of-sample predictions")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def fits_markdown(fits: Mapping[str, Any]) -> str:

@@ -310,11 +310,9 @@ def task_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig) -> np
 
 def damage(evals: Sequence[Evaluation], task: str, cfg: LocateConfig, base: Evaluation) -> np.ndarray:
     """Relative worsening of ``task``'s metric per mask vs the clean model (+0.2 = 20% worse)."""
-    m = cfg.metric_for(task)
-    v = np.array([e.scores[task][m] for e in evals], dtype=float)
-    v0 = float(base.scores[task][m])
-    diff = (v0 - v) if cfg.higher_is_better(task) else (v - v0)
-    return diff / abs(v0) if v0 != 0 else diff
+    s, s0 = task_scores(evals, task, cfg), float(task_scores([base], task, cfg)[0])
+    diff = s0 - s  # signed scores: a drop is damage whichever way the metric points
+    return diff / abs(s0) if s0 != 0 else diff
 
 
 def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective: bool = True) -> np.ndarray:

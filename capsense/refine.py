@@ -149,8 +149,6 @@ def refine(
             queue = [h for h in queue if h not in best.heads] + [out]
             current = best.heads
             tried = {}
-        elif all(c in done for c in queue):
-            break
     chosen = choose([q for q in order if len(q.heads) == k], target_slack)
     pos = {h: i for i, h in enumerate(ranking)}
     heads = sorted(chosen.heads, key=lambda h: pos.get(h, len(pos)))

@@ -8,9 +8,9 @@ __all__ = ["Head", "HeadSet", "__version__"]
 
 
 def __getattr__(name: str):
-    # Lazy, so that the lm-eval start-up hook can import capsense._lm_eval_hook cheaply.
+    # Lazy, so that the lm-eval start-up hook can import capsense.evaluation.lm_eval_hook cheaply.
     if name in ("Head", "HeadSet"):
-        from capsense import heads
+        from capsense.core import heads
 
         return getattr(heads, name)
     raise AttributeError(f"module 'capsense' has no attribute {name!r}")

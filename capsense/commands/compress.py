@@ -38,11 +38,11 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     reconstructed products; capsense.json records the method, settings, achieved density,
     bits per parameter, parameter ratio and calibration data.
     """
-    from capsense.arch import UnsupportedArchitectureError
+    from capsense.core.arch import UnsupportedArchitectureError
     from capsense.compress.apply import CompressionError, compress_checkpoint
     from capsense.compress.budget import BudgetError, load_budget, uniform_budget
     from capsense.compress.calibration import DEFAULT_CALIBRATION, CalibrationError
-    from capsense.fsutil import OutputExistsError, check_output_dir
+    from capsense.core.files import OutputExistsError, check_output_dir
 
     cli_setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
                    "ratio": ratio, "alpha": alpha}

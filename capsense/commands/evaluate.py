@@ -26,8 +26,8 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the table as JSON here.")
 def evaluate(model, heads, top_k, ablation, tasks, limit, batch_size, device, dtype, include_path, out):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
-    from capsense.evaluate import evaluate_head_sets, format_table, load_lm
-    from capsense.heads import HeadSet, HeadSpecError
+    from capsense.evaluation.evaluate import evaluate_head_sets, format_table, load_lm
+    from capsense.core.heads import HeadSet, HeadSpecError
     from capsense.tasks import task_manager
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]

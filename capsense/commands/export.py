@@ -45,11 +45,11 @@ def export(
     The result loads with stock transformers (checkpoint) or peft (adapter) and carries a
     model card (README.md) and capsense.json saying exactly what was removed.
     """
-    from capsense.arch import UnsupportedArchitectureError
-    from capsense.export import ExportError, export_model
-    from capsense.fsutil import OutputExistsError
-    from capsense.heads import HeadSpecError
-    from capsense.hub import HubError, check_push_ready
+    from capsense.core.arch import UnsupportedArchitectureError
+    from capsense.ship.export import ExportError, export_model
+    from capsense.core.files import OutputExistsError
+    from capsense.core.heads import HeadSpecError
+    from capsense.ship.hub import HubError, check_push_ready
 
     from capsense.commands.push import echo_files, human_size, run_push
 

@@ -21,10 +21,10 @@ from capsense.cli import CapsenseError
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the fits as JSON.")
 def fit(grid_file, report_dir, predict_densities, method, allow_extrapolation, json_out):
     """Fit predictors to GRID_FILE (from capsense grid) and report held-out errors."""
-    from capsense.compress.analysis import fit_grid, predict_pruning
-    from capsense.compress.grid import GridError, read_records
-    from capsense.compress.predictors import ExtrapolationError, FitError
-    from capsense.compress.report import fits_markdown, write_report
+    from capsense.compress.study.analysis import fit_grid, predict_pruning
+    from capsense.compress.study.grid import GridError, read_records
+    from capsense.compress.study.predictors import ExtrapolationError, FitError
+    from capsense.compress.study.report import fits_markdown, write_report
 
     try:
         records = read_records(grid_file)

@@ -37,7 +37,7 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     Re-running the same command skips the measurements the file already holds.
     """
     from capsense.compress.budget import LOWRANK_METHODS, PRUNE_METHODS, QUANT_METHODS, BudgetError, method_family
-    from capsense.compress.grid import GridError, grid_table, load_spec, run_grid, spec_from_dict
+    from capsense.compress.study.grid import GridError, grid_table, load_spec, run_grid, spec_from_dict
     from capsense.compress.measure import MeasureError
     from capsense.compress.apply import CompressionError
     from capsense.compress.calibration import CalibrationError

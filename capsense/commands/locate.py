@@ -63,9 +63,9 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     Writes OUT/manifest.json, evaluations.jsonl (one line per mask, durable), heads.json
     (ranked), scores.csv, heatmap.png and report.md.
     """
-    from capsense.locate import LocateConfig, LocateError, locate as run_locate
-    from capsense.probe import ProbeError
-    from capsense.store import RunStoreError
+    from capsense.localize.locate import LocateConfig, LocateError, locate as run_locate
+    from capsense.scoring.probe import ProbeError
+    from capsense.localize.store import RunStoreError
 
     if sparsity is not None and heads_per_mask is not None:
         raise CapsenseError("give --sparsity or --heads-per-mask, not both")
@@ -82,7 +82,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
         result, heads_path = run_locate(cfg, log=lambda m: click.echo(m, err=True))
     except (LocateError, ProbeError, RunStoreError, ValueError, FileNotFoundError, OSError) as e:
         raise CapsenseError(str(e)) from None
-    from capsense.heads import load_heads_file
+    from capsense.core.heads import load_heads_file
 
     hf = load_heads_file(heads_path)
     top = ", ".join(f"L{r['layer']}H{r['head']}" for r in hf.heads[:10])

@@ -26,8 +26,8 @@ def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, 
     import tempfile
 
     from capsense.compress.measure import MeasureError, build_probes, measure as run_measure, parse_capabilities
-    from capsense.models import load_model
-    from capsense.probe import ProbeError
+    from capsense.core.models import load_model
+    from capsense.scoring.probe import ProbeError
 
     try:
         caps = parse_capabilities(capabilities)

@@ -29,7 +29,7 @@ def run_push(
     create_pr: bool, dry_run: bool,
 ) -> None:
     """Push (or dry-run) ``folder`` and report it; :class:`CapsenseError` on failure."""
-    from capsense.hub import HubError, push_folder
+    from capsense.ship.hub import HubError, push_folder
 
     try:
         result = push_folder(

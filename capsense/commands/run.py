@@ -15,7 +15,7 @@ from capsense.cli import CapsenseError
 @click.option("--dry-run", is_flag=True, help="Print the steps and stop.")
 def run(recipe: Path, out: str | None, dry_run: bool) -> None:
     """Run RECIPE: locate each target (resumable), then validate its top heads on held-out documents."""
-    from capsense.recipe import RecipeError, load_recipe, recipe_steps
+    from capsense.evaluation.recipe import RecipeError, load_recipe, recipe_steps
 
     try:
         data = load_recipe(recipe)
@@ -31,10 +31,10 @@ def run(recipe: Path, out: str | None, dry_run: bool) -> None:
             click.echo(f"  validate --top-k {val.get('top_k', 5)} --tasks {','.join(val['tasks'])} --out {val['out']}")
     if dry_run:
         return
-    from capsense.locate import LocateError, locate
-    from capsense.probe import ProbeError
-    from capsense.store import RunStoreError
-    from capsense.validate import ValidateError, format_validation, validate, write_validation
+    from capsense.localize.locate import LocateError, locate
+    from capsense.scoring.probe import ProbeError
+    from capsense.localize.store import RunStoreError
+    from capsense.evaluation.validate import ValidateError, format_validation, validate, write_validation
 
     for cfg, val in steps:
         try:

@@ -19,10 +19,10 @@ from capsense.cli import CapsenseError
 @click.option("--weights", default=None, help="Capability weights, e.g. math=2,code=1.")
 def select(grid_file, budget, size_key, capabilities, weights):
     """Pick from GRID_FILE by prediction, and report regret against the best measured setting."""
-    from capsense.compress.analysis import fit_grid
-    from capsense.compress.grid import read_records
-    from capsense.compress.predictors import FitError
-    from capsense.compress.select import SelectError, select as run_select
+    from capsense.compress.study.analysis import fit_grid
+    from capsense.compress.study.grid import read_records
+    from capsense.compress.study.predictors import FitError
+    from capsense.compress.study.select import SelectError, select as run_select
 
     try:
         w = {}

@@ -29,8 +29,8 @@ from capsense.cli import CapsenseError
 def validate(model: str, heads_path: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
              batch_size: int, device: str, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool, out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
-    from capsense.heads import HeadSpecError
-    from capsense.validate import ValidateError, format_validation, validate as run_validate, write_validation
+    from capsense.core.heads import HeadSpecError
+    from capsense.evaluation.validate import ValidateError, format_validation, validate as run_validate, write_validation
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
     if limit is not None and limit < 1:

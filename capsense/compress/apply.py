@@ -238,8 +238,8 @@ def compress_checkpoint(
     log: Callable[[str], None] | None = None,
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically."""
-    from capsense.fsutil import atomic_output_dir, check_output_dir
-    from capsense.models import load_model, model_fingerprint
+    from capsense.core.files import atomic_output_dir, check_output_dir
+    from capsense.core.models import load_model, model_fingerprint
 
     log = log or (lambda _m: None)
     check_output_dir(out, overwrite)  # fail before the slow part

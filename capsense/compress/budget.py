@@ -237,7 +237,7 @@ def uniform_budget(setting: Mapping[str, Any], targets: str | Sequence[str] | No
 
 def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, targets: str | None = None) -> Budget:
     """Read a budget file; non-None ``cli_setting`` values override its default setting."""
-    from capsense.heads import HeadSet, HeadSpecError
+    from capsense.core.heads import HeadSet, HeadSpecError
 
     p = Path(path)
     if not p.is_file():
@@ -296,9 +296,9 @@ def protected_columns(model, budget: Budget, targets: Sequence[Target]) -> dict[
     """Boolean input-column masks of the output projections that hold protected heads."""
     if budget.protect_heads is None or not len(budget.protect_heads):
         return {}
-    from capsense.arch import head_layout
+    from capsense.core.arch import head_layout
     from capsense.compress.targets import out_projection_name
-    from capsense.heads import HeadSpecError
+    from capsense.core.heads import HeadSpecError
 
     layout = head_layout(model)
     try:

@@ -147,7 +147,7 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
             texts.append(line)
         return texts[:n], {"source": str(path), "kind": "file", "n": min(n, len(texts))}
     from capsense.compress.measure import CAPABILITIES
-    from capsense.probe import ProbeError, load_task
+    from capsense.scoring.probe import ProbeError, load_task
 
     task = CAPABILITIES.get(source, source)
     looks_like_task = source in CAPABILITIES or (" " not in source and "\n" not in source and len(source) < 80)

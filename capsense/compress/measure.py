@@ -4,7 +4,7 @@ Each capability is an offline lm-eval task of capsense; its probe set is the tas
 ``n_probes`` documents (fixed, so every measurement of every model state sees the same
 documents; calibration takes documents from the other end). The loss is the token-weighted
 cross-entropy of the reference continuation given the prompt, in nats/token, scored by
-:class:`capsense.probe.ProbeScorer`; a compression's response is ``dL = L(compressed) - L(original)``.
+:class:`capsense.scoring.probe.ProbeScorer`; a compression's response is ``dL = L(compressed) - L(original)``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from capsense.probe import Probe, ProbeScorer
+from capsense.scoring.probe import Probe, ProbeScorer
 
 CAPABILITIES: dict[str, str] = {
     "math": "capsense_math_problems",
@@ -55,7 +55,7 @@ def task_of(capability: str) -> str:
 
 def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64) -> dict[str, Probe]:
     """The fixed probe set of each capability: the first ``n_probes`` documents of its task."""
-    from capsense.probe import load_task
+    from capsense.scoring.probe import load_task
 
     if n_probes < 1:
         raise MeasureError(f"--probes must be at least 1, got {n_probes}")

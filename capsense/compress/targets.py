@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsense.arch import arch_spec, unwrap
+from capsense.core.arch import arch_spec, unwrap
 
 KINDS = ("attn", "mlp")
 _ATTN_WORDS = ("attn", "attention")

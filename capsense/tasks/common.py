@@ -23,7 +23,7 @@ log = logging.getLogger("capsense.tasks")
 def _load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
-    from capsense.models import resolve_pretrained
+    from capsense.core.models import resolve_pretrained
 
     return AutoTokenizer.from_pretrained(resolve_pretrained(name))
 

@@ -1,0 +1,1 @@
+"""Studies over compression settings: resumable grids, fitted predictors, budgeted selection, reports."""

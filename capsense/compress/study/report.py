@@ -1,0 +1,187 @@
+"""Plots and a markdown report of a compression grid and its fits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from capsense.compress.study.grid import grid_table
+from capsense.compress.study.predictors import CompactFit
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return Path(path)
+
+
+def plot_pruning(fits: Mapping[str, Any], path: str | Path) -> Path | None:
+    """dL vs density per capability, one panel per pruning method, with the fitted curves."""
+    pr = {m: e for m, e in (fits.get("pruning") or {}).items() if any("points" in c for c in e["capabilities"].values())}
+    if not pr:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(pr), figsize=(5 * len(pr), 4), squeeze=False)
+    for ax, (method, m) in zip(axes[0], pr.items()):
+        for i, (cap, e) in enumerate(m["capabilities"].items()):
+            if "points" not in e:
+                continue
+            color = f"C{i}"
+            pts = e["points"]
+            d = np.array([p["density"] for p in pts])
+            y = np.array([p["dL"] for p in pts])
+            held = np.array([p["held_out"] for p in pts])
+            ax.scatter(d[~held], y[~held], color=color, label=f"{cap} (fit)")
+            ax.scatter(d[held], y[held], facecolors="none", edgecolors=color, label=f"{cap} (held out)")
+            c = e["compact_half"]
+            fit = CompactFit(**{**c, "density_range": tuple(c["density_range"])})
+            xs = np.linspace(*fit.density_range, 100)
+            ax.plot(xs, fit.predict(xs), color=color, lw=1.5)
+        ax.set_xlabel("retained density d")
+        ax.set_ylabel("dL (nats/token)")
+        ax.set_title(f"{method}: A*((1-d)/0.3)^gamma, fit on half the densities")
+        ax.invert_xaxis()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Path | None:
+    """Held-out predictions vs measurements: compact relation (pruning), LOO stable-rank (low-rank)."""
+    xs, ys, kinds = [], [], []
+    for method, m in (fits.get("pruning") or {}).items():
+        for e in m["capabilities"].values():
+            for p in e.get("points", []):
+                if p["held_out"]:
+                    xs.append(p["pred_half"])
+                    ys.append(p["dL"])
+                    kinds.append(f"{method} (held-out density)")
+    for name, g in (fits.get("lowrank") or {}).get("groups", {}).items():
+        # per-method, per-target-set groups: one point per measurement
+        if name.startswith("all|") or "|all-targets" in name or name.count("|") != 2 or "loo_pred" not in g:
+            continue
+        xs.extend(g["loo_pred"])
+        ys.extend(g["y"])
+        kinds.extend([f"{name.split('|')[2]} {name.split('|')[1]} (LOO)"] * len(g["y"]))
+    for cap, g in (fits.get("quant") or {}).items():
+        if "loo_pred" in g:
+            xs.extend(g["loo_pred"])
+            ys.extend(g["y"])
+            kinds.extend(["rtn (LOO)"] * len(g["y"]))
+    if not xs:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for i, k in enumerate(dict.fromkeys(kinds)):
+        sel = [j for j, kk in enumerate(kinds) if kk == k]
+        ax.scatter([xs[j] for j in sel], [ys[j] for j in sel], color=f"C{i}", label=k, s=18)
+    lo, hi = min(xs + ys), max(xs + ys)
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+    ax.set_xlabel("predicted dL (nats/token)")
+    ax.set_ylabel("measured dL (nats/token)")
+    ax.set_title("out-of-sample predictions")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def fits_markdown(fits: Mapping[str, Any]) -> str:
+    """Tables of the pruning, low-rank and bits fits."""
+    lines = []
+    pr = fits.get("pruning") or {}
+    if pr:
+        lines += [
+            "### Pruning: compact relation vs per-density regression",
+            "",
+            "| method | capability | gamma (half) | A (half) | MAE held-out densities (mean \\|dL\\| there) "
+            "| doc-split MAE compact (half densities) | doc-split MAE per-density (all) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for method, m in pr.items():
+            for cap, e in m["capabilities"].items():
+                if "skipped" in e:
+                    lines.append(f"| {method} | {cap} | {e['skipped']} | | | | |")
+                    continue
+                ds = e.get("doc_split", {})
+                lines.append(
+                    f"| {method} | {cap} | {e['compact_half']['gamma']:.2f} | {e['compact_half']['coef'][0]:.3f} | "
+                    f"{_f(e['mae_heldout_densities'])} ({_f(e.get('mean_abs_dL_heldout'))}) | "
+                    f"{_f(ds.get('mae_compact_half_densities'))} | "
+                    f"{_f(ds.get('mae_per_density_all_densities'))} |"
+                )
+            lines.append(
+                f"| **{method}** | **mean** | | | {_f(m['mae_heldout_densities'])} ({_f(m.get('mean_abs_dL_heldout'))}) | "
+                f"{_f(m['doc_split_mae_compact_half'])} | "
+                f"{_f(m['doc_split_mae_per_density_all'])} |"
+            )
+        lines.append("")
+    lr = (fits.get("lowrank") or {}).get("groups", {})
+    if lr:
+        lines += [
+            "### Low-rank: stable-rank predictor dL ~ gamma * mean(rho_s)",
+            "",
+            "| capability / targets | n | slope | LOO Pearson r | LOO MAE |",
+            "|---|---|---|---|---|",
+        ]
+        for name, g in lr.items():
+            if "skipped" in g:
+                lines.append(f"| {name} | | {g['skipped']} | | |")
+            else:
+                lines.append(f"| {name} | {g['n']} | {g['slope']:.4f} | {_f(g['loo_pearson'])} | {_f(g['loo_mae'])} |")
+        lines.append("")
+    q = fits.get("quant") or {}
+    if q:
+        lines += ["### RTN: dL ~ c * 4^-bits", "", "| capability | n | c | LOO MAE |", "|---|---|---|---|"]
+        for cap, g in q.items():
+            if "skipped" not in g:
+                lines.append(f"| {cap} | {g['n']} | {g['slope']:.1f} | {_f(g['loo_mae'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _f(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.3f}"
+
+
+def write_report(
+    records: Sequence[Mapping[str, Any]], fits: Mapping[str, Any], out_dir: str | Path,
+    selections: Sequence[Mapping[str, Any]] = (), title: str = "capsense compression report",
+) -> Path:
+    """``report.md``, ``fits.json`` and the two plots in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fits.json").write_text(json.dumps(fits, indent=1, default=float) + "\n")
+    p1 = plot_pruning(fits, out / "pruning_fits.png")
+    p2 = plot_predicted_vs_measured(fits, out / "predicted_vs_measured.png")
+    base = [r for r in records if r["method"] == "none"]
+    lines = [f"# {title}", ""]
+    if base:
+        lines += ["Reference loss L0 (nats/token) and accuracy: " + ", ".join(
+            f"{r['capability']} {r['nll']:.3f} / {r['acc']:.2f}" for r in base) + f" ({base[0].get('n_docs', '?')} probes each).", ""]
+    lines += ["## Measured dL (nats/token) per setting", "", grid_table(records), "", "## Fits", "", fits_markdown(fits)]
+    if p1:
+        lines += [f"![pruning fits]({p1.name})", ""]
+    if p2:
+        lines += [f"![predicted vs measured]({p2.name})", ""]
+    if selections:
+        lines += ["## Budgeted selection", "", "| budget | chosen (predicted) | best measured | regret (nats/token) |", "|---|---|---|---|"]
+        for s in selections:
+            lines.append(f"| {s['budget']:g} | {s['chosen']} | {s['best']} | {s['regret']:.3f} |")
+        lines.append("")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,202 @@
+"""Exact head ablation by forward pre-hooks on the attention output projection.
+
+A pre-hook sees the projection's input ``x`` of shape ``[batch, seq, n_heads * head_dim]``
+and rewrites head ``h``'s slice ``[h * head_dim, (h + 1) * head_dim)``:
+
+* ``zero``: multiply it by 0, exactly what zeroing those input columns of the weight does;
+* ``mean``: replace it by its mean over a reference set of texts (:func:`compute_head_means`).
+
+Knockouts are a boolean tensor ``[rows, n_layers, n_heads]`` (True = ablate). With one row
+it applies to the whole batch; with ``rows == batch`` each batch row gets its own knockout,
+so one forward pass evaluates many knockouts. No weight is copied or modified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from capsense.core.arch import arch_spec, head_layout, out_projections
+from capsense.core.heads import HeadSet, HeadsLike
+
+if TYPE_CHECKING:
+    from torch import nn
+
+AblationMode = Literal["zero", "mean"]
+ABLATION_MODES = ("zero", "mean")
+
+
+def check_ablation_mode(mode: str) -> AblationMode:
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"unknown ablation mode {mode!r}: valid modes are {', '.join(ABLATION_MODES)}")
+    return mode  # type: ignore[return-value]
+
+
+class HeadAblator:
+    """Applies head knockouts to a model for the duration of a ``with`` block.
+
+    >>> ablator = HeadAblator(model)
+    >>> with ablator.apply("L3H1+L5H0"):
+    ...     logits = model(input_ids).logits
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ablation: str = "zero",
+        means: dict[int, torch.Tensor] | None = None,
+    ) -> None:
+        self.model = model
+        self.ablation = check_ablation_mode(ablation)
+        self.layout = head_layout(model)
+        self.projections = out_projections(model)
+        if self.ablation == "mean" and means is None:
+            raise ValueError(
+                "mean ablation needs per-head means: compute them with "
+                "capsense.core.ablation.compute_head_means(model, tokenizer, texts) and pass means="
+            )
+        self.means = means or {}
+
+    def knockouts(self, heads: HeadsLike) -> torch.Tensor:
+        """A one-row knockout tensor ``[1, n_layers, n_heads]`` for a head set."""
+        hs = HeadSet.parse(heads).validate(self.layout)
+        ko = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
+        for h in hs:
+            ko[0, h.layer, h.head] = True
+        return ko
+
+    def _as_knockouts(self, mask: HeadsLike | torch.Tensor) -> torch.Tensor:
+        if isinstance(mask, torch.Tensor):
+            ko = mask.bool()
+            if ko.dim() == 2:
+                ko = ko.unsqueeze(0)
+            expected = (self.layout.n_layers, self.layout.n_heads)
+            if ko.dim() != 3 or tuple(ko.shape[1:]) != expected:
+                raise ValueError(
+                    f"knockout tensor must have shape [rows, {expected[0]}, {expected[1]}], "
+                    f"got {tuple(mask.shape)}"
+                )
+            return ko
+        return self.knockouts(mask)
+
+    @contextmanager
+    def apply(self, mask: HeadsLike | torch.Tensor) -> Iterator[None]:
+        """Ablate ``mask`` (heads, or a knockout tensor) inside the block; hooks always removed."""
+        ko = self._as_knockouts(mask)
+        handles = []
+        try:
+            for layer in torch.nonzero(ko.any(dim=(0, 2))).flatten().tolist():
+                proj = self.projections[layer]
+                weight = next(proj.parameters())
+                keep = (~ko[:, layer, :]).to(device=weight.device, dtype=weight.dtype)
+                keep = keep.repeat_interleave(self.layout.head_dim, dim=1).unsqueeze(1)
+                fill = None
+                if self.ablation == "mean":
+                    mean = self.means[layer].to(device=weight.device, dtype=weight.dtype)
+                    fill = (1 - keep) * mean
+                handles.append(proj.register_forward_pre_hook(_make_hook(keep, fill)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _make_hook(keep: torch.Tensor, fill: torch.Tensor | None):
+    rows = keep.shape[0]
+
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        if rows != 1 and x.shape[0] != rows:
+            raise ValueError(
+                f"knockout tensor has {rows} rows but the batch has {x.shape[0]}: "
+                "use one row (applies to all) or one row per batch row"
+            )
+        k, f = (keep, fill) if x.dim() == 3 else (keep[:, 0], None if fill is None else fill[:, 0])
+        x = x * k if f is None else x * k + f
+        return (x, *args[1:])
+
+    return hook
+
+
+@torch.no_grad()
+def compute_head_means(
+    model: nn.Module,
+    tokenizer,
+    texts: Sequence[str] | None = None,
+    batch_size: int = 8,
+    max_length: int = 512,
+) -> dict[int, torch.Tensor]:
+    """Mean of each layer's output-projection input over all tokens of ``texts``.
+
+    The default reference set is capsense's neutral English prose
+    (:data:`capsense.tasks.prose.PASSAGES`); pass other ``texts`` to choose another.
+    Returns ``{layer: tensor[n_heads * head_dim]}`` in float32 on the CPU.
+    """
+    if texts is None:
+        from capsense.tasks.prose import PASSAGES
+
+        texts = list(PASSAGES)
+    if not texts:
+        raise ValueError("mean ablation needs at least one reference text")
+    projections = out_projections(model)
+    sums: dict[int, torch.Tensor] = {}
+    count = torch.zeros((), dtype=torch.float64)
+    current: dict[str, torch.Tensor] = {}
+
+    def make(layer: int):
+        def hook(module, args):
+            x = args[0].double()
+            w = current["mask"].to(x.device, x.dtype).unsqueeze(-1)
+            s = (x * w).sum(dim=(0, 1)).cpu()
+            sums[layer] = sums[layer] + s if layer in sums else s
+
+        return hook
+
+    handles = [p.register_forward_pre_hook(make(i)) for i, p in enumerate(projections)]
+    device = next(model.parameters()).device
+    pad_side = tokenizer.padding_side
+    try:
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "right"
+        for i in range(0, len(texts), batch_size):
+            enc = tokenizer(
+                list(texts[i : i + batch_size]),
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+            ).to(device)
+            current["mask"] = enc["attention_mask"]
+            model(**enc)
+            count += enc["attention_mask"].sum().double().cpu()
+    finally:
+        tokenizer.padding_side = pad_side
+        for h in handles:
+            h.remove()
+    return {layer: (s / count).float() for layer, s in sums.items()}
+
+
+def zero_heads_in_weights(model: nn.Module, heads: HeadsLike) -> None:
+    """Zero the ablated heads' input columns of the output projection, in place.
+
+    The weight-space twin of zero ablation (rows for GPT-2's Conv1D).
+    """
+    spec = arch_spec(model)
+    layout = head_layout(model)
+    hs = HeadSet.parse(heads).validate(layout)
+    projections = out_projections(model)
+    from capsense.core.arch import projection_weight
+
+    with torch.no_grad():
+        for layer, head_ids in hs.by_layer().items():
+            w = projection_weight(projections[layer])
+            for h in head_ids:
+                sl = slice(h * layout.head_dim, (h + 1) * layout.head_dim)
+                if spec.transposed:
+                    w[sl, :] = 0
+                else:
+                    w[:, sl] = 0

@@ -1,0 +1,223 @@
+"""Head sets: which (layer, head) pairs to ablate, parsed from specs, lists and heads files.
+
+Accepted forms:
+
+* a spec string: ``L16H21``, ``L16H21+L15H13``, ``[L16H21,L15H13]`` (``+``, ``,`` or
+  whitespace between heads; ``+`` is the one that survives lm-eval's comma-split
+  ``--model_args``);
+* a sequence of ``(layer, head)`` pairs or :class:`Head` objects;
+* a heads JSON file, ranked best first::
+
+    {"model": "org/name", "heads": [{"layer": 16, "head": 21, "importance": 0.8, ...}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Union
+
+from capsense.core.arch import HeadLayout
+
+
+class HeadSpecError(ValueError):
+    """A head spec, list or heads file that cannot be parsed or does not fit the model."""
+
+
+class Head(NamedTuple):
+    layer: int
+    head: int
+
+    def __str__(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+_HEAD_RE = re.compile(r"^[Ll](\d+)[Hh](\d+)$")
+_SPEC_HELP = "expected heads like 'L16H21', 'L16H21+L15H13' or '[L16H21,L15H13]'"
+
+HeadsLike = Union["HeadSet", str, os.PathLike, Iterable]
+
+
+def _parse_head(token: str) -> Head:
+    m = _HEAD_RE.match(token.strip())
+    if not m:
+        raise HeadSpecError(f"malformed head {token!r}: {_SPEC_HELP}")
+    return Head(int(m.group(1)), int(m.group(2)))
+
+
+@dataclass(frozen=True)
+class HeadSet(Sequence):
+    """An ordered, duplicate-free set of attention heads (order = rank for ranked files)."""
+
+    heads: tuple[Head, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: dict[Head, None] = {}
+        for h in self.heads:
+            seen.setdefault(Head(int(h[0]), int(h[1])), None)
+        object.__setattr__(self, "heads", tuple(seen))
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def parse(cls, spec: HeadsLike, top_k: int | None = None) -> HeadSet:
+        """Build a head set from any accepted form; ``top_k`` keeps the first k heads."""
+        if isinstance(spec, HeadSet):
+            heads = spec
+        elif isinstance(spec, (str, os.PathLike)) and looks_like_heads_file(spec):
+            heads = load_heads_file(spec).head_set
+        elif isinstance(spec, str):
+            heads = cls.from_spec(spec)
+        elif isinstance(spec, Iterable):
+            heads = cls.from_pairs(spec)
+        else:
+            raise HeadSpecError(f"cannot read heads from {type(spec).__name__}: {_SPEC_HELP}")
+        return heads.top(top_k) if top_k is not None else heads
+
+    @classmethod
+    def from_spec(cls, spec: str) -> HeadSet:
+        text = spec.strip()
+        if text.startswith("[") != text.endswith("]"):
+            raise HeadSpecError(f"malformed head spec {spec!r}: unbalanced brackets; {_SPEC_HELP}")
+        text = text.strip("[]").strip()
+        if not text:
+            return cls()
+        tokens = [t for t in re.split(r"[+,\s]+", text) if t]
+        return cls(tuple(_parse_head(t) for t in tokens))
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable) -> HeadSet:
+        heads = []
+        for item in pairs:
+            if isinstance(item, str):
+                heads.append(_parse_head(item))
+                continue
+            try:
+                layer, head = item
+                if isinstance(layer, bool) or isinstance(head, bool):
+                    raise TypeError
+                heads.append(Head(int(layer), int(head)))
+            except (TypeError, ValueError):
+                raise HeadSpecError(
+                    f"malformed head {item!r}: expected a (layer, head) pair of integers"
+                ) from None
+        return cls(tuple(heads))
+
+    # -- sequence protocol --------------------------------------------------------------
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.heads[i]
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def __iter__(self) -> Iterator[Head]:
+        return iter(self.heads)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.heads
+
+    def __str__(self) -> str:
+        return "+".join(str(h) for h in self.heads)
+
+    # -- helpers ------------------------------------------------------------------------
+    def top(self, k: int) -> HeadSet:
+        """The first ``k`` heads (the top k of a ranked set)."""
+        if int(k) < 0:
+            raise HeadSpecError(f"top_k must be >= 0, got {k}")
+        return HeadSet(self.heads[: int(k)])
+
+    def layers(self) -> list[int]:
+        """Sorted layers that hold at least one head of the set."""
+        return sorted({h.layer for h in self.heads})
+
+    def by_layer(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for h in self.heads:
+            out.setdefault(h.layer, []).append(h.head)
+        return out
+
+    def validate(self, layout: HeadLayout) -> HeadSet:
+        """Raise :class:`HeadSpecError` naming the valid range if a head does not fit."""
+        for h in self.heads:
+            if not 0 <= h.layer < layout.n_layers:
+                raise HeadSpecError(
+                    f"layer {h.layer} out of range in {h}: this model has {layout.n_layers} "
+                    f"layers (0-{layout.n_layers - 1})"
+                )
+            if not 0 <= h.head < layout.n_heads:
+                raise HeadSpecError(
+                    f"head {h.head} out of range in {h}: this model has {layout.n_heads} "
+                    f"heads per layer (0-{layout.n_heads - 1})"
+                )
+        return self
+
+
+def looks_like_heads_file(spec: str | os.PathLike) -> bool:
+    """True when ``spec`` names a heads JSON file rather than a head spec string."""
+    s = os.fspath(spec)
+    return s.endswith(".json") or os.path.isfile(s)
+
+
+@dataclass
+class HeadsFile:
+    """A ranked heads file: the model it was made for, per-head records and run metadata."""
+
+    model: str
+    heads: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_set(self) -> HeadSet:
+        return HeadSet(tuple(Head(int(r["layer"]), int(r["head"])) for r in self.heads))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, **self.meta, "heads": self.heads}
+
+
+def load_heads_file(path: str | os.PathLike) -> HeadsFile:
+    """Read and check a heads JSON file."""
+    p = Path(path)
+    if not p.is_file():
+        raise HeadSpecError(f"heads file {str(p)!r} not found")
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:  # e.g. permission denied
+        raise HeadSpecError(f"cannot read heads file {str(p)!r}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HeadSpecError(
+            f"heads file {str(p)!r} is not valid JSON ({e}); expected "
+            '{"model": ..., "heads": [{"layer": int, "head": int, ...}, ...]}'
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("heads"), list):
+        raise HeadSpecError(
+            f"heads file {str(p)!r} has no 'heads' list; expected "
+            '{"model": ..., "heads": [{"layer": int, "head": int, ...}, ...]}'
+        )
+    records = []
+    for i, r in enumerate(data["heads"]):
+        if not isinstance(r, dict) or not all(
+            isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in ("layer", "head")
+        ):
+            raise HeadSpecError(
+                f"heads file {str(p)!r}: entry {i} must be an object with integer 'layer' and "
+                f"'head', got {r!r}"
+            )
+        records.append(r)
+    meta = {k: v for k, v in data.items() if k not in ("model", "heads")}
+    return HeadsFile(model=str(data.get("model", "")), heads=records, meta=meta)
+
+
+def write_heads_file(path: str | os.PathLike, heads_file: HeadsFile) -> Path:
+    """Write a heads file atomically (temporary file in the same folder, then rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".heads-", suffix=".json", dir=p.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(heads_file.to_dict(), f, indent=2)
+        f.write("\n")
+    os.replace(tmp, p)
+    return p

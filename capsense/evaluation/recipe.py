@@ -1,0 +1,82 @@
+"""Recipes: a YAML file that runs ``locate`` (one or more targets) and ``validate`` in one go.
+
+    name: smollm2-induction
+    hardware: 2 CPU cores            # what the recipe expects
+    expected_time: 45 min
+    model: smollm2-135m
+    out: runs/smollm2-induction       # <out>/<target>/locate and <out>/<target>/validate
+    locate:                           # any LocateConfig field; task may be a list of targets,
+                                      # and a field may map targets to values (metric: {gsm8k: exact_match})
+      task: capsense_induction
+      controls: [capsense_prose, capsense_arithmetic]
+      masks: 150
+    validate:                         # optional; tasks default to the target + controls
+      top_k: 5
+      random: 3
+      limit: 100
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from capsense.localize.locate import LocateConfig
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be run."""
+
+
+_LOCATE_FIELDS = {f.name for f in fields(LocateConfig)} - {"model", "out", "task"}
+_VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "dtype", "include_path",
+                    "confirm_run_unsafe_code"}
+
+
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    """Read and check a recipe; unknown keys are errors naming the valid ones."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"recipe {str(p)!r} not found")
+    data = yaml.safe_load(p.read_text()) or {}
+    for key in ("model", "locate"):
+        if key not in data:
+            raise RecipeError(f"recipe {p}: missing '{key}'")
+    loc = data["locate"]
+    if "task" not in loc:
+        raise RecipeError(f"recipe {p}: locate needs a 'task' (or a list of targets)")
+    bad = set(loc) - _LOCATE_FIELDS - {"task"}
+    if bad:
+        raise RecipeError(f"recipe {p}: unknown locate keys {sorted(bad)}; valid: {sorted(_LOCATE_FIELDS | {'task'})}")
+    bad = set(data.get("validate") or {}) - _VALIDATE_FIELDS
+    if bad:
+        raise RecipeError(f"recipe {p}: unknown validate keys {sorted(bad)}; valid: {sorted(_VALIDATE_FIELDS)}")
+    data.setdefault("out", f"runs/{data.get('name', p.stem)}")
+    return data
+
+
+def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[LocateConfig, dict[str, Any] | None]]:
+    """One (locate config, validate settings) per target."""
+    loc = dict(data["locate"])
+    targets = loc.pop("task")
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    root = Path(out or data["out"])
+    per_target = {k: v for k, v in loc.items() if isinstance(v, dict)}
+    for key, values in per_target.items():
+        if set(values) - set(targets):
+            raise RecipeError(f"locate.{key} maps {sorted(set(values) - set(targets))}, which are not targets "
+                              f"({', '.join(targets)})")
+    steps = []
+    for t in targets:
+        run_dir = root / t if len(targets) > 1 else root
+        kwargs = {k: v for k, v in loc.items() if k not in per_target}
+        kwargs.update({k: v[t] for k, v in per_target.items() if t in v})
+        cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **kwargs)
+        val = data.get("validate")
+        if val is not None:
+            val = {"tasks": [t, *cfg.controls], **val, "out": str(run_dir / "validate")}
+        steps.append((cfg, val))
+    return steps

@@ -1,0 +1,174 @@
+"""Validation: lm-eval on held-out documents, base vs top-K ablation vs random K-head ablations.
+
+Documents the locate run scored (read from its ``manifest.json`` beside ``heads.json``) are
+excluded, so every number here comes from documents the search never saw. The model is
+loaded once as ``capsense-masked`` (:func:`capsense.evaluation.evaluate.load_lm`) and its head set
+swapped between runs; every value is lm-eval's own metric for the task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from capsense.core.heads import HeadSet, load_heads_file
+
+
+class ValidateError(ValueError):
+    """Bad settings for a validation."""
+
+
+@dataclass
+class ValidationRow:
+    task: str
+    metric: str
+    base: float
+    ablated: float
+    change: float
+    change_rel: float | None
+    random_mean: float | None
+    random_sd: float | None
+    random_change_rel_mean: float | None
+    random_change_rel_sd: float | None
+    random_values: list[float]
+
+
+def used_documents(heads_path: Path) -> dict[str, list[int]]:
+    """Document ids per task that the locate run behind ``heads_path`` scored ({} if unknown)."""
+    manifest = heads_path.parent / "manifest.json"
+    if not manifest.is_file():
+        return {}
+    probes = json.loads(manifest.read_text()).get("probes", {})
+    return {t: [int(d) for d in p.get("doc_ids", [])] for t, p in probes.items()}
+
+
+def held_out_documents(n_docs: int, used: Sequence[int], limit: int | None, seed: int) -> list[int]:
+    """``limit`` document ids not in ``used``, sampled deterministically with ``seed``."""
+    skip = set(int(u) for u in used)
+    order = [int(i) for i in np.random.default_rng([seed, 31]).permutation(n_docs) if int(i) not in skip]
+    return sorted(order[:limit] if limit else order)
+
+
+def random_head_sets(n_layers: int, n_heads: int, k: int, count: int, seed: int, avoid: HeadSet) -> list[HeadSet]:
+    """``count`` random sets of ``k`` heads, none containing a head of ``avoid``."""
+    rng = np.random.default_rng([seed, 17])
+    pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in set(avoid)]
+    return [HeadSet.from_pairs([pool[i] for i in rng.choice(len(pool), size=k, replace=False)]) for _ in range(count)]
+
+
+def _rel(base: float, value: float) -> float | None:
+    return (value - base) / abs(base) if base else None
+
+
+def validate(
+    model: str,
+    heads: str | Path,
+    top_k: int,
+    tasks: Sequence[str],
+    n_random: int = 3,
+    limit: int | None = 100,
+    seed: int = 0,
+    batch_size: int = 16,
+    device: str = "cpu",
+    dtype: str = "float32",
+    include_path: Sequence[str] = (),
+    confirm_run_unsafe_code: bool = False,
+    log=print,
+) -> tuple[list[ValidationRow], dict[str, Any]]:
+    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs."""
+    from capsense.core.arch import head_layout
+    from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
+    from capsense.scoring.probe import load_task
+    from capsense.tasks import task_manager
+
+    heads_path = Path(heads)
+    hf = load_heads_file(heads_path)
+    if top_k < 1:
+        raise ValidateError(f"--top-k must be at least 1, got {top_k}")
+    if top_k > len(hf.heads):
+        raise ValidateError(f"--top-k {top_k} is more than the {len(hf.heads)} heads in {heads_path}")
+    if not tasks:
+        raise ValidateError("give at least one task with --tasks")
+    task_manager(include_path, tasks)  # unknown tasks fail before the model loads
+    top = hf.head_set.top(top_k)
+    used = used_documents(heads_path)
+    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype)
+    layout = head_layout(lm.model)
+    top.validate(layout)
+    samples = {}
+    for t in tasks:
+        n_docs = len(load_task(t, include_path, lm.tokenizer).eval_docs)
+        docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
+        if not docs:
+            raise ValidateError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
+        samples[t] = docs
+    sets = {"base": HeadSet(), "ablated": top}
+    randoms = random_head_sets(layout.n_layers, layout.n_heads, top_k, n_random, seed, top)
+    for i, hs in enumerate(randoms):
+        sets[f"random{i + 1}"] = hs
+    log(f"Validating top-{top_k} ({top}) and {n_random} random {top_k}-head sets on "
+        + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
+    raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
+                             confirm_run_unsafe_code=confirm_run_unsafe_code)
+    rows = []
+    for r in raw:
+        base, abl = r.values["base"], r.values["ablated"]
+        rv = [r.values[f"random{i + 1}"] for i in range(n_random)]
+        rrel = [x for x in (_rel(base, v) for v in rv) if x is not None]
+        rows.append(ValidationRow(
+            task=r.task, metric=r.metric, base=base, ablated=abl, change=abl - base, change_rel=_rel(base, abl),
+            random_mean=float(np.mean(rv)) if rv else None, random_sd=float(np.std(rv)) if rv else None,
+            random_change_rel_mean=float(np.mean(rrel)) if rrel else None,
+            random_change_rel_sd=float(np.std(rrel)) if rrel else None, random_values=rv,
+        ))
+    info = {
+        "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
+        "random_sets": [str(h) for h in randoms], "samples": samples,
+        "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
+        "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
+    }
+    return rows, info
+
+
+def format_validation(rows: Sequence[ValidationRow]) -> str:
+    """Markdown: task, metric, base, ablated, change, random-K mean and spread."""
+    lines = [
+        "| task | metric | base | ablated | change | random-K mean (sd) | random-K change |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rnd = "" if r.random_mean is None else f"{r.random_mean:.4f} ({r.random_sd:.4f})"
+        rch = "" if r.random_change_rel_mean is None else f"{100 * r.random_change_rel_mean:+.1f}% (sd {100 * r.random_change_rel_sd:.1f})"
+        ch = f"{r.change:+.4f}" + ("" if r.change_rel is None else f" ({100 * r.change_rel:+.1f}%)")
+        lines.append(f"| {r.task} | {r.metric} | {r.base:.4f} | {r.ablated:.4f} | {ch} | {rnd} | {rch} |")
+    return "\n".join(lines)
+
+
+def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, Any]) -> list[Path]:
+    """validation.json, validation.md and validation.png in ``out``."""
+    from capsense.localize.report import validation_chart
+
+    out.mkdir(parents=True, exist_ok=True)
+    clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
+    (out / "validation.json").write_text(json.dumps({**info, "rows": clean}, indent=2) + "\n")
+    md = [
+        f"# capsense validate: top-{info['top_k']} heads of {info.get('locate_task')}",
+        "",
+        f"- heads ablated: {info['heads']}",
+        f"- random {info['top_k']}-head sets: " + "; ".join(info["random_sets"]),
+        "- documents: " + ", ".join(f"{t} {len(d)} held out" for t, d in info["samples"].items()),
+        "",
+        format_validation(rows),
+        "",
+        "![validation](validation.png)",
+        "",
+    ]
+    (out / "validation.md").write_text("\n".join(md))
+    validation_chart(out / "validation.png", clean, f"top-{info['top_k']} ({info['heads']}) vs random")
+    return [out / "validation.json", out / "validation.md", out / "validation.png"]

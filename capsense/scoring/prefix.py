@@ -1,0 +1,108 @@
+"""Prefix reuse: start the forward pass at the first ablated layer from cached clean inputs.
+
+Layers before the first knocked-out head compute exactly what the clean model computes,
+so :class:`PrefixReuseScorer` runs each probe batch once without ablation, records every
+decoder layer's input (hidden states plus the call's other arguments: attention mask,
+rotary embeddings, position ids, as the model itself passed them) and later calls
+``layers[l:]`` directly, then the final norm. For a single-head sweep this halves the
+work; for random masks it saves the layers before the earliest ablated one.
+
+It works for any architecture whose decoder blocks are called as ``block(hidden, ...)``
+and whose final norm sits beside the block list (``norm``, ``final_layer_norm`` or
+``ln_f``). On the first batch it checks that the replayed clean forward equals the
+model's own output; if not, or with several masks per forward, it falls back to the
+full forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from capsense.core.arch import arch_spec, unwrap
+from capsense.scoring.probe import ProbeScorer, scored_hidden
+
+_NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
+
+
+def _final_norm(model) -> torch.nn.Module | None:
+    base = unwrap(model)
+    parent_path = arch_spec(base).layers.rsplit(".", 1)[0]
+    parent = base.get_submodule(parent_path)
+    for name in _NORM_NAMES:
+        mod = getattr(parent, name, None)
+        if isinstance(mod, torch.nn.Module):
+            return mod
+    return None
+
+
+class PrefixReuseScorer(ProbeScorer):
+    """A :class:`~capsense.scoring.probe.ProbeScorer` that skips the clean prefix of each forward."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        base = unwrap(self.model)
+        self.layers = base.get_submodule(arch_spec(base).layers)
+        self.final_norm = _final_norm(self.model)
+        self.enabled = self.final_norm is not None and self.masks_per_forward == 1
+        self._cache: dict[tuple[int, ...], tuple[list, torch.Tensor]] = {}
+        self._checked = False
+
+    @torch.no_grad()
+    def _capture(self, ids: torch.Tensor, att: torch.Tensor) -> tuple[list, torch.Tensor]:
+        calls: list = [None] * len(self.layers)
+
+        def make(i: int):
+            def pre(module, args, kwargs):
+                if args:
+                    calls[i] = (args[0], args[1:], dict(kwargs), True)
+                else:
+                    kw = dict(kwargs)
+                    calls[i] = (kw.pop("hidden_states"), (), kw, False)
+
+            return pre
+
+        handles = [layer.register_forward_pre_hook(make(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
+        try:
+            final = scored_hidden(self.model, ids, att)
+        finally:
+            for h in handles:
+                h.remove()
+        return calls, final
+
+    def _replay(self, calls: list, start: int) -> torch.Tensor:
+        hidden = calls[start][0]
+        for i in range(start, len(self.layers)):
+            _, args, kwargs, positional = calls[i]
+            out = self.layers[i](hidden, *args, **kwargs) if positional else self.layers[i](hidden_states=hidden, *args, **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return self.final_norm(hidden)
+
+    @torch.no_grad()
+    def _hidden(self, ids, att, row_ko, reqs):
+        if not self.enabled or row_ko.shape[0] != 1:
+            return super()._hidden(ids, att, row_ko, reqs)
+        key = tuple(reqs)
+        if key not in self._cache:
+            self._cache[key] = self._capture(ids, att)
+        calls, final = self._cache[key]
+        if any(c is None for c in calls):
+            self.enabled = False
+            return super()._hidden(ids, att, row_ko, reqs)
+        if not self._checked:
+            replay = self._replay(calls, 0)
+            tol = 1e-4 if final.dtype == torch.float32 else 2e-2
+            if not torch.allclose(replay.float(), final.float(), atol=tol, rtol=tol):
+                self.enabled = False
+                return super()._hidden(ids, att, row_ko, reqs)
+            self._checked = True
+        hit = torch.nonzero(row_ko[0].any(dim=1)).flatten()
+        if len(hit) == 0:
+            return final
+        with self.ablator.apply(row_ko):
+            return self._replay(calls, int(hit[0]))
+
+    def clear(self) -> None:
+        """Drop the cached activations."""
+        self._cache.clear()

@@ -1,0 +1,346 @@
+"""Capability probes: (context, continuation) requests tokenized once, scored under knockouts.
+
+A :class:`Probe` holds the requests of a task, built from an lm-eval task (its own
+requests: log-likelihood or multiple choice) or from a JSONL file of
+``{"context": ..., "continuation": ...}`` lines. :class:`ProbeScorer` scores it under many
+knockout masks: per mask, ``nll`` (nats/token of the reference continuation,
+token-weighted over documents) and ``acc`` (greedy exact match of the continuation, or
+multiple-choice accuracy). Logits are computed only at the scored positions.
+
+Tokenization follows lm-eval's ``HFLM``: trailing context spaces move onto the
+continuation, ``context + continuation`` is encoded whole and split at the context length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+
+from capsense.core.ablation import HeadAblator
+from capsense.core.arch import head_layout
+
+if TYPE_CHECKING:
+    from torch import nn
+
+METRICS = ("nll", "acc")
+ProbeKind = Literal["loglikelihood", "multiple_choice"]
+
+
+class ProbeError(ValueError):
+    """A task or probe file that cannot be turned into a probe."""
+
+
+@dataclass
+class Probe:
+    """Tokenized requests of one task. Request ``r`` belongs to document ``doc_of[r]``."""
+
+    name: str
+    kind: ProbeKind
+    context_ids: list[list[int]]
+    continuation_ids: list[list[int]]
+    doc_of: np.ndarray  # [n_requests] position of the request's document in doc_ids
+    doc_ids: list[int]  # the task's document ids, in probe order
+    gold: np.ndarray | None = None  # [n_docs] gold choice index (multiple choice)
+    choice_of: np.ndarray | None = None  # [n_requests] choice index (multiple choice)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.doc_ids)
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.context_ids)
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_pairs(
+        cls, name: str, pairs: Sequence[tuple[str, str]], tokenizer, doc_ids: Sequence[int] | None = None
+    ) -> Probe:
+        """A log-likelihood probe from (context, continuation) strings."""
+        ctx, cont = zip(*(encode_pair(tokenizer, c, t) for c, t in pairs)) if pairs else ((), ())
+        n = len(pairs)
+        return cls(
+            name=name,
+            kind="loglikelihood",
+            context_ids=list(ctx),
+            continuation_ids=list(cont),
+            doc_of=np.arange(n),
+            doc_ids=list(doc_ids) if doc_ids is not None else list(range(n)),
+        )
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike, tokenizer) -> Probe:
+        """A probe from a JSONL file with ``context`` and ``continuation`` per line."""
+        p = Path(path)
+        pairs = []
+        for i, line in enumerate(p.read_text().splitlines()):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                pairs.append((rec["context"], rec["continuation"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ProbeError(
+                    f"{p}:{i + 1}: expected a JSON object with 'context' and 'continuation'"
+                ) from None
+        return cls.from_pairs(p.stem, pairs, tokenizer)
+
+    @classmethod
+    def from_task(
+        cls,
+        task: str,
+        tokenizer,
+        limit: int | None = None,
+        seed: int = 0,
+        include_path: Sequence[str | os.PathLike] = (),
+        exclude: Sequence[int] = (),
+        doc_ids: Sequence[int] | None = None,
+    ) -> Probe:
+        """Build a probe from an lm-eval task's own requests.
+
+        ``limit`` samples that many documents with ``seed`` (deterministic), skipping
+        ``exclude``; ``doc_ids`` picks documents explicitly.
+        """
+        task_obj = load_task(task, include_path, tokenizer)
+        docs = task_obj.eval_docs
+        n_total = len(docs)
+        if doc_ids is None:
+            order = [int(i) for i in np.random.default_rng(seed).permutation(n_total)]
+            excluded = set(int(i) for i in exclude)
+            order = [i for i in order if i not in excluded]
+            if not order:
+                raise ProbeError(f"task {task!r}: no documents left after excluding {len(excluded)}")
+            doc_ids = order[:limit] if limit else order
+        task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
+        return cls.from_instances(task, task_obj, list(doc_ids), tokenizer, n_total)
+
+    @classmethod
+    def from_instances(cls, name: str, task_obj, doc_ids: list[int], tokenizer, n_total: int) -> Probe:
+        instances = task_obj.instances
+        kinds = {inst.request_type for inst in instances}
+        if not instances:
+            raise ProbeError(f"task {name!r} built no requests")
+        if kinds - {"loglikelihood"}:
+            raise ProbeError(
+                f"task {name!r} has {sorted(kinds)} requests; probes score log-likelihood and "
+                "multiple-choice tasks (for generation tasks, use a log-likelihood variant of "
+                "the reference answer)"
+            )
+        position = {d: i for i, d in enumerate(doc_ids)}
+        # lm-eval 0.4.13 numbers docs picked by `samples` 0..n-1 in dataset order, not by id.
+        seen = {inst.doc_id for inst in instances}
+        if not seen <= position.keys() and seen <= set(range(len(doc_ids))):
+            by_rank = sorted(doc_ids)
+            position = {r: position[d] for r, d in enumerate(by_rank)}
+        multiple = task_obj.OUTPUT_TYPE == "multiple_choice"
+        ctx, cont, doc_of, choice_of = [], [], [], []
+        for inst in instances:
+            c, t = encode_pair(tokenizer, *inst.args[:2])
+            ctx.append(c)
+            cont.append(t)
+            doc_of.append(position[inst.doc_id])
+            choice_of.append(inst.idx)
+        gold = None
+        if multiple:
+            docs = task_obj.eval_docs
+            gold = np.array([_gold_index(task_obj, docs[d]) for d in doc_ids])
+        return cls(
+            name=name,
+            kind="multiple_choice" if multiple else "loglikelihood",
+            context_ids=ctx,
+            continuation_ids=cont,
+            doc_of=np.array(doc_of),
+            doc_ids=doc_ids,
+            gold=gold,
+            choice_of=np.array(choice_of) if multiple else None,
+            meta={"n_task_docs": n_total},
+        )
+
+
+def _gold_index(task_obj, doc) -> int:
+    target = task_obj.doc_to_target(doc)
+    if isinstance(target, str):
+        return task_obj.doc_to_choice(doc).index(target)
+    if isinstance(target, list):
+        return int(target[0])
+    return int(target)
+
+
+def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokenizer=None):
+    """An lm-eval task object by name; capsense's ``lm_eval_tasks`` are always included."""
+    from lm_eval.tasks import get_task_dict
+
+    from capsense.tasks import task_manager
+
+    metadata = {"tokenizer": tokenizer} if tokenizer is not None else None
+    try:
+        manager = task_manager(include_path, [task], metadata=metadata)
+    except ValueError as e:
+        raise ProbeError(str(e)) from None
+    obj = get_task_dict([task], manager)[task]
+    if isinstance(obj, dict):
+        raise ProbeError(f"{task!r} is a group of tasks; name one task")
+    return obj
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """Token ids of (context, continuation) split the way lm-eval's HFLM splits them."""
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, continuation = context[:-n], context[-n:] + continuation
+    if not context:
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        return [prefix], tokenizer.encode(continuation)
+    whole = tokenizer.encode(context + continuation)
+    ctx = tokenizer.encode(context)
+    return whole[: len(ctx)], whole[len(ctx) :]
+
+
+class ProbeScorer:
+    """Scores one probe under knockout masks with one model, without reloading anything.
+
+    ``masks_per_forward`` > 1 packs several masks into one batch (rows = mask x request):
+    it pays on a GPU; on a few CPU cores the forward pass is compute-bound and 1 is best.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        probe: Probe,
+        ablator: HeadAblator | None = None,
+        batch_size: int = 16,
+        masks_per_forward: int = 1,
+        max_length: int | None = None,
+    ) -> None:
+        self.model = model
+        self.probe = probe
+        self.ablator = ablator or HeadAblator(model)
+        self.layout = head_layout(model)
+        self.batch_size = int(batch_size)
+        self.masks_per_forward = max(1, int(masks_per_forward))
+        self.device = next(model.parameters()).device
+        self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+        self.pad_id = 0
+        seqs = [(c + t)[-(self.max_length + 1) :][:-1] for c, t in zip(probe.context_ids, probe.continuation_ids)]
+        self._inputs = seqs
+        self._targets = [t[-len(s) :] if len(t) > len(s) else t for s, t in zip(seqs, probe.continuation_ids)]
+        # Longest first, so the first batch shows the peak memory.
+        self._order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+
+    def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+        """Per-mask ``nll`` (nats/token) and ``acc`` for ``knockouts`` [m, layers, heads]."""
+        if knockouts is None:
+            knockouts = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
+        knockouts = knockouts.bool()
+        m = knockouts.shape[0]
+        logprob = np.zeros((m, self.probe.n_requests))
+        greedy = np.zeros((m, self.probe.n_requests), dtype=bool)
+        for m0, ko, reqs in self._batches(knockouts):
+            lp, gr = self._score_batch(ko, reqs)
+            for j in range(ko.shape[0]):
+                logprob[m0 + j, reqs] = lp[j]
+                greedy[m0 + j, reqs] = gr[j]
+        return self.aggregate(logprob, greedy)
+
+    def _batches(self, knockouts: torch.Tensor):
+        """(first mask index, masks, requests) of every forward pass."""
+        k = self.masks_per_forward
+        per_batch = max(1, self.batch_size // k)
+        for m0 in range(0, knockouts.shape[0], k):
+            for b0 in range(0, len(self._order), per_batch):
+                yield m0, knockouts[m0 : m0 + k], self._order[b0 : b0 + per_batch]
+
+    def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        return self._run(ko, reqs)
+
+    @torch.no_grad()
+    def _run(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        k = ko.shape[0]
+        seqs = [self._inputs[r] for r in reqs]
+        ids, att = pad_right(seqs, self.pad_id)
+        ids, att = ids.repeat(k, 1).to(self.device), att.repeat(k, 1).to(self.device)
+        row_ko = ko.repeat_interleave(len(seqs), dim=0) if k > 1 else ko
+        # (row, position, target) of every scored token
+        rows, pos, tgt = [], [], []
+        for i, (s, r) in enumerate(zip(seqs, reqs)):
+            t = self._targets[r]
+            start = len(s) - len(t)
+            rows.extend([i] * len(t))
+            pos.extend(range(start, len(s)))
+            tgt.extend(t)
+        n_tok = len(tgt)
+        rows_t = torch.tensor(rows).repeat(k) + torch.arange(k).repeat_interleave(n_tok) * len(seqs)
+        pos_t = torch.tensor(pos).repeat(k)
+        tgt_t = torch.tensor(tgt, device=self.device).repeat(k)
+        hidden = self._hidden(ids, att, row_ko, reqs)
+        tok_lp, tok_ok = token_scores(self.model, hidden[rows_t.to(self.device), pos_t.to(self.device)], tgt_t)
+        tok_lp, tok_ok = tok_lp.reshape(k, n_tok), tok_ok.reshape(k, n_tok)
+        bounds = np.cumsum([0] + [len(self._targets[r]) for r in reqs])
+        lp = np.stack([np.add.reduceat(tok_lp[j], bounds[:-1]) for j in range(k)])
+        gr = np.stack([np.logical_and.reduceat(tok_ok[j], bounds[:-1]) for j in range(k)])
+        return lp, gr
+
+    def _hidden(self, ids: torch.Tensor, att: torch.Tensor, row_ko: torch.Tensor, reqs: list[int]) -> torch.Tensor:
+        """Final hidden states of one batch under ``row_ko`` (subclasses may reuse a clean prefix)."""
+        with self.ablator.apply(row_ko):
+            return scored_hidden(self.model, ids, att)
+
+    def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-mask metrics from per-request log-probabilities and greedy flags."""
+        p = self.probe
+        n_tokens = np.array([len(t) for t in self._targets])
+        if p.kind == "multiple_choice":
+            assert p.gold is not None and p.choice_of is not None
+            is_gold = p.choice_of == p.gold[p.doc_of]
+            nll = -logprob[:, is_gold].sum(1) / n_tokens[is_gold].sum()
+            acc = np.zeros(logprob.shape[0])
+            for d in range(p.n_docs):
+                sel = np.flatnonzero(p.doc_of == d)
+                best = sel[np.argmax(logprob[:, sel], axis=1)]
+                acc += p.choice_of[best] == p.gold[d]
+            return {"nll": nll, "acc": acc / p.n_docs}
+        nll = -logprob.sum(1) / n_tokens.sum()
+        return {"nll": nll, "acc": greedy.mean(1)}
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids and attention mask, ``[len(seqs), longest]``."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        att[i, : len(s)] = 1
+    return ids, att
+
+
+def token_scores(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probability of each target token and whether it is the greedy choice, from the
+    final hidden states that predict it (``[n, d]``, ``[n]``)."""
+    logits = output_logits(model, hidden)
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+    return logp.cpu().double().numpy(), (logits.argmax(-1) == targets).cpu().numpy()
+
+
+def scored_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final hidden states of a causal LM, without computing logits for every position."""
+    base = getattr(model, model.base_model_prefix)
+    out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return out[0]
+
+
+def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head on selected hidden states (with Gemma's final logit soft-capping)."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits

@@ -1,0 +1,183 @@
+"""capsense compress / measure / grid / fit / select end to end on a tiny model folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import save_tiny_folder, tiny_inputs
+from test_compress_fit import _synthetic_grid
+
+from capsense.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_folder("llama", tmp_path_factory.mktemp("tiny-llama-compress"))
+
+
+@pytest.fixture(scope="module")
+def calib_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("calib") / "calib.txt"
+    p.write_text("\n".join(f"The quick brown fox {i} jumps over the lazy dog number {i * 7}." for i in range(12)))
+    return p
+
+
+def _compressed_in_memory(tiny_dir, setting, calib_file=None):
+    from capsense.compress.apply import calibrate, compress_model
+    from capsense.compress.budget import uniform_budget
+    from capsense.core.models import load_model
+
+    model, tok = load_model(str(tiny_dir))
+    b = uniform_budget(setting)
+    stats, _ = calibrate(model, tok, b, str(calib_file), 8) if calib_file else ({}, [])
+    compress_model(model, b, stats)
+    return model
+
+
+@pytest.mark.parametrize("args,setting", [
+    (["--method", "magnitude", "--density", "0.5"], {"method": "magnitude", "density": 0.5}),
+    (["--method", "rtn", "--bits", "3", "--group-size", "32"], {"method": "rtn", "bits": 3, "group_size": 32}),
+    (["--method", "svd-llm", "--ratio", "0.6"], {"method": "svd-llm", "ratio": 0.6}),
+    (["--method", "wanda", "--density", "0.4", "--targets", "mlp"], None),
+])
+def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_dir, calib_file, args, setting):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    r = run("compress", tiny_dir, *args, "--calibration", calib_file, "--calibration-samples", 8, "--out", out)
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["method"] == args[1]
+    assert meta["summary"]["target_params"] > 0 and meta["matrices"]
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    if setting is None:  # wanda on mlp only: attention untouched, mlp at 40% per row
+        # gate/up keep round(0.4 * 64) = 26 of 64 per row, down keeps round(0.4 * 128) = 51 of 128
+        assert meta["summary"]["target_density"] == (2 * 128 * 26 + 64 * 51) / (3 * 128 * 64)
+        assert all(m["kind"] == "mlp" for m in meta["matrices"])
+        assert meta["calibration"][0]["kind"] == "file"
+        return
+    expected = _compressed_in_memory(tiny_dir, setting, calib_file if setting["method"] == "svd-llm" else None)
+    x = tiny_inputs()
+    with torch.no_grad():
+        assert torch.allclose(loaded(x).logits, expected(x).logits, atol=1e-5)
+    if setting["method"] == "magnitude":
+        assert meta["summary"]["target_density"] == 0.5
+        w = loaded.model.layers[0].mlp.down_proj.weight
+        assert float((w == 0).float().mean()) == 0.5
+    if setting["method"] == "rtn":
+        assert meta["summary"]["target_bits_per_param"] == pytest.approx(3 + 16 / 32)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "magnitude", "--density", "1.5"], "density 1.5 is outside (0, 1]"),
+    (["--method", "magnitude", "--density", "0"], "density 0.0 is outside (0, 1]"),
+    (["--method", "rtn", "--bits", "1"], "RTN needs an integer bit width from 2 to 16"),
+    (["--method", "gptq", "--bits", "4"], "unknown method 'gptq': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
+    (["--method", "svd", "--ratio", "0.01"], "leaves no rank"),
+    (["--method", "magnitude", "--density", "0.5", "--targets", "embed"], "unknown target kind embed"),
+    (["--method", "magnitude", "--density", "0.5", "--scope", "block"], "unknown pruning scope 'block'"),
+    (["--method", "magnitude"], "magnitude needs a density"),
+    ([], "give --method"),
+])
+def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_dir, args, message):
+    out = tmp_path / "out"
+    r = run("compress", tiny_dir, *args, "--out", out)
+    assert r.exit_code == 1
+    last = r.output.strip().splitlines()[-1]  # (a model load may print a progress bar first)
+    assert last.startswith("Error: ") and message in last and r.output.count("Error") == 1
+    assert "Traceback" not in r.output
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_compress_refuses_existing_output(tmp_path, tiny_dir):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    r = run("compress", tiny_dir, "--method", "magnitude", "--density", "0.5", "--out", out)
+    assert r.exit_code == 1 and "not empty" in r.output
+    assert (out / "keep.txt").read_text() == "x"
+
+
+def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_dir):
+    from capsense.core.heads import HeadsFile, write_heads_file
+
+    write_heads_file(tmp_path / "heads.json", HeadsFile("tiny", [{"layer": 2, "head": 1}]))
+    (tmp_path / "budget.yaml").write_text(
+        "method: magnitude\ndensity: 0.25\noverrides:\n  - layers: 0\n    skip: true\nprotect:\n  heads: heads.json\n"
+    )
+    out = tmp_path / "out"
+    r = run("compress", tiny_dir, "--budget", tmp_path / "budget.yaml", "--out", out)
+    assert r.exit_code == 0, r.output
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    comp = AutoModelForCausalLM.from_pretrained(out)
+    o_base, o_comp = base.model.layers[2].self_attn.o_proj.weight, comp.model.layers[2].self_attn.o_proj.weight
+    assert torch.equal(o_comp[:, 16:32], o_base[:, 16:32])
+    assert torch.equal(comp.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["summary"]["protected_heads"] == "L2H1"
+    assert meta["budget"]["protect"]["heads"] == "heads.json"
+
+
+def test_measure(tmp_path, tiny_dir):
+    out = tmp_path / "m.json"
+    r = run("measure", tiny_dir, "--capabilities", "qa,math", "--probes", 3, "--out", out)
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert set(data["capabilities"]) == {"qa", "math"}
+    assert data["capabilities"]["qa"]["n_docs"] == 3 and data["capabilities"]["qa"]["nll"] > 0
+    r = run("measure", tiny_dir, "--capabilities", "qa,poetry")
+    assert r.exit_code == 1 and "unknown capability 'poetry': valid capabilities are math, code, qa" in r.output
+
+
+def test_grid_appends_and_resumes(tmp_path, tiny_dir, calib_file):
+    out = tmp_path / "grid.jsonl"
+    args = ["grid", tiny_dir, "--methods", "magnitude,wanda", "--densities", "0.8,0.5", "--capabilities", "qa",
+            "--probes", 3, "--calibration", calib_file, "--calibration-samples", 4, "--out", out, "--no-progress"]
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    lines = out.read_text().splitlines()
+    assert len(lines) == 5  # dense + 4 settings, one capability
+    recs = [json.loads(x) for x in lines]
+    assert recs[0]["method"] == "none" and all(r["nll0"] == recs[0]["nll"] for r in recs)
+    assert {r["label"] for r in recs[1:]} == {"magnitude@d0.8", "magnitude@d0.5", "wanda@d0.8", "wanda@d0.5"}
+    # a crash mid-write leaves a torn line: resume drops it and measures only what is missing
+    out.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    again = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["key"] for x in again][:3] == [x["key"] for x in recs[:3]]
+    assert sorted(x["key"] for x in again) == sorted(x["key"] for x in recs)
+    assert again[4]["nll"] == pytest.approx(recs[4]["nll"], abs=1e-9)  # deterministic
+    r = run(*args)
+    assert r.exit_code == 0 and len(out.read_text().splitlines()) == 5
+    # another grid's file is refused
+    r = run(*[a if a != 3 else 4 for a in args])
+    assert r.exit_code == 1 and "another grid" in r.output
+
+
+def test_fit_and_select_cli(tmp_path):
+    grid = tmp_path / "g.jsonl"
+    grid.write_text("".join(json.dumps(r) + "\n" for r in _synthetic_grid()))
+    r = run("fit", grid, "--report", tmp_path / "rep", "--predict", "0.75")
+    assert r.exit_code == 0, r.output
+    assert "compact relation vs per-density" in r.output and "predict wanda d=0.75 math" in r.output
+    assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "pruning_fits.png").is_file()
+    assert (tmp_path / "rep" / "predicted_vs_measured.png").is_file()
+    r = run("fit", grid, "--predict", "0.3")
+    assert r.exit_code == 1 and "outside the measured range [0.5, 0.9]" in r.output
+    r = run("fit", grid, "--predict", "0.3", "--allow-extrapolation")
+    assert r.exit_code == 0 and "EXTRAPOLATED" in r.output
+    r = run("select", grid, "--budget", "0.6")
+    assert r.exit_code == 0, r.output
+    assert "chosen:" in r.output and "regret:" in r.output
+    r = run("select", grid, "--budget", "0.6", "--capabilities", "poetry")
+    assert r.exit_code == 1 and "poetry is not in the grid" in r.output

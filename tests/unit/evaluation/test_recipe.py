@@ -1,0 +1,52 @@
+"""Recipes: every shipped YAML loads; steps and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capsense.cli import main
+from capsense.evaluation.recipe import RecipeError, load_recipe, recipe_steps
+
+RECIPES = sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.name.startswith(("paper_", "smollm2_"))], ids=lambda p: p.name)
+def test_shipped_recipes_load(path):
+    data = load_recipe(path)
+    steps = recipe_steps(data)
+    assert steps and data["hardware"] and data["expected_time"]
+    for cfg, val in steps:
+        cfg.check()
+        assert val is None or cfg.task in val["tasks"]
+
+
+def test_paper_recipe_follows_the_paper():
+    cfg, val = recipe_steps(load_recipe(Path("recipes/paper_llama31_8b.yaml")))[0]
+    assert (cfg.masks, cfg.sparsity, cfg.limit, cfg.alpha, cfg.solver) == (100, 0.02, 100, 0.01, "lasso")
+    assert val["top_k"] == 5
+
+
+def test_bad_recipe_key(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("model: m\nlocate:\n  task: t\n  maskz: 3\n")
+    with pytest.raises(RecipeError, match=r"unknown locate keys \['maskz'\]"):
+        load_recipe(p)
+
+
+def test_run_dry_run_prints_the_steps():
+    r = CliRunner().invoke(main, ["run", "recipes/smollm2_induction_cpu.yaml", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "locate smollm2-135m --task capsense_induction --controls capsense_prose,capsense_arithmetic" in r.output
+
+
+def test_a_field_may_map_targets_to_values(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("model: m\nlocate:\n  task: [a, b]\n  metric: {a: exact_match}\n  masks: 7\n")
+    steps = recipe_steps(load_recipe(p))
+    assert [(c.task, c.metric, c.masks) for c, _ in steps] == [("a", "exact_match", 7), ("b", "nll", 7)]
+    p.write_text("model: m\nlocate:\n  task: [a, b]\n  metric: {c: acc}\n")
+    with pytest.raises(RecipeError, match=r"locate.metric maps \['c'\], which are not targets \(a, b\)"):
+        recipe_steps(load_recipe(p))

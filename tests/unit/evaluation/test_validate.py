@@ -1,0 +1,69 @@
+"""capsense validate: held-out documents, top-K vs random K, table/JSON/chart, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from capsense.cli import main
+from capsense.evaluation.validate import held_out_documents, random_head_sets
+from capsense.core.heads import HeadSet
+from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+
+
+@pytest.fixture(scope="module")
+def located(tmp_path_factory):
+    root = tmp_path_factory.mktemp("val")
+    model, tasks = make_toy_setup(root)
+    run = root / "run"
+    r = CliRunner().invoke(main, [
+        "locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
+        "--limit", "15", "--masks", "10", "--heads-per-mask", "2", "--quiet", "--out", str(run),
+    ], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return model, tasks, run
+
+
+def test_validate_uses_held_out_documents_and_writes_the_table(located, tmp_path):
+    model, tasks, run = located
+    out = tmp_path / "val"
+    r = CliRunner().invoke(main, [
+        "validate", str(model), "--heads", str(run / "heads.json"), "--top-k", "2", "--tasks",
+        f"{TOY_TASK},{TOY_CONTROL}", "--random", "2", "--limit", "10", "--include-path", str(tasks), "--out", str(out),
+    ], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "| task | metric | base | ablated | change | random-K mean (sd) |" in r.output
+    data = json.loads((out / "validation.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
+    for task in (TOY_TASK, TOY_CONTROL):
+        held = set(data["samples"][task])
+        assert len(held) == 10
+        assert not held & set(manifest["probes"][task]["doc_ids"])
+    assert {row["task"] for row in data["rows"]} == {TOY_TASK, TOY_CONTROL}
+    row = data["rows"][0]
+    assert len(row["random_values"]) == 2 and row["change"] == pytest.approx(row["ablated"] - row["base"])
+    top2 = [f"L{h['layer']}H{h['head']}" for h in json.loads((run / "heads.json").read_text())["heads"][:2]]
+    assert data["heads"] == "+".join(top2)
+    assert (out / "validation.png").stat().st_size > 1000 and (out / "validation.md").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--top-k", "13", "--tasks", TOY_TASK], "--top-k 13 is more than the 12 heads"),
+    (["--top-k", "2", "--tasks", "no_such_task_xyz"], "no_such_task_xyz"),
+])
+def test_validate_bad_input(located, tmp_path, extra, message):
+    model, tasks, run = located
+    r = CliRunner().invoke(main, ["validate", str(model), "--heads", str(run / "heads.json"), "--include-path",
+                                  str(tasks), "--out", str(tmp_path / "v"), *extra])
+    assert r.exit_code == 1 and message in r.output, r.output
+
+
+def test_held_out_and_random_sets():
+    docs = held_out_documents(50, used=range(0, 50, 2), limit=10, seed=0)
+    assert len(docs) == 10 and all(d % 2 for d in docs)
+    assert docs == held_out_documents(50, used=range(0, 50, 2), limit=10, seed=0)
+    avoid = HeadSet.from_spec("L0H0+L0H1")
+    sets = random_head_sets(3, 4, 2, 5, 0, avoid)
+    assert len(sets) == 5 and all(len(s) == 2 and not set(s) & set(avoid) for s in sets)

@@ -1,0 +1,284 @@
+"""capsense locate on a tiny model: run folder, methods, selective mode, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from capsense.cli import main
+from capsense.core.heads import load_heads_file
+from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return make_toy_setup(tmp_path_factory.mktemp("toy"))
+
+
+def _args(toy, out, *extra):
+    model, tasks = toy
+    return [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12",
+            "--heads-per-mask", "2", "--quiet", "--out", str(out), *extra]
+
+
+def _locate(toy, out, *extra):
+    result = CliRunner().invoke(main, ["locate", *_args(toy, out, *extra)], catch_exceptions=False)
+    return result
+
+
+def test_cs_writes_the_run_folder(toy, tmp_path):
+    out = tmp_path / "run"
+    r = _locate(toy, out, "--masks", "16")
+    assert r.exit_code == 0, r.output
+    for name in ("manifest.json", "evaluations.jsonl", "heads.json", "scores.csv", "heatmap.png", "report.md"):
+        assert (out / name).is_file(), name
+    lines = (out / "evaluations.jsonl").read_text().splitlines()
+    assert len(lines) == 17  # the clean model + 16 masks
+    assert all(len(json.loads(ln)["heads"]) == 2 for ln in lines[1:])
+    hf = load_heads_file(out / "heads.json")
+    assert len(hf.heads) == 12 and [r["rank"] for r in hf.heads] == list(range(1, 13))
+    assert hf.meta["task"] == TOY_TASK and hf.meta["method"] == "cs" and hf.meta["n_evaluations"] == 17
+    assert {"importance", "confidence", "target_effect", "control_effect"} <= hf.heads[0].keys()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["content_sha256"] and manifest["versions"]["torch"]
+    assert len(manifest["probes"][TOY_TASK]["doc_ids"]) == 12
+    # The same command again resumes and evaluates nothing new.
+    r2 = _locate(toy, out, "--masks", "16")
+    assert r2.exit_code == 0 and "17 masks already evaluated" in r2.output
+    assert load_heads_file(out / "heads.json").heads == hf.heads
+
+
+def test_selective_mode_records_control_effects(toy, tmp_path):
+    out = tmp_path / "sel"
+    r = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--design", "bernoulli")
+    assert r.exit_code == 0, r.output
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["controls"] == [TOY_CONTROL] and hf.meta["selective"]
+    head = hf.heads[0]
+    assert set(head["control_effects"]) == {TOY_CONTROL}
+    assert head["control_effect"] == head["control_effects"][TOY_CONTROL]
+    assert "raw_importance" in head
+    line = json.loads((out / "evaluations.jsonl").read_text().splitlines()[1])
+    assert set(line["scores"]) == {TOY_TASK, TOY_CONTROL}
+
+
+def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
+    out = tmp_path / "refine"
+    r = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "10", "--tolerance", "0.02")
+    assert r.exit_code == 0, r.output
+    assert "refine:" in r.output
+    hf = load_heads_file(out / "heads.json")
+    ref = hf.meta["refine"]
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert len(lines) == 17 + ref["n_evaluations"] and 1 <= ref["n_evaluations"] <= 10
+    assert hf.meta["n_evaluations"] == len(lines)
+    extra = lines[17:]
+    assert all(ln["round"] == -1 for ln in extra) and all(ln["round"] >= 0 for ln in lines[:17])
+    # the chosen set leads the ranking, and its recorded damage is what its evaluation measured
+    assert [f"L{h['layer']}H{h['head']}" for h in hf.heads[:3]] == ref["heads"]
+    chosen = next(ln for ln in extra if sorted(ln["heads"]) == sorted(ref["heads"]))
+    base = lines[0]["scores"]
+    for task, got in [(TOY_TASK, ref["chosen"]["target_damage"]), (TOY_CONTROL, ref["chosen"]["control_damage"][TOY_CONTROL])]:
+        want = (chosen["scores"][task]["nll"] - base[task]["nll"]) / base[task]["nll"]
+        assert got == pytest.approx(want, abs=1e-4)
+    assert ref["chosen"]["feasible"] == (ref["chosen"]["control_damage"][TOY_CONTROL] <= 0.02)
+    assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
+    assert "Chosen top-3 set" in (out / "report.md").read_text()
+    from capsense.localize.store import read_evaluations
+
+    assert len(read_evaluations(out)) == len(lines) and len(read_evaluations(out, design_only=True)) == 17
+    # the same command resumes: nothing new, the same heads.json
+    r2 = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "10", "--tolerance", "0.02")
+    assert r2.exit_code == 0 and f"{len(lines)} masks already evaluated" in r2.output
+    assert load_heads_file(out / "heads.json").heads == hf.heads
+    assert len((out / "evaluations.jsonl").read_text().splitlines()) == len(lines)
+
+
+@pytest.mark.parametrize("method, n_evals", [("exhaustive", 13), ("greedy", 13 + 11 + 10), ("thompson", 13)])
+def test_baselines(toy, tmp_path, method, n_evals):
+    out = tmp_path / method
+    r = _locate(toy, out, "--method", method, "--masks", "12", "--top-k", "3")
+    assert r.exit_code == 0, r.output
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["method"] == method and hf.meta["n_evaluations"] == n_evals
+    assert len({(h["layer"], h["head"]) for h in hf.heads}) == 12
+
+
+def test_exhaustive_effects_are_measured_single_head_changes(toy, tmp_path):
+    out = tmp_path / "ex"
+    assert _locate(toy, out, "--method", "exhaustive").exit_code == 0
+    evals = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    base = evals[0]["scores"][TOY_TASK]["nll"]
+    by_head = {e["heads"][0]: e["scores"][TOY_TASK]["nll"] for e in evals[1:]}
+    for rec in load_heads_file(out / "heads.json").heads:
+        name = f"L{rec['layer']}H{rec['head']}"
+        assert rec["target_effect"] == pytest.approx((by_head[name] - base) / base, abs=1e-4)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--task", "no_such_task_xyz"], "no_such_task_xyz"),
+    (["--controls", "no_such_control_xyz"], "no_such_control_xyz"),
+    (["--metric", "bleu"], "unknown metric 'bleu' for task 'toy_copy': valid metrics are nll"),
+    (["--sparsity", "0"], "--sparsity must be strictly between 0 and 1, got 0.0"),
+    (["--sparsity", "1.5"], "--sparsity must be strictly between 0 and 1, got 1.5"),
+    (["--heads-per-mask", "13"], "--heads-per-mask 13 is more than the model's 12 heads"),
+    (["--design", "sobol"], "unknown design 'sobol': valid values are balanced, bernoulli, adaptive"),
+    (["--solver", "ridge"], "unknown solver 'ridge': valid values are lasso, lasso-cv, omp, stability"),
+    (["--method", "random"], "unknown method 'random': valid values are cs, exhaustive, greedy, thompson"),
+    (["--refine", "-1"], "--refine must be 0 (off) or a number of evaluations, got -1"),
+    (["--tolerance", "-0.1"], "--tolerance must be a relative worsening >= 0"),
+    (["--top-k", "0"], "--top-k must be at least 1, got 0"),
+    (["--method", "greedy", "--refine", "4"], "--refine does not apply to --method greedy"),
+])
+def test_bad_input_is_one_clear_message(toy, tmp_path, extra, message):
+    args = _args(toy, tmp_path / "bad", "--masks", "4")
+    if "--sparsity" in extra:  # replace --heads-per-mask 2
+        i = args.index("--heads-per-mask")
+        del args[i : i + 2]
+    if "--heads-per-mask" in extra:
+        i = args.index("--heads-per-mask")
+        del args[i : i + 2]
+    r = CliRunner().invoke(main, ["locate", *args, *extra])
+    assert r.exit_code == 1, r.output
+    assert message in r.output
+    if "no_such" in message:
+        assert "unknown task" in r.output and "capsense_induction" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_out_holding_a_different_run_is_refused(toy, tmp_path):
+    out = tmp_path / "run"
+    assert _locate(toy, out, "--masks", "4").exit_code == 0
+    r = CliRunner().invoke(main, ["locate", *_args(toy, out, "--masks", "4", "--seed", "1")])
+    assert r.exit_code == 1 and "holds a different run (seed: 0 there, 1 now" in r.output
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.txt").write_text("x")
+    r = CliRunner().invoke(main, ["locate", *_args(toy, tmp_path / "other", "--masks", "4")])
+    assert r.exit_code == 1 and "not a capsense run folder" in r.output
+
+
+def _cli(toy, out, masks: int) -> list[str]:
+    return [sys.executable, "-c", "from capsense.cli import main; main()", "locate", *_args(toy, out, "--masks", str(masks), "--limit", "40",
+                                                                  "--controls", TOY_CONTROL)]
+
+
+def test_sigkill_then_rerun_gives_the_same_heads_json(toy, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    masks = 150
+    full = tmp_path / "full"
+    subprocess.run(_cli(toy, full, masks), check=True, env=env, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_cli(toy, killed, masks), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    evals = killed / "evaluations.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if evals.is_file() and evals.read_text().count("\n") >= 10:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "locate finished before it could be killed: raise --masks"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_before = evals.read_text().count("\n")
+    assert 10 <= n_before < masks + 1
+    assert not (killed / "heads.json").exists()
+    rerun = subprocess.run(_cli(toy, killed, masks), env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "already evaluated" in rerun.stderr
+    n_refine = load_heads_file(full / "heads.json").meta["refine"]["n_evaluations"]
+    assert 1 <= n_refine <= 24
+    assert len(evals.read_text().splitlines()) == masks + 1 + n_refine
+    assert json.loads((killed / "heads.json").read_text()) == json.loads((full / "heads.json").read_text())
+
+
+def test_many_masks_per_forward_gives_the_same_scores(toy, tmp_path):
+    one, many = tmp_path / "one", tmp_path / "many"
+    assert _locate(toy, one, "--masks", "7", "--no-prefix-reuse").exit_code == 0
+    assert _locate(toy, many, "--masks", "7", "--masks-per-forward", "3").exit_code == 0
+    a = [json.loads(ln) for ln in (one / "evaluations.jsonl").read_text().splitlines()]
+    b = [json.loads(ln) for ln in (many / "evaluations.jsonl").read_text().splitlines()]
+    assert [e["heads"] for e in a] == [e["heads"] for e in b]
+    for x, y in zip(a, b):
+        assert x["scores"][TOY_TASK]["nll"] == pytest.approx(y["scores"][TOY_TASK]["nll"], abs=1e-5)
+
+
+def test_task_metric_is_lm_eval_under_each_mask(toy, tmp_path):
+    # --metric names the task's own metric: every mask runs the generation task through lm-eval
+    # (capsense-masked) on the run's documents; the values equal a direct lm-eval evaluation.
+    from _toy_task import TOY_GEN
+    from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
+    from capsense.core.heads import HeadSet
+
+    model, tasks = toy
+    out = tmp_path / "gen"
+    args = [str(model), "--task", TOY_GEN, "--include-path", str(tasks), "--limit", "6", "--heads-per-mask", "3",
+            "--masks", "4", "--metric", "char_code", "--controls", TOY_CONTROL, "--refine", "0", "--quiet", "--out", str(out)]
+    r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert len(lines) == 5
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["task_metric"][TOY_GEN] == {"metric": "char_code", "label": "char_code,first", "higher_is_better": False,
+                                                "scored_by": "lm-eval under each mask (capsense-masked)"}
+    docs = manifest["probes"][TOY_GEN]["doc_ids"]
+    assert {"char_code", "nll", "acc"} <= set(lines[0]["scores"][TOY_GEN])
+    assert set(lines[0]["scores"][TOY_CONTROL]) == {"nll", "acc"}  # controls fall back to nll
+    values = {ln["scores"][TOY_GEN]["char_code"] for ln in lines}
+    assert len(values) > 1, "masks should change the generations"
+    lm = load_lm(str(model), batch_size=4)
+    sets = {str(i): HeadSet.parse("+".join(ln["heads"])) if ln["heads"] else HeadSet() for i, ln in enumerate(lines)}
+    rows = evaluate_head_sets(lm, sets, [TOY_GEN], samples={TOY_GEN: sorted(set(docs))}, include_path=[str(tasks)])
+    direct = next(r for r in rows if r.metric == "char_code,first")
+    for i, ln in enumerate(lines):
+        assert ln["scores"][TOY_GEN]["char_code"] == pytest.approx(direct.values[str(i)], abs=1e-9)
+    # char_code is lower-is-better (the task says so): a mask that raises it damages the target
+    from capsense.localize.locate import LocateConfig, damage
+    from capsense.localize.store import Evaluation
+
+    cfg = LocateConfig(model=str(model), task=TOY_GEN, out=str(out), controls=[TOY_CONTROL], metric="char_code",
+                       task_metric_higher_is_better=manifest["task_metric"][TOY_GEN]["higher_is_better"])
+    evs = [Evaluation.from_dict(ln, 3) for ln in lines]
+    d = damage(evs, TOY_GEN, cfg, evs[0])
+    v = np.array([ln["scores"][TOY_GEN]["char_code"] for ln in lines])
+    assert np.allclose(d, (v - v[0]) / abs(v[0]))
+    assert np.allclose(damage(evs, TOY_CONTROL, cfg, evs[0]),
+                       [(ln["scores"][TOY_CONTROL]["nll"] - lines[0]["scores"][TOY_CONTROL]["nll"]) / lines[0]["scores"][TOY_CONTROL]["nll"] for ln in lines])
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["metric"] == "char_code" and hf.meta["control_metric"] == "nll"
+
+
+def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):
+    from _toy_task import TOY_GEN
+
+    model, tasks = toy
+    args = [str(model), "--task", TOY_GEN, "--include-path", str(tasks), "--limit", "4", "--masks", "2",
+            "--metric", "bleu", "--quiet", "--out", str(tmp_path / "x")]
+    r = CliRunner().invoke(main, ["locate", *args])
+    assert r.exit_code == 1
+    assert "unknown metric 'bleu' for task 'toy_copy_gen'" in r.output
+    assert "exact_match,first, char_code,first" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_task_metric_named_at_run_time(toy, tmp_path):
+    # A metric function may report under another name (HumanEval: pass_at_k -> pass@1): the
+    # name is found by running the clean model once, whose result is then the first evaluation.
+    from _toy_task import TOY_GEN_FN
+
+    model, tasks = toy
+    out = tmp_path / "fn"
+    args = [str(model), "--task", TOY_GEN_FN, "--include-path", str(tasks), "--limit", "4", "--heads-per-mask", "3",
+            "--masks", "2", "--metric", "len@chars", "--quiet", "--out", str(out)]
+    r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and all(0 <= ln["scores"][TOY_GEN_FN]["len@chars"] <= 64 for ln in lines)
+    assert json.loads((out / "manifest.json").read_text())["task_metric"][TOY_GEN_FN]["label"] == "len@chars"

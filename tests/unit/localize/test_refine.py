@@ -1,0 +1,95 @@
+"""Measure and choose (capsense.localize.refine): the search over K-head sets."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from capsense.localize.refine import SetQuality, refine
+
+
+def _world(target: dict[int, float], control: dict[int, float], pair: dict[frozenset, float] | None = None):
+    """Additive target/control damage per head, plus control interactions for head pairs."""
+    calls: list[tuple[int, ...]] = []
+
+    def measure(sets):
+        out = []
+        for s in sets:
+            calls.append(tuple(s))
+            t = sum(target.get(h, 0.0) for h in s)
+            c = sum(control.get(h, 0.0) for h in s)
+            for a, b in itertools.combinations(s, 2):
+                c += (pair or {}).get(frozenset((a, b)), 0.0)
+            out.append((t, {"ctl": c}))
+        return out
+
+    return measure, calls
+
+
+def test_swaps_out_the_head_that_hurts_the_control():
+    # Ranking 0..9; head 2 hurts the control by 10% on its own: the top 3 breaks the 3% tolerance.
+    target = {0: 1.0, 1: 0.8, 2: 0.7, 3: 0.5, 4: 0.4, 5: 0.3}
+    measure, calls = _world(target, {2: 0.10, 4: 0.05})
+    r = refine(list(range(10)), 3, measure, budget=20, tolerance=0.03)
+    assert not r.start.feasible and r.start.heads == (0, 1, 2)
+    assert set(r.heads) == {0, 1, 3}  # 2 out, the best remaining candidate (3) in; 4 also hurts the control
+    assert r.quality.feasible and r.quality.target == pytest.approx(2.3)
+    assert r.heads == [0, 1, 3]  # ordered by how much the target loses without each head
+    assert len(calls) == len(set(map(frozenset, calls))) == len(r.measured) <= 20  # each set measured once
+
+
+def test_interaction_only_visible_in_the_set():
+    # No head hurts the control alone, but heads 0 and 1 together do: leave-one-out finds it.
+    target = {0: 1.0, 1: 0.9, 2: 0.5, 3: 0.45, 4: 0.1}
+    measure, _ = _world(target, {}, {frozenset((0, 1)): 0.2})
+    r = refine(list(range(8)), 3, measure, budget=20, tolerance=0.05)
+    assert r.quality.feasible and 0 in r.heads and 1 not in r.heads
+    assert set(r.heads) == {0, 2, 3}
+
+
+def test_feasible_start_is_kept_when_no_swap_improves_it():
+    measure, calls = _world({0: 1.0, 1: 0.9, 2: 0.8, 3: 0.1, 4: 0.1, 5: 0.1}, {})
+    r = refine(list(range(6)), 3, measure, budget=30, tolerance=0.03)
+    assert r.heads == [0, 1, 2] and r.quality.heads == r.start.heads
+    assert len(calls) <= 30
+
+
+def test_budget_is_never_exceeded_and_search_is_deterministic():
+    target = {h: 1.0 / (h + 1) for h in range(30)}
+    control = {h: 0.02 * (h % 3) for h in range(30)}
+    for budget in (1, 2, 5, 9, 17):
+        m1, c1 = _world(target, control)
+        m2, c2 = _world(target, control)
+        r1, r2 = refine(list(range(30)), 5, m1, budget=budget), refine(list(range(30)), 5, m2, budget=budget)
+        assert len(c1) <= budget and c1 == c2 and r1.heads == r2.heads
+
+
+def test_nothing_feasible_picks_the_least_control_damage():
+    measure, _ = _world({h: 1.0 for h in range(6)}, {h: 0.1 * (h + 1) for h in range(6)})
+    r = refine(list(range(6)), 2, measure, budget=40, tolerance=0.01)
+    assert not r.quality.feasible and set(r.heads) == {0, 1}
+
+
+def test_quality_key_prefers_feasible_sets():
+    good = SetQuality((1,), 0.1, {"c": 0.0}, 0.05)
+    bad = SetQuality((2,), 5.0, {"c": 0.06}, 0.05)
+    assert max([bad, good], key=SetQuality.key) is good
+
+
+def test_bad_k():
+    measure, _ = _world({}, {})
+    with pytest.raises(ValueError, match="cannot choose 4 heads"):
+        refine([0, 1, 2], 4, measure)
+
+
+def test_choose_buys_control_margin_when_the_target_is_saturated():
+    from capsense.localize.refine import choose
+
+    a = SetQuality((1, 2), 3.54, {"c": 0.007}, 0.03)
+    b = SetQuality((1, 3), 3.53, {"c": 0.005}, 0.03)
+    c = SetQuality((1, 4), 2.00, {"c": -0.05}, 0.03)  # far less target damage: not chosen
+    d = SetQuality((1, 5), 4.00, {"c": 0.20}, 0.03)  # beyond tolerance
+    assert choose([a, b, c, d]) is b
+    assert choose([a, b, c, d], target_slack=0.0) is a
+    assert choose([d, SetQuality((7,), 1.0, {"c": 0.1}, 0.03)]).heads == (7,)  # none feasible: least control damage

@@ -1,0 +1,50 @@
+"""Run folder: durable appends, torn-line recovery, refusing a folder that holds another run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capsense.localize.store import EVALUATIONS, Evaluation, RunStore, RunStoreError
+
+KEYS = ["model", "task", "seed"]
+
+
+def _manifest(**identity):
+    return {"identity": {"model": "m", "task": "t", "seed": 0, **identity}}
+
+
+def test_append_and_resume(tmp_path):
+    store = RunStore.open(tmp_path / "run", _manifest(), KEYS, n_heads=4)
+    store.append(Evaluation(0, [], {"t": {"nll": 1.0, "acc": 0.5}}))
+    store.append(Evaluation(1, [1, 6], {"t": {"nll": 1.25, "acc": 0.25}}))
+    line = json.loads((tmp_path / "run" / EVALUATIONS).read_text().splitlines()[1])
+    assert line["heads"] == ["L0H1", "L1H2"]
+    again = RunStore.open(tmp_path / "run", _manifest(), KEYS, n_heads=4)
+    assert [e.heads for e in again.evaluations] == [[], [1, 6]]
+    assert again.evaluations[1].scores == {"t": {"nll": 1.25, "acc": 0.25}}
+    assert again.manifest["resumed"] == 1
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    store = RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+    store.append(Evaluation(0, [], {"t": {"nll": 1.0, "acc": 0.5}}))
+    with (tmp_path / EVALUATIONS).open("a") as f:
+        f.write('{"i": 1, "heads": ["L0H')  # killed mid-write
+    again = RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+    assert len(again.evaluations) == 1
+    again.append(Evaluation(1, [2], {"t": {"nll": 2.0, "acc": 0.0}}))
+    assert len(RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4).evaluations) == 2
+
+
+def test_refuses_a_different_run(tmp_path):
+    RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+    with pytest.raises(RunStoreError, match=r"holds a different run \(task: 't' there, 'other' now"):
+        RunStore.open(tmp_path, _manifest(task="other"), KEYS, n_heads=4)
+
+
+def test_refuses_a_non_run_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(RunStoreError, match="not a capsense run folder"):
+        RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)

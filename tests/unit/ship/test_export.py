@@ -1,0 +1,356 @@
+"""capsense export: edited checkpoints and IA3 mask adapters equal the hook ablation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as T
+from click.testing import CliRunner
+from safetensors import safe_open
+
+from capsense.core.ablation import HeadAblator, compute_head_means
+from capsense.ship.export import ExportError, export_adapter, export_checkpoint
+from capsense.core.files import OutputExistsError, atomic_output_dir
+from capsense.core.heads import HeadSpecError
+from conftest import HEAD_DIM, N_HEADS, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
+
+HEADS = "L0H1+L2H0+L2H3"  # three heads in two layers (layer 1 untouched)
+EDITED_LAYERS = 2
+TOL = 1e-5
+
+_FOLDERS: dict[tuple, Path] = {}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Tiny base model folders, saved once per (arch, overrides) for the whole module."""
+
+    def get(arch: str, **overrides) -> Path:
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in _FOLDERS:
+            path = tmp_path_factory.mktemp(f"base-{arch}")
+            _FOLDERS[key] = save_tiny_folder(arch, path, **overrides)
+        return _FOLDERS[key]
+
+    yield get
+    _FOLDERS.clear()
+
+
+def _load(path) -> T.PreTrainedModel:
+    return T.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def _nothing_at(out: Path) -> bool:
+    """``out`` does not exist and no temporary sibling was left behind."""
+    leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    return not out.exists() and not leftovers
+
+
+def test_checkpoint_and_adapter_equal_hook_ablation(arch, folders, tmp_path):
+    from peft import PeftModel
+
+    base_dir = folders(arch)
+    ckpt = export_checkpoint(str(base_dir), HEADS, tmp_path / "ckpt")
+    adapter = export_adapter(str(base_dir), HEADS, tmp_path / "adapter")
+    assert {"model.safetensors", "config.json", "tokenizer.json", "capsense.json", "README.md"} <= set(ckpt.files)
+    assert {"adapter_model.safetensors", "adapter_config.json", "capsense.json", "README.md"} <= set(adapter.files)
+
+    base = _load(base_dir)
+    x = tiny_inputs()
+    with torch.no_grad():
+        plain = base(x).logits
+        with HeadAblator(base).apply(HEADS):
+            expected = base(x).logits
+        from_ckpt = _load(ckpt.out)(x).logits
+        peft_model = PeftModel.from_pretrained(base, adapter.out).eval()
+        unmerged = peft_model(x).logits
+        merged_model = peft_model.merge_and_unload()
+        merged = merged_model(x).logits
+
+    assert _maxdiff(plain, expected) > 1e-3  # the heads matter, so equality below means something
+    assert _maxdiff(from_ckpt, expected) <= TOL
+    assert _maxdiff(unmerged, expected) <= TOL
+    assert _maxdiff(merged, expected) <= TOL
+    # merge_and_unload gives the checkpoint, tensor for tensor
+    ckpt_state = _load(ckpt.out).state_dict()
+    merged_state = merged_model.state_dict()
+    assert set(ckpt_state) == set(merged_state)
+    for name, tensor in ckpt_state.items():
+        assert torch.equal(tensor, merged_state[name]), name
+
+
+def test_adapter_is_one_vector_per_edited_layer(folders, tmp_path):
+    for arch in ("llama", "gpt2"):
+        result = export_adapter(str(folders(arch)), HEADS, tmp_path / arch)
+        path = result.out / "adapter_model.safetensors"
+        with safe_open(path, "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        width = N_HEADS * HEAD_DIM
+        assert len(tensors) == EDITED_LAYERS
+        assert all(t.shape == (1, width) and t.dtype == torch.float32 for t in tensors.values())
+        data_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        assert data_bytes == EDITED_LAYERS * width * 4 == 512
+        assert path.stat().st_size <= data_bytes + 1024  # plus the safetensors JSON header
+        # 0 exactly on the ablated heads' slices, 1 elsewhere
+        vec = next(t for k, t in tensors.items() if ".2." in k)[0]
+        zero = torch.zeros(width, dtype=torch.bool)
+        zero[0:HEAD_DIM] = zero[3 * HEAD_DIM : 4 * HEAD_DIM] = True
+        assert torch.all(vec[zero] == 0) and torch.all(vec[~zero] == 1)
+        cfg = json.loads((result.out / "adapter_config.json").read_text())
+        assert cfg["peft_type"] == "IA3" and cfg["task_type"] == "CAUSAL_LM"
+        assert sorted(cfg["target_modules"]) == sorted(cfg["feedforward_modules"])
+        assert len(cfg["target_modules"]) == EDITED_LAYERS
+        assert cfg["fan_in_fan_out"] is (arch == "gpt2")
+
+
+def test_bf16_adapter_vectors_when_asked(folders, tmp_path):
+    result = export_adapter(str(folders("llama")), HEADS, tmp_path / "a", dtype="bfloat16")
+    with safe_open(result.out / "adapter_model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [("gpt2", {}), ("gpt_neox", {}), ("llama", {"attention_bias": True}), ("qwen3", {"attention_bias": True})],
+)
+def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
+    base_dir = folders(arch, **overrides)
+    texts = ["The library opens at nine.", "Rain fell on the quiet town all night.", "2 + 2 = 4"]
+    reference = tmp_path / "reference.txt"
+    reference.write_text("\n".join(texts) + "\n")
+    result = export_checkpoint(str(base_dir), HEADS, tmp_path / "mean", ablation="mean", mean_reference=reference)
+    assert result.metadata["ablation"] == "mean" and result.metadata["mean_reference"] == str(reference)
+    base = _load(base_dir)
+    means = compute_head_means(base, make_char_tokenizer(), texts)
+    x = tiny_inputs()
+    with torch.no_grad():
+        with HeadAblator(base, "zero").apply(HEADS):
+            zeroed = base(x).logits
+        with HeadAblator(base, "mean", means).apply(HEADS):
+            expected = base(x).logits
+        got = _load(result.out)(x).logits
+    assert _maxdiff(expected, zeroed) > 1e-4  # mean differs from zero ablation here
+    assert _maxdiff(got, expected) <= TOL
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "phi3", "llama"])
+def test_mean_ablation_refused_without_bias(arch, folders, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match="has no bias") as e:
+        export_checkpoint(str(folders(arch)), HEADS, out, ablation="mean")
+    assert "--ablation zero" in str(e.value) and "capsense-masked" in str(e.value)
+    assert _nothing_at(out)
+
+
+def test_mean_adapter_refused(folders, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match="cannot be exported as an adapter.*--format checkpoint"):
+        export_adapter(str(folders("gpt2")), HEADS, out, ablation="mean")
+    assert _nothing_at(out)
+
+
+def test_sharded_bf16_checkpoint(folders, tmp_path):
+    base_dir = folders("qwen2")
+    result = export_checkpoint(str(base_dir), HEADS, tmp_path / "c", dtype="bfloat16", max_shard_size="40KB")
+    shards = [f for f in result.files if f.endswith(".safetensors")]
+    assert len(shards) > 1 and "model.safetensors.index.json" in result.files
+    assert result.metadata["torch_dtype"] == "bfloat16"
+    exported = _load(result.out)
+    assert {p.dtype for p in exported.parameters()} == {torch.bfloat16}
+    base = T.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    x = tiny_inputs()
+    with torch.no_grad():
+        with HeadAblator(base).apply(HEADS):
+            expected = base(x).logits
+        assert _maxdiff(exported(x).logits, expected) <= TOL
+
+
+def test_bad_heads_and_existing_output(folders, tmp_path):
+    base_dir = str(folders("llama"))
+    out = tmp_path / "out"
+    with pytest.raises(HeadSpecError, match="layer 7 out of range in L7H0: this model has 3 layers"):
+        export_checkpoint(base_dir, "L0H1+L7H0", out)
+    with pytest.raises(HeadSpecError, match="head 4 out of range"):
+        export_adapter(base_dir, "L1H4", out)
+    assert _nothing_at(out)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(HeadSpecError, match="not valid JSON"):
+        export_checkpoint(base_dir, str(bad), out)
+    with pytest.raises(HeadSpecError, match="not found"):
+        export_checkpoint(base_dir, str(tmp_path / "missing.json"), out)
+    assert _nothing_at(out)
+
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="not empty.*--overwrite"):
+        export_checkpoint(base_dir, HEADS, out)
+    assert (out / "keep.txt").read_text() == "mine"
+    result = export_adapter(base_dir, HEADS, out, overwrite=True)
+    assert not (out / "keep.txt").exists() and "adapter_config.json" in result.files
+    assert _nothing_at(tmp_path / "elsewhere")  # and no .out.old-* / .out.tmp-* left over
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def test_failed_save_leaves_nothing(folders, tmp_path, monkeypatch):
+    import capsense.ship.export as ex
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(ex, "_write_card_and_metadata", boom)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_checkpoint(str(folders("llama")), HEADS, out)
+    assert _nothing_at(out)
+
+
+def test_atomic_output_dir_keeps_old_folder_on_failure(tmp_path):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output_dir(out, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+            raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and (out / "old.txt").exists()
+    import tempfile
+
+    umask = os.umask(0o022)
+    try:
+        with atomic_output_dir(out, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+            fd, private = tempfile.mkstemp(dir=tmp)  # as safetensors writes its files
+            os.close(fd)
+    finally:
+        os.umask(umask)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["new.txt", Path(private).name])
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
+    assert (out.stat().st_mode & 0o777) == 0o755
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o644}
+
+
+def test_checkpoint_loads_once_adapter_loads_no_weights(folders, tmp_path, monkeypatch):
+    calls = []
+    original = T.AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(args[0])
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(T.AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    base_dir = str(folders("llama"))
+    export_adapter(base_dir, HEADS, tmp_path / "a")
+    assert calls == []
+    export_checkpoint(base_dir, HEADS, tmp_path / "c")
+    assert len(calls) == 1
+
+
+def test_heads_file_top_k_importance_and_validation(folders, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    heads_file = run / "heads.json"
+    heads_file.write_text(json.dumps({"model": "tiny", "heads": [
+        {"layer": 2, "head": 3, "importance": 0.9}, {"layer": 0, "head": 1, "importance": 0.25},
+        {"layer": 1, "head": 0, "importance": 0.01}]}))
+    (run / "validation.json").write_text(json.dumps(
+        [{"task": "capsense_arithmetic", "base": 0.8, "ablated": 0.1}, {"task": "capsense_prose", "base": 0.5, "ablated": 0.49}]))
+    result = export_checkpoint(str(folders("llama")), str(heads_file), tmp_path / "out", top_k=2)
+    meta = json.loads((result.out / "capsense.json").read_text())
+    assert meta["heads_spec"] == "L2H3+L0H1"
+    assert meta["heads"] == [{"layer": 2, "head": 3, "importance": 0.9}, {"layer": 0, "head": 1, "importance": 0.25}]
+    assert meta["heads_source"] == {"file": str(heads_file), "top_k": 2, "model": "tiny"}
+    assert meta["base_model"]["content_sha256"] and meta["capsense_version"]
+    assert "--heads L2H3+L0H1 --format checkpoint" in meta["command"]
+    card = (result.out / "README.md").read_text()
+    assert "| 2 | 3 | 0.9 |" in card and "| capsense_arithmetic | 0.8 | 0.1 |" in card
+
+
+def test_capsense_masked_equals_hf_checkpoint_and_peft(folders, tmp_path):
+    """lm-eval's own ``hf`` model on the exports == ``capsense-masked`` on the base."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    base_dir = str(folders("llama"))
+    ckpt = export_checkpoint(base_dir, HEADS, tmp_path / "ckpt").out
+    adapter = export_adapter(base_dir, HEADS, tmp_path / "adapter").out
+    pairs = [("2+3=", "5"), ("The cat sat on the ", "mat."), ("abc", "def"), ("Hello", ", world")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    common = dict(device="cpu", batch_size=2, dtype="float32")
+    masked = CapsenseMaskedLM(pretrained=base_dir, heads=HEADS, **common).loglikelihood(requests)
+    plain = HFLM(pretrained=base_dir, **common).loglikelihood(requests)
+    from_ckpt = HFLM(pretrained=str(ckpt), **common).loglikelihood(requests)
+    from_peft = HFLM(pretrained=base_dir, peft=str(adapter), **common).loglikelihood(requests)
+    assert max(abs(a[0] - b[0]) for a, b in zip(masked, plain)) > 1e-3
+    for got in (from_ckpt, from_peft):
+        assert all(abs(a[0] - b[0]) <= TOL and a[1] == b[1] for a, b in zip(masked, got))
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def _cli(*args: str):
+    from capsense.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_cli_export_both_formats(folders, tmp_path):
+    base_dir = str(folders("gpt2"))
+    r = _cli("export", base_dir, "--heads", HEADS, "--format", "checkpoint", "--out", str(tmp_path / "c"))
+    assert r.exit_code == 0, r.output
+    assert "Exported checkpoint" in r.output and "model.safetensors" in r.output
+    r = _cli("export", base_dir, "--heads", HEADS, "--format", "adapter", "--out", str(tmp_path / "a"))
+    assert r.exit_code == 0, r.output
+    assert "adapter_model.safetensors" in r.output
+    assert (tmp_path / "a" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--heads", "L9H0"], "Error: layer 9 out of range in L9H0: this model has 3 layers (0-2)"),
+        (["--heads", "L0H1", "--ablation", "mean", "--format", "adapter"], "Error: mean ablation cannot be exported as an adapter"),
+        (["--heads", "L0H1", "--ablation", "mean"], "Error: mean ablation cannot be folded into this mistral checkpoint"),
+        (["--heads", "{bad}.json"], "Error: heads file '{bad}.json' is not valid JSON"),
+        (["--heads", "{missing}.json"], "Error: heads file '{missing}.json' not found"),
+        (["--heads", "L0X1"], "Error: malformed head 'L0X1'"),
+        (["--heads", "L0H1", "--private"], "Error: --private only applies with --push-to-hub"),
+    ],
+)
+def test_cli_errors_are_one_clear_line(extra, message, folders, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[")
+    fill = {"bad": str(tmp_path / "bad"), "missing": str(tmp_path / "missing")}
+    extra = [e.format(**fill) for e in extra]
+    message = message.format(**fill)
+    if "--format" not in extra:
+        extra += ["--format", "checkpoint"]
+    out = tmp_path / "out"
+    r = _cli("export", str(folders("mistral")), *extra, "--out", str(out))
+    assert r.exit_code == 1, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert _nothing_at(out)
+
+
+def test_cli_refuses_existing_folder(folders, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x").write_text("x")
+    args = ["export", str(folders("llama")), "--heads", HEADS, "--format", "adapter", "--out", str(out)]
+    r = _cli(*args)
+    assert r.exit_code == 1 and "Error: output folder" in r.output and "--overwrite" in r.output
+    assert os.listdir(out) == ["x"]
+    r = _cli(*args, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert "x" not in os.listdir(out)

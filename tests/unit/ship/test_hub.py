@@ -1,0 +1,282 @@
+"""Model cards and `capsense push`, with a fake HfApi (no network)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from conftest import save_tiny_folder
+from click.testing import CliRunner
+from huggingface_hub import ModelCard
+
+import capsense.ship.hub as hub
+from capsense.ship.export import export_adapter, export_checkpoint
+from capsense.ship.hub import HubError, build_model_card, find_validation, markdown_table, push_folder
+
+TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
+HEADS = "L2H3+L0H1"
+
+
+class FakeApi:
+    """Records every call; returns what HfApi would, minus the network."""
+
+    instances: list[FakeApi] = []
+
+    def __init__(self, token=None, fail_with: Exception | None = None):
+        self.token = token
+        self.calls: list[tuple[str, dict]] = []
+        self.fail_with = fail_with
+        FakeApi.instances.append(self)
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kw}))
+        return f"https://huggingface.co/{repo_id}"
+
+    def create_branch(self, repo_id, **kw):
+        self.calls.append(("create_branch", {"repo_id": repo_id, **kw}))
+
+    def upload_folder(self, **kw):
+        if self.fail_with:
+            raise self.fail_with
+        files = sorted(p.relative_to(kw["folder_path"]).as_posix() for p in Path(kw["folder_path"]).rglob("*") if p.is_file())
+        self.calls.append(("upload_folder", {**kw, "files_seen": files}))
+
+        class Info:
+            commit_url = f"https://huggingface.co/{kw['repo_id']}/commit/abc123"
+            pr_url = None
+
+        return Info()
+
+
+@pytest.fixture
+def online_with_token(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    FakeApi.instances.clear()
+
+
+@pytest.fixture
+def no_saved_login(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A checkpoint and an adapter of a tiny llama whose folder says it came from the Hub."""
+    root = tmp_path_factory.mktemp("hub")
+    base = save_tiny_folder("llama", root / "base")
+    (base / "capsense_source.json").write_text(json.dumps({"source": "tiny-org/tiny-llama"}))
+    run = root / "run"
+    run.mkdir()
+    (run / "heads.json").write_text(json.dumps({"model": "tiny-org/tiny-llama", "heads": [
+        {"layer": 2, "head": 3, "importance": 0.75}, {"layer": 0, "head": 1, "importance": 0.125}]}))
+    (run / "validation.json").write_text(json.dumps(
+        {"capsense_arithmetic": {"base": 0.9, "ablated": 0.2}, "capsense_prose": {"base": 0.6, "ablated": 0.59}}))
+    ckpt = export_checkpoint(str(base), str(run / "heads.json"), root / "ckpt").out
+    adapter = export_adapter(str(base), str(run / "heads.json"), root / "adapter").out
+    return {"checkpoint": ckpt, "adapter": adapter, "base": base}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _all_text(folder: Path) -> str:
+    return "\n".join(p.read_bytes().decode("latin-1") for p in folder.rglob("*") if p.is_file())
+
+
+# -- model card ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["checkpoint", "adapter"])
+def test_card_round_trips_with_required_fields(fmt, exported):
+    card = ModelCard.load(exported[fmt] / "README.md")
+    data = card.data.to_dict()
+    assert data["base_model"] == "tiny-org/tiny-llama"
+    assert data["base_model_relation"] == ("adapter" if fmt == "adapter" else "finetune")
+    assert data["library_name"] == ("peft" if fmt == "adapter" else "transformers")
+    assert {"capsense", "head-ablation"} <= set(data["tags"])
+    text = card.text
+    assert "| layer | head | importance |" in text
+    assert "| 2 | 3 | 0.75 |" in text and "| 0 | 1 | 0.125 |" in text
+    assert "## How to load" in text and "## How to reproduce" in text
+    meta = json.loads((exported[fmt] / "capsense.json").read_text())
+    assert meta["command"] in text
+    # a local copy of a Hub model is reproduced from its Hub id; the heads go in as a spec
+    assert meta["command"].startswith(f"capsense export tiny-org/tiny-llama --heads L2H3+L0H1 --format {fmt}")
+    assert "## Validation" in text and "| capsense_arithmetic | 0.9 | 0.2 |" in text
+    if fmt == "adapter":
+        assert 'PeftModel.from_pretrained(base, "./adapter")' in text
+        assert "pretrained=tiny-org/tiny-llama,peft=./adapter" in text
+    else:
+        assert 'AutoModelForCausalLM.from_pretrained("./ckpt")' in text
+    assert "lm_eval --model capsense-masked --model_args pretrained=tiny-org/tiny-llama,heads=L2H3+L0H1" in text
+    # the file on disk is exactly what build_model_card renders from capsense.json
+    assert str(build_model_card(meta)) == (exported[fmt] / "README.md").read_text()
+
+
+def test_card_without_hub_id_or_validation_and_mean():
+    meta = {
+        "format": "checkpoint", "ablation": "mean", "heads_spec": "L1H0",
+        "heads": [{"layer": 1, "head": 0}], "mean_reference": "capsense.tasks.prose.PASSAGES",
+        "base_model": {"model": "/models/local", "path": "/models/local", "hub_id": None, "content_sha256": "ab" * 32},
+        "command": "capsense export /models/local --heads L1H0 --format checkpoint --out x --ablation mean",
+        "folder": "x", "dtype": "auto",
+    }
+    card = ModelCard(str(build_model_card(meta, repo_id="me/x")))
+    assert "base_model" not in card.data.to_dict() and "base_model_relation" not in card.data.to_dict()
+    assert "| 1 | 0 | — |" in card.text and "## Validation" not in card.text
+    assert "added to the output projection's bias" in card.text and ",ablation=mean" in card.text
+    assert 'from_pretrained("me/x")' in card.text and "ab" * 32 in card.text
+
+
+def test_find_validation_forms(tmp_path):
+    assert find_validation(tmp_path) is None
+    assert find_validation(tmp_path, {"validation": {"rows": [{"task": "t", "acc": 0.5}]}}) == (
+        "| task | acc |\n|---|---:|\n| t | 0.5 |"
+    )
+    (tmp_path / "validation.json").write_text(json.dumps([{"task": "a|b", "acc": 1 / 3}]))
+    assert "| a\\|b | 0.3333 |" in find_validation(tmp_path)
+    (tmp_path / "validation.md").write_text("| my | table |\n|--|--|\n| 1 | 2 |\n")
+    assert find_validation(tmp_path).startswith("| my | table |")
+    assert markdown_table([]) == ""
+
+
+# -- push ------------------------------------------------------------------------------
+
+
+def test_push_records_the_right_calls(exported, tmp_path, online_with_token, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    folder = _copy(exported["checkpoint"], tmp_path / "ckpt")
+    api = FakeApi()
+    result = push_folder(folder, "me/tiny-no-arith", private=True, commit_message="ablate arithmetic heads", api=api)
+    names = [c[0] for c in api.calls]
+    assert names == ["create_repo", "upload_folder"]
+    create, upload = api.calls[0][1], api.calls[1][1]
+    assert create == {"repo_id": "me/tiny-no-arith", "private": True, "repo_type": "model", "exist_ok": True}
+    assert upload["repo_id"] == "me/tiny-no-arith" and upload["folder_path"] == str(folder)
+    assert upload["commit_message"] == "ablate arithmetic heads" and upload["create_pr"] is False
+    assert upload["revision"] is None and upload["repo_type"] == "model"
+    assert upload["files_seen"] == result.files
+    assert {"model.safetensors", "config.json", "README.md", "capsense.json"} <= set(result.files)
+    assert result.url.endswith("/commit/abc123")
+    # the card now loads from the repo, and still round-trips
+    assert result.card_rendered
+    card = ModelCard.load(folder / "README.md")
+    assert 'from_pretrained("me/tiny-no-arith")' in card.text and card.data.base_model == "tiny-org/tiny-llama"
+    out = capsys.readouterr()
+    assert TOKEN not in out.out + out.err + caplog.text + _all_text(folder)
+
+
+def test_push_revision_and_pr(exported, tmp_path, online_with_token):
+    folder = _copy(exported["adapter"], tmp_path / "a")
+    api = FakeApi()
+    push_folder(folder, "me/x", revision="v1", api=api)
+    assert api.calls[1] == ("create_branch", {"repo_id": "me/x", "branch": "v1", "repo_type": "model", "exist_ok": True})
+    assert api.calls[2][1]["revision"] == "v1"
+    api = FakeApi()
+    push_folder(folder, "me/x", revision="main", create_pr=True, api=api)
+    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"] and api.calls[1][1]["create_pr"] is True
+
+
+def test_edited_card_is_left_alone(exported, tmp_path, online_with_token):
+    folder = _copy(exported["checkpoint"], tmp_path / "c")
+    (folder / "README.md").write_text((folder / "README.md").read_text() + "\nMy own notes.\n")
+    result = push_folder(folder, "me/x", api=FakeApi())
+    assert not result.card_rendered and "My own notes." in (folder / "README.md").read_text()
+
+
+def test_hub_errors_are_scrubbed(exported, tmp_path, online_with_token):
+    api = FakeApi(fail_with=RuntimeError(f"401 Unauthorized for token {TOKEN}"))
+    with pytest.raises(HubError) as e:
+        push_folder(_copy(exported["adapter"], tmp_path / "a"), "me/x", api=api)
+    assert "push to me/x failed" in str(e.value) and TOKEN not in str(e.value) and "***" in str(e.value)
+
+
+def test_dry_run_needs_no_network_or_token(exported, no_saved_login, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = (exported["checkpoint"] / "README.md").read_text()
+    result = push_folder(exported["checkpoint"], "me/x", private=True, dry_run=True, api=object())
+    assert result.dry_run and "model.safetensors" in result.files
+    assert result.notes == ["README.md would be re-rendered to load from me/x"]
+    assert (exported["checkpoint"] / "README.md").read_text() == before
+
+
+def test_offline_missing_token_and_bad_repo(exported, no_saved_login, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set.*--dry-run"):
+        push_folder(exported["adapter"], "me/x", api=FakeApi())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    with pytest.raises(HubError, match="no Hugging Face token: set the HF_TOKEN .* `hf auth login`"):
+        push_folder(exported["adapter"], "me/x", api=FakeApi())
+    with pytest.raises(HubError, match="invalid repo id"):
+        push_folder(exported["adapter"], "not a repo!", api=FakeApi())
+    with pytest.raises(HubError, match="expected 'namespace/name'"):
+        push_folder(exported["adapter"], "justname", api=FakeApi())
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def _cli(*args: str):
+    from capsense.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_cli_push_uses_token_only_inside_hfapi(exported, tmp_path, online_with_token, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    folder = _copy(exported["adapter"], tmp_path / "a")
+    r = _cli("push", str(folder), "me/tiny-adapter", "--private", "--commit-message", "hello")
+    assert r.exit_code == 0, r.output
+    assert "Uploaded 4 files" in r.output and "adapter_model.safetensors" in r.output and "[private]" in r.output
+    (api,) = FakeApi.instances
+    assert api.token == TOKEN  # handed to HfApi, and nowhere else
+    assert api.calls[0][1]["private"] is True and api.calls[1][1]["commit_message"] == "hello"
+    assert TOKEN not in r.output + caplog.text + _all_text(folder)
+
+
+def test_cli_push_dry_run_and_errors(exported, no_saved_login, monkeypatch):
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    FakeApi.instances.clear()
+    r = _cli("push", str(exported["checkpoint"]), "me/x", "--dry-run")
+    assert r.exit_code == 0 and "Dry run: would upload 7 files" in r.output and "https://huggingface.co/me/x" in r.output
+    assert "model.safetensors" in r.output and FakeApi.instances == []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = _cli("push", str(exported["checkpoint"]), "me/x")
+    assert r.exit_code == 1 and r.output.startswith("Error: HF_HUB_OFFLINE is set")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    r = _cli("push", str(exported["checkpoint"]), "me/x")
+    assert r.exit_code == 1 and r.output.startswith("Error: no Hugging Face token")
+
+
+def test_cli_export_push_to_hub(exported, tmp_path, online_with_token, monkeypatch):
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    out = tmp_path / "out"
+    r = _cli("export", str(exported["base"]), "--heads", HEADS, "--format", "adapter", "--out", str(out),
+             "--push-to-hub", "me/pushed", "--private")
+    assert r.exit_code == 0, r.output
+    (api,) = FakeApi.instances
+    assert api.calls[0][1]["repo_id"] == "me/pushed" and api.calls[0][1]["private"] is True
+    assert 'PeftModel.from_pretrained(base, "me/pushed")' in (out / "README.md").read_text()
+    assert TOKEN not in r.output + _all_text(out)
+
+
+def test_cli_export_push_without_token_exports_nothing(exported, tmp_path, no_saved_login, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    out = tmp_path / "out"
+    r = _cli("export", str(exported["base"]), "--heads", HEADS, "--format", "checkpoint", "--out", str(out),
+             "--push-to-hub", "me/pushed")
+    assert r.exit_code == 1 and r.output.startswith("Error: no Hugging Face token")
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from capsense.errors import CapsenseError
 from capsense.compress import accounting as acc
 from capsense.compress.budget import CALIBRATED, Budget, BudgetError, method_family, protected_columns, setting_label
 from capsense.compress.calibration import DEFAULT_CALIBRATION, InputStats, calibration_samples, collect_stats
@@ -26,7 +27,7 @@ from capsense.compress.quantize import rtn_bits, rtn_quantize
 from capsense.compress.targets import Target, find_targets
 
 
-class CompressionError(ValueError):
+class CompressionError(CapsenseError):
     """A compression request that cannot be carried out."""
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from capsense.errors import CapsenseError
 from capsense.compress.lowrank import LOWRANK_METHODS, check_ratio
 from capsense.compress.prune import check_density, check_scope
 from capsense.compress.quantize import check_bits, check_group_size
@@ -46,7 +47,7 @@ SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "al
 CALIBRATED = {"wanda", "asvd", "svd-llm"}
 
 
-class BudgetError(ValueError):
+class BudgetError(CapsenseError):
     """A setting or budget file that cannot be used."""
 
 

@@ -22,12 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from capsense.errors import CapsenseError
 from capsense.compress.targets import Target
 
 DEFAULT_CALIBRATION = "prose,math,code,qa"
 
 
-class CalibrationError(ValueError):
+class CalibrationError(CapsenseError):
     """Calibration data that cannot be read or is empty."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from capsense.errors import CapsenseError
 from capsense.scoring.probe import Probe, ProbeScorer
 
 CAPABILITIES: dict[str, str] = {
@@ -31,7 +32,7 @@ CAPABILITIES: dict[str, str] = {
 DEFAULT_CAPABILITIES = ("math", "code", "qa")
 
 
-class MeasureError(ValueError):
+class MeasureError(CapsenseError):
     """An unknown capability or an unusable probe request."""
 
 

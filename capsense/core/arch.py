@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from capsense.errors import CapsenseError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -42,7 +43,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 
-class UnsupportedArchitectureError(ValueError):
+class UnsupportedArchitectureError(CapsenseError):
     """The model's architecture is not in the table above."""
 
 

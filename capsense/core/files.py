@@ -1,4 +1,4 @@
-"""Atomic output folders: build next to the destination, rename into place on success.
+"""Files written safely: atomic output folders and files, durable JSONL logs.
 
 Use :func:`atomic_output_dir` for any command that writes a folder (exports, reports)::
 
@@ -14,15 +14,19 @@ Files left private (0600) by ``mkstemp``-based writers get the umask's permissio
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from capsense.errors import CapsenseError
 
 
-class OutputExistsError(FileExistsError):
+class OutputExistsError(CapsenseError, FileExistsError):
     """The output folder exists and is not empty, and overwriting was not asked for."""
 
 
@@ -81,3 +85,85 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterat
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename.
+
+    A reader sees the old file or the new one, never a torn one. The file gets the umask's
+    permissions (0644 usually), like a plain ``open()``, not mkstemp's private 0600.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """:func:`atomic_write_text` of ``obj`` as indented JSON with a final newline."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any] | str) -> None:
+    """Append one JSON line durably (write, flush, fsync) before returning.
+
+    ``record`` is a mapping (serialised here) or an already serialised line.
+    """
+    line = record if isinstance(record, str) else json.dumps(record, default=float)
+    with Path(path).open("a") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def repair_jsonl_tail(path: str | os.PathLike) -> bool:
+    """Drop a torn last line (no trailing newline, left by a killed writer); True if one was dropped."""
+    p = Path(path)
+    if p.is_file() and p.stat().st_size:
+        data = p.read_bytes()
+        if not data.endswith(b"\n"):
+            p.write_bytes(data[: data.rfind(b"\n") + 1])
+            return True
+    return False
+
+
+class CorruptFileError(CapsenseError):
+    """A JSONL file has a bad line that is not a torn last line."""
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a JSONL file ([] if it does not exist).
+
+    A last line that does not parse is a write torn by a kill and is skipped (call
+    :func:`repair_jsonl_tail` before appending again); a bad line elsewhere raises
+    :class:`CorruptFileError`.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return []
+    lines = p.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue
+            raise CorruptFileError(f"{p}:{i + 1} is not valid JSON: the file is damaged") from None
+    return out

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
+from capsense.errors import CapsenseError
 from capsense.core.arch import HeadLayout
 
 
-class HeadSpecError(ValueError):
+class HeadSpecError(CapsenseError):
     """A head spec, list or heads file that cannot be parsed or does not fit the model."""
 
 
@@ -35,6 +36,11 @@ class Head(NamedTuple):
 
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
+
+    @classmethod
+    def from_index(cls, index: int, n_heads: int) -> Head:
+        """The head at flat position ``index`` (layer-major: ``layer * n_heads + head``)."""
+        return cls(int(index) // n_heads, int(index) % n_heads)
 
 
 _HEAD_RE = re.compile(r"^[Ll](\d+)[Hh](\d+)$")

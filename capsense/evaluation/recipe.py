@@ -24,10 +24,11 @@ from typing import Any
 
 import yaml
 
+from capsense.errors import CapsenseError
 from capsense.localize.locate import LocateConfig
 
 
-class RecipeError(ValueError):
+class RecipeError(CapsenseError):
     """A recipe that cannot be run."""
 
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from capsense.errors import CapsenseError
 from capsense.core.heads import HeadSet, load_heads_file
 
 
-class ValidateError(ValueError):
+class ValidateError(CapsenseError):
     """Bad settings for a validation."""
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from capsense.errors import CapsenseError
 from capsense.localize.designs import ADAPTIVE_ROUND, DESIGNS, adaptive_round, balanced_design, bernoulli_design, heads_per_mask
 from capsense.localize.refine import DEFAULT_BUDGET, DEFAULT_TOLERANCE, Refinement, head_set_masks, refine
 from capsense.localize.solvers import SOLVERS, HeadScores, make_solver, residualize, ridge_effects, standardize
@@ -42,7 +43,7 @@ METRICS = ("nll", "acc")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-class LocateError(ValueError):
+class LocateError(CapsenseError):
     """Bad settings for a localization run."""
 
 

@@ -14,13 +14,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from capsense.errors import CapsenseError
 
 MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"
 REFINE_ROUND = -1  # ``round`` of the evaluations that measure candidate top-K sets (capsense.localize.refine)
 
 
-class RunStoreError(ValueError):
+class RunStoreError(CapsenseError):
     """The output folder cannot hold this run."""
 
 

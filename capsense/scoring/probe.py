@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
+from capsense.errors import CapsenseError
 from capsense.core.ablation import HeadAblator
 from capsense.core.arch import head_layout
 
@@ -33,7 +34,7 @@ METRICS = ("nll", "acc")
 ProbeKind = Literal["loglikelihood", "multiple_choice"]
 
 
-class ProbeError(ValueError):
+class ProbeError(CapsenseError):
     """A task or probe file that cannot be turned into a probe."""
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from capsense.errors import CapsenseError
 from capsense import __version__
 from capsense.core.ablation import check_ablation_mode, compute_head_means, zero_heads_in_weights
 from capsense.core.arch import arch_spec, head_layout, out_projections, projection_weight
@@ -66,7 +67,7 @@ _MEAN_ADAPTER_MSG = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(CapsenseError):
     """An export that cannot be done as asked (the message says why and what to do instead)."""
 
 

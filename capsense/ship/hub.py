@@ -20,6 +20,7 @@ from typing import Any
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 
+from capsense.errors import CapsenseError
 from capsense import __version__
 
 CARD_TAGS = ["capsense", "head-ablation"]
@@ -29,7 +30,7 @@ IGNORE_PATTERNS = [".*", "*/.*"]
 DEFAULT_COMMIT_MESSAGE = "Upload capability-ablated model (capsense)"
 
 
-class HubError(RuntimeError):
+class HubError(CapsenseError, RuntimeError):
     """A push that cannot be done (offline, no token, bad repo id, Hub error)."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 
+from capsense.errors import CapsenseError
 from capsense.compress.budget import BudgetError, method_family, normalize_setting, setting_label, uniform_budget
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.measure import DEFAULT_CAPABILITIES, parse_capabilities, task_of
@@ -27,7 +28,7 @@ from capsense.compress.targets import parse_kinds
 BASELINE = {"method": "none"}
 
 
-class GridError(ValueError):
+class GridError(CapsenseError):
     """A grid spec or grid file that cannot be used."""
 
 

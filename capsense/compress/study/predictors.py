@@ -31,17 +31,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from capsense.errors import CapsenseError
 
 D_REF = 0.3
 FEATURES = ("log_params", "L0", "log_train_tokens")
 GAMMA_RANGE = (0.05, 8.0)
 
 
-class ExtrapolationError(ValueError):
+class ExtrapolationError(CapsenseError):
     """A prediction outside the measured range, asked for without allowing extrapolation."""
 
 
-class FitError(ValueError):
+class FitError(CapsenseError):
     """Too few or unusable measurements for a fit."""
 
 

@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from capsense.errors import CapsenseError
 from capsense.compress.study.analysis import _scope_tag
 from capsense.compress.study.predictors import CompactFit, FitError
 
 SIZE_KEYS = ("size_ratio", "target_size_ratio", "model_param_ratio", "target_param_ratio")
 
 
-class SelectError(ValueError):
+class SelectError(CapsenseError):
     """No setting fits the budget, or the grid lacks what selection needs."""
 
 

@@ -1,0 +1,16 @@
+"""The one base class of capsense's user-facing errors.
+
+Library code raises a subclass of :class:`CapsenseError` for bad input (a head out of range, a
+malformed spec, an unknown task or architecture, an existing output folder, ...): its message
+says what was wrong and what is valid, in terms of parameters, not command-line flags. The CLI
+catches this class, and only this class, once (``capsense.cli``) and prints the message; any
+other exception is a bug and keeps its traceback.
+
+It derives from ``ValueError`` so that callers who caught ``ValueError`` before keep working.
+"""
+
+from __future__ import annotations
+
+
+class CapsenseError(ValueError):
+    """Bad input to capsense: the message names what was wrong and what is valid."""

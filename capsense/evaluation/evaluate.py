@@ -6,13 +6,70 @@ every number comes from lm-eval's own metrics for the task.
 
 from __future__ import annotations
 
-import math
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from capsense.core.files import atomic_write_json
 from capsense.core.heads import HeadSet
-from capsense.tasks import task_manager
+from capsense.core.models import check_model
+from capsense.core.tables import format_percent, relative_change
+from capsense.errors import CapsenseError
+from capsense.tasks import check_task_names, task_manager
+
+
+class EvaluateError(CapsenseError):
+    """Bad settings for an evaluation."""
+
+
+def check_limit(limit: int | None) -> None:
+    """``limit`` (documents per task) is None or at least 1."""
+    if limit is not None and limit < 1:
+        raise EvaluateError(f"`limit` must be at least 1, got {limit}")
+
+
+def check_output_file(out: str | os.PathLike | None) -> None:
+    """``out`` can be written as a file: not a folder, and no file where its folder should be."""
+    if out is None:
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise EvaluateError(f"`out` {str(p)!r} is a folder: give a file name, e.g. {str(p / 'table.json')!r}")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise EvaluateError(f"`out` {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")
+
+
+def check_evaluate(
+    model: str, heads: str | None, top_k: int | None, tasks: Sequence[str], limit: int | None,
+    include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
+) -> HeadSet:
+    """Every check that needs neither torch nor lm-eval nor the model; returns the head set to ablate."""
+    head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()
+    check_limit(limit)
+    check_output_file(out)
+    check_task_names(tasks, include_path)
+    check_model(model)
+    return head_set
+
+
+def run_evaluate(
+    model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", limit: int | None = None,
+    batch_size: int = 16, device: str = "cpu", dtype: str = "float32", include_path: Sequence[str] = (),
+    out: str | os.PathLike | None = None,
+) -> tuple[str, list[Path]]:
+    """Evaluate ``model`` as is and with ``head_set`` ablated; the markdown table and the files written."""
+    task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
+    lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype)
+    sets = {"base": HeadSet()}
+    if head_set:
+        lm.set_heads(head_set)  # validates against the model before any evaluation
+        sets[f"ablated ({head_set})" if len(head_set) <= 6 else f"ablated ({len(head_set)} heads)"] = head_set
+    rows = evaluate_head_sets(lm, sets, tasks, limit=limit, include_path=include_path)
+    written = [atomic_write_json(out, [asdict(r) for r in rows])] if out else []
+    return format_table(rows), written
 
 
 @dataclass
@@ -40,18 +97,25 @@ def evaluate_head_sets(
     include_path: Sequence[str] = (),
     metrics: Sequence[str] | None = None,
     confirm_run_unsafe_code: bool = False,
+    progress: Any = None,
+    display_names: Mapping[str, str] | None = None,
 ) -> list[MetricRow]:
     """Run ``tasks`` once per labelled head set; one row per (task, metric).
 
     Rows cover every metric lm-eval reports for the task (or those named in ``metrics``),
     under every filter: labelled ``name`` for the default filter, ``name,filter`` otherwise
     (GSM8K: ``exact_match,strict-match``, ``exact_match,flexible-extract``).
+    ``progress`` (a :class:`capsense.core.progress.PhaseProgress`) is labelled with each head
+    set and advanced after it; lm-eval's own per-request bars are then off.
     """
     import lm_eval
 
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for label, heads in head_sets.items():
+    lm.quiet_requests = progress is not None
+    for i, (label, heads) in enumerate(head_sets.items()):
+        if progress is not None:
+            progress.label(f"{(display_names or {}).get(label, label)} ({i + 1}/{len(head_sets)})")
         lm.set_heads(heads)
         out = lm_eval.simple_evaluate(
             model=lm,
@@ -64,7 +128,10 @@ def evaluate_head_sets(
             confirm_run_unsafe_code=confirm_run_unsafe_code,
         )
         results[label] = out["results"]
+        if progress is not None:
+            progress.update()
     lm.set_heads(HeadSet())
+    lm.quiet_requests = False
     rows = []
     for task in tasks:
         base = results[next(iter(head_sets))][task]
@@ -79,11 +146,6 @@ def evaluate_head_sets(
     return rows
 
 
-def relative_change(base: float, value: float) -> float:
-    """(value - base) / |base|, NaN when base is 0."""
-    return (value - base) / abs(base) if base else math.nan
-
-
 def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:
     """A markdown table: task, metric, each label's value, and each label's change vs ``base``."""
     labels = list(rows[0].values) if rows else []
@@ -92,6 +154,6 @@ def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         vals = [f"{r.values[lab]:.4f}" for lab in labels]
-        changes = [f"{100 * relative_change(r.values[base], r.values[lab]):+.1f}%" for lab in others]
+        changes = [format_percent(relative_change(r.values[base], r.values[lab])) for lab in others]
         lines.append("| " + " | ".join([r.task, r.metric, *vals, *changes]) + " |")
     return "\n".join(lines)

@@ -12,9 +12,11 @@ from conftest import save_tiny_folder
 from click.testing import CliRunner
 from huggingface_hub import ModelCard
 
-import capsense.ship.hub as hub
 from capsense.ship.export import export_adapter, export_checkpoint
-from capsense.ship.hub import HubError, build_model_card, find_validation, markdown_table, push_folder
+from capsense.core.tables import markdown_table
+from capsense.ship.card import build_model_card, find_validation
+import capsense.ship.push as ship_push
+from capsense.ship.push import HubError, push_folder
 
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 HEADS = "L2H3+L0H1"
@@ -135,7 +137,8 @@ def test_card_without_hub_id_or_validation_and_mean():
     }
     card = ModelCard(str(build_model_card(meta, repo_id="me/x")))
     assert "base_model" not in card.data.to_dict() and "base_model_relation" not in card.data.to_dict()
-    assert "| 1 | 0 | — |" in card.text and "## Validation" not in card.text
+    assert "| 1 | 0 |\n" in card.text and "No importance is shown" in card.text  # unknown: no column of dashes
+    assert "## Validation" not in card.text and "capability they carry is not recorded" in card.text
     assert "added to the output projection's bias" in card.text and ",ablation=mean" in card.text
     assert 'from_pretrained("me/x")' in card.text and "ab" * 32 in card.text
 
@@ -236,7 +239,7 @@ def _cli(*args: str):
 
 def test_cli_push_uses_token_only_inside_hfapi(exported, tmp_path, online_with_token, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(ship_push, "HfApi", FakeApi)
     folder = _copy(exported["adapter"], tmp_path / "a")
     r = _cli("push", str(folder), "me/tiny-adapter", "--private", "--commit-message", "hello")
     assert r.exit_code == 0, r.output
@@ -248,7 +251,7 @@ def test_cli_push_uses_token_only_inside_hfapi(exported, tmp_path, online_with_t
 
 
 def test_cli_push_dry_run_and_errors(exported, no_saved_login, monkeypatch):
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(ship_push, "HfApi", FakeApi)
     FakeApi.instances.clear()
     r = _cli("push", str(exported["checkpoint"]), "me/x", "--dry-run")
     assert r.exit_code == 0 and "Dry run: would upload 7 files" in r.output and "https://huggingface.co/me/x" in r.output
@@ -262,7 +265,7 @@ def test_cli_push_dry_run_and_errors(exported, no_saved_login, monkeypatch):
 
 
 def test_cli_export_push_to_hub(exported, tmp_path, online_with_token, monkeypatch):
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(ship_push, "HfApi", FakeApi)
     out = tmp_path / "out"
     r = _cli("export", str(exported["base"]), "--heads", HEADS, "--format", "adapter", "--out", str(out),
              "--push-to-hub", "me/pushed", "--private")

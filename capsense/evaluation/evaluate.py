@@ -67,7 +67,12 @@ def run_evaluate(
     if head_set:
         lm.set_heads(head_set)  # validates against the model before any evaluation
         sets[f"ablated ({head_set})" if len(head_set) <= 6 else f"ablated ({len(head_set)} heads)"] = head_set
-    rows = evaluate_head_sets(lm, sets, tasks, limit=limit, include_path=include_path)
+    from capsense.core.progress import Phase, RunProgress
+
+    display = RunProgress([Phase("evaluate", len(sets), "conditions")])
+    with display.phase("evaluate") as phase:
+        rows = evaluate_head_sets(lm, sets, tasks, limit=limit, include_path=include_path, progress=phase)
+    display.close()
     written = [atomic_write_json(out, [asdict(r) for r in rows])] if out else []
     return format_table(rows), written
 

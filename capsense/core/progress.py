@@ -106,7 +106,7 @@ class RunProgress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=self.total_cost, file=self.file, dynamic_ncols=True, leave=True,
-                             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining} total, {postfix}]")
+                             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining} total{postfix}]")
         return self._bar
 
     def _advance(self, cost: float, resumed: bool = False) -> None:

@@ -7,8 +7,10 @@ every number comes from lm-eval's own metrics for the task.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,28 +115,11 @@ def evaluate_head_sets(
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress`) is labelled with each head
     set and advanced after it; lm-eval's own per-request bars are then off.
     """
-    import lm_eval
-
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
-    results: dict[str, dict[str, dict[str, float]]] = {}
     lm.quiet_requests = progress is not None
-    for i, (label, heads) in enumerate(head_sets.items()):
-        if progress is not None:
-            progress.label(f"{(display_names or {}).get(label, label)} ({i + 1}/{len(head_sets)})")
-        lm.set_heads(heads)
-        out = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks),
-            limit=limit,
-            samples=samples,
-            task_manager=manager,
-            log_samples=False,
-            verbosity="WARNING",
-            confirm_run_unsafe_code=confirm_run_unsafe_code,
-        )
-        results[label] = out["results"]
-        if progress is not None:
-            progress.update()
+    with _no_request_building_bars(progress is not None):
+        results = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, limit=limit, samples=samples,
+                                  confirm_run_unsafe_code=confirm_run_unsafe_code)
     lm.set_heads(HeadSet())
     lm.quiet_requests = False
     rows = []
@@ -149,6 +134,38 @@ def evaluate_head_sets(
             label = name if filt == "none" else key
             rows.append(MetricRow(task, label, {lab: float(results[lab][task][key]) for lab in head_sets}))
     return rows
+
+
+@contextmanager
+def _no_request_building_bars(active: bool) -> Iterator[None]:
+    """lm-eval draws a bar per task while building requests (no switch to turn it off); hide it under ours."""
+    import lm_eval.api.task as task_module
+
+    if not active:
+        yield
+        return
+    original = task_module.tqdm
+    task_module.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = original
+
+
+def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kwargs: Any) -> dict[str, Any]:
+    import lm_eval
+
+    results: dict[str, Any] = {}
+    for label, heads in head_sets.items():
+        if progress is not None:
+            progress.label((display_names or {}).get(label, label))
+        lm.set_heads(heads)
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
+                                      verbosity="WARNING", **kwargs)
+        results[label] = out["results"]
+        if progress is not None:
+            progress.update()
+    return results
 
 
 def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:

@@ -60,6 +60,23 @@ def held_out_documents(n_docs: int, used: Sequence[int], limit: int | None, seed
     return sorted(order[:limit] if limit else order)
 
 
+def held_out_samples(
+    tasks: Sequence[str], include_path: Sequence[str], tokenizer: Any, used: dict[str, list[int]],
+    limit: int | None, seed: int,
+) -> dict[str, list[int]]:
+    """Per task, ``limit`` documents the locate run did not score."""
+    from capsense.scoring.probe import load_task
+
+    samples = {}
+    for t in tasks:
+        n_docs = len(load_task(t, include_path, tokenizer).eval_docs)
+        docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
+        if not docs:
+            raise ValidateError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
+        samples[t] = docs
+    return samples
+
+
 def random_head_sets(n_layers: int, n_heads: int, k: int, count: int, seed: int, avoid: HeadSet) -> list[HeadSet]:
     """``count`` random sets of ``k`` heads, none containing a head of ``avoid``."""
     rng = np.random.default_rng([seed, 17])
@@ -112,7 +129,6 @@ def validate(
     """
     from capsense.core.arch import head_layout
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
-    from capsense.scoring.probe import load_task
     from capsense.tasks import task_manager
 
     heads_path = Path(heads)
@@ -123,13 +139,7 @@ def validate(
     lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype)
     layout = head_layout(lm.model)
     top.validate(layout)
-    samples = {}
-    for t in tasks:
-        n_docs = len(load_task(t, include_path, lm.tokenizer).eval_docs)
-        docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
-        if not docs:
-            raise ValidateError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
-        samples[t] = docs
+    samples = held_out_samples(tasks, include_path, lm.tokenizer, used, limit, seed)
     sets = {"base": HeadSet(), "ablated": top}
     randoms = random_head_sets(layout.n_layers, layout.n_heads, top_k, n_random, seed, top)
     for i, hs in enumerate(randoms):
@@ -139,6 +149,18 @@ def validate(
     raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
                              confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
                              display_names={"ablated": f"top-{top_k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
+    rows = validation_rows(raw, n_random)
+    info = {
+        "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
+        "random_sets": [str(h) for h in randoms], "samples": samples,
+        "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
+        "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
+    }
+    return rows, info
+
+
+def validation_rows(raw: Sequence[Any], n_random: int) -> list[ValidationRow]:
+    """One :class:`ValidationRow` per (task, metric) from the labelled lm-eval rows."""
     rows = []
     for r in raw:
         base, abl = r.values["base"], r.values["ablated"]
@@ -150,13 +172,7 @@ def validate(
             random_change_rel_mean=float(np.mean(rrel)) if rrel else None,
             random_change_rel_sd=float(np.std(rrel)) if rrel else None, random_values=rv,
         ))
-    info = {
-        "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
-        "random_sets": [str(h) for h in randoms], "samples": samples,
-        "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
-        "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
-    }
-    return rows, info
+    return rows
 
 
 def format_validation(rows: Sequence[ValidationRow]) -> str:

@@ -132,11 +132,11 @@ class RunProgress:
         i = self.index(name)
         handle = PhaseProgress(self, i)
         before = sum(p.cost for p in self.phases[:i])
-        if self._spent < before:  # earlier phases skipped entirely
-            self._advance(before - self._spent, resumed=True)
         if self.enabled:
             self._describe(handle)
-        else:
+        if self._spent < before:  # earlier phases skipped entirely
+            self._advance(before - self._spent, resumed=True)
+        if not self.enabled:
             print(f"[{handle.description}] {handle.phase.name}: {handle.phase.units} {handle.phase.unit}",
                   file=self.file, flush=True)
         yield handle

@@ -88,11 +88,17 @@ class MetricRow:
 
 def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32", **kwargs: Any):
     """Build a ``capsense-masked`` LM once (no heads yet)."""
+    from transformers.utils import logging as hf_logging
+
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
-    return CapsenseMaskedLM(
-        pretrained=model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, **kwargs
-    )
+    hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user
+    try:
+        return CapsenseMaskedLM(
+            pretrained=model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, **kwargs
+        )
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def evaluate_head_sets(

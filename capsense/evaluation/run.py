@@ -56,13 +56,16 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
     results = []
     for i, (cfg, val) in enumerate(steps):
         tag = f"{cfg.task}: " if len(steps) > 1 else ""
-        phases = [Phase("locate", cfg.masks, "masks"), Phase("refine", cfg.refine_budget, "sets")]
+        # the clean (unablated) pass is an evaluation too: masks + 1, as the run folder counts them
+        phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", cfg.refine_budget, "sets")]
         if val:
             phases.append(Phase("validate", 2 + int(val.get("random", 3)), "conditions"))
         display = RunProgress(phases, enabled=progress)
         log(f"{tag}locate 1/{len(phases)}, refine 2/{len(phases)}" + (f", validate 3/{len(phases)}" if val else ""))
         _, heads_path = locate(cfg, log=log)
-        result = StepResult(cfg.task, heads_path, written=[heads_path])
+        outputs = ("report.md", "heatmap.png", "scores.csv", "manifest.json", "evaluations.jsonl")
+        result = StepResult(cfg.task, heads_path, written=[heads_path, *(heads_path.parent / f for f in outputs
+                                                                            if (heads_path.parent / f).is_file())])
         if val:
             with display.phase("validate") as phase:
                 rows, info = validate(cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"],

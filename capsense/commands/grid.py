@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
-from capsense.commands.options import dtype_option
+from capsense.commands.options import dtype_option, out_option
 from capsense.commands.output import log
 
 
@@ -34,7 +33,7 @@ def _floats(text: str | None) -> list[float]:
 @dtype_option(None, help="Dtype to load and compress in (default: the spec's, else float32).")
 @click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa).")
 @click.option("--calibration-samples", type=int, default=None)
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="JSONL file (appended; resumed).")
+@out_option("JSONL file (appended; resumed).", file=True)
 @click.option("--no-progress", is_flag=True)
 def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, targets, capabilities, probes, dtype,
          calibration, calibration_samples, out, no_progress):
@@ -49,8 +48,6 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
         check_model(model)  # before any heavy import
     elif not spec_file:
         raise CapsenseError("give MODEL (or `spec_file` FILE)")
-    if out.exists() and out.is_dir():
-        raise CapsenseError(f"`out` {str(out)!r} is a folder: give a JSONL file")
     from capsense.compress.budget import LOWRANK_METHODS, PRUNE_METHODS, QUANT_METHODS, method_family
     from capsense.compress.study.grid import grid_table, load_spec, run_grid, spec_from_dict
 

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import click
 
+from capsense.commands.options import out_option
 from capsense.commands.output import echo_written, log
 
 
 @click.command("run")
 @click.argument("recipe", type=click.Path(path_type=Path))
-@click.option("--out", help="Output root (default: the recipe's 'out').")
+@out_option("Output root (default: the recipe's 'out').", required=False)
 @click.option("--dry-run", is_flag=True, help="Print the steps and stop.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def run(recipe: Path, out: str | None, dry_run: bool, quiet: bool) -> None:
+def run(recipe: Path, out: Path | None, dry_run: bool, quiet: bool) -> None:
     """Run RECIPE: locate each target (resumable), then validate its top heads on held-out documents."""
     from capsense.evaluation.recipe import describe_steps, load_recipe, recipe_steps
     from capsense.evaluation.run import check_steps

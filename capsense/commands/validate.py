@@ -10,7 +10,7 @@ from capsense.commands.options import (
     batch_size_option, csv_list, device_option, dtype_option, include_path_option, limit_option, out_option,
     top_k_option, unsafe_code_option,
 )
-from capsense.commands.output import echo_written, log
+from capsense.commands.output import echo_written
 
 
 @click.command("validate")

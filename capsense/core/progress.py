@@ -62,6 +62,9 @@ class PhaseProgress:
         self.run._advance(n * self.phase.unit_cost, resumed=resumed)
         self.run._describe(self)
 
+    def close(self) -> None:
+        """Nothing to do (the run's bar outlives its phases); lets a phase stand where a tqdm bar was."""
+
     def label(self, text: str) -> None:
         """What the phase is doing now (shown beside the counts), e.g. ``random 2/3``."""
         self._label = text

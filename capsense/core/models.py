@@ -132,6 +132,43 @@ def _check_on_hub(name: str, revision: str | None, cached: bool) -> None:
             raise _unknown(name, f"the Hub could not be reached ({first}) and it is not in the local cache") from None
 
 
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head")
+
+
+def config_head_layout(name: str, revision: str | None = None) -> Any:
+    """The model's :class:`~capsense.core.arch.HeadLayout` read from its ``config.json`` (no torch), or None.
+
+    Found for local folders, the converted embedded model and Hub ids in the local cache; None
+    where the config is not on this machine or does not say (then the check waits for the model).
+    """
+    from capsense.core.arch import HeadLayout
+
+    path: str | None = None
+    if isinstance(name, str) and is_embedded(name):
+        path = str(cache_dir() / "models" / EMBEDDED_MODELS[name.lower()] / "config.json")
+    elif isinstance(name, str) and os.path.isdir(name):
+        path = os.path.join(name, "config.json")
+    elif isinstance(name, str):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(name, "config.json", revision=revision)
+            path = found if isinstance(found, str) else None
+        except Exception:  # not a valid Hub id: check_model says so
+            path = None
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)
+    heads = next((config[k] for k in _HEAD_KEYS if isinstance(config.get(k), int)), None)
+    return HeadLayout(layers, heads, 0) if layers and heads else None
+
+
 def resolve_pretrained(name: str) -> str:
     """Map an embedded model name to its cached folder; pass Hub ids and folders through."""
     if not isinstance(name, str) or not is_embedded(name):

@@ -16,7 +16,7 @@ from typing import Any
 
 from capsense.core.files import atomic_write_json
 from capsense.core.heads import HeadSet
-from capsense.core.models import check_model
+from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import format_percent, relative_change
 from capsense.errors import CapsenseError
 from capsense.tasks import check_task_names, task_manager
@@ -54,6 +54,9 @@ def check_evaluate(
     check_output_file(out)
     check_task_names(tasks, include_path)
     check_model(model)
+    layout = config_head_layout(model)
+    if layout is not None:
+        head_set.validate(layout)  # out-of-range heads, before the model loads
     return head_set
 
 

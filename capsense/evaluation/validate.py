@@ -19,7 +19,7 @@ import numpy as np
 
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
-from capsense.core.models import check_model
+from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError
 from capsense.tasks import check_task_names
@@ -103,6 +103,9 @@ def check_validate(
         raise ValidateError(f"`out` {str(out)!r} is a file: give a folder for validation.json/.md/.png")
     check_task_names(tasks, include_path)
     check_model(model)
+    layout = config_head_layout(model)
+    if layout is not None:
+        hf.head_set.top(top_k).validate(layout)  # a heads file of another model, before the model loads
     return hf
 
 

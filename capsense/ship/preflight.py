@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from capsense.core.arch import arch_spec, head_layout, out_projections
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadSpecError, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
-from capsense.core.models import check_model, model_load_errors, resolve_pretrained
+from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
 from capsense.ship.base import ExportError
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ def check_export_inputs(
     out_path = check_output_dir(out, overwrite)
     hs, heads_file, source = resolve_heads(heads, top_k)
     check_model(model)
+    layout = config_head_layout(model)
+    if layout is not None:
+        hs.validate(layout)
     return out_path, hs, heads_file, source
 
 

@@ -39,6 +39,9 @@ def files(tmp_path_factory):
     (d / "heads.json").write_text(json.dumps({"model": "smollm2-135m", "task": "capsense_induction",
                                               "heads": [{"layer": 1, "head": 2}, {"layer": 3, "head": 4}]}))
     (d / "broken.json").write_text("{not json")
+    (d / "model").mkdir()  # a model folder whose config says 3 layers x 4 heads
+    (d / "model" / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 3,
+                                                         "num_attention_heads": 4}))
     (d / "a_file").write_text("x")
     (d / "typo.yaml").write_text("model: smollm2-135m\nlocate:\n  task: capsense_induction\n  maskz: 3\n")
     (d / "badmodel.yaml").write_text("model: smollm2-136m\nlocate:\n  task: capsense_induction\n  masks: 3\n")
@@ -52,6 +55,12 @@ CASES = {
     "evaluate typo'd task": (["evaluate", "smollm2-135m", "--tasks", "capsense_inducton"],
                              ["unknown task 'capsense_inducton' (did you mean capsense_induction?)"]),
     "evaluate bad head spec": (["evaluate", "smollm2-135m", "--heads", "L0X1"], ["malformed head 'L0X1'"]),
+    "evaluate head out of range": (["evaluate", "{d}/model", "--heads", "L9H0"],
+                                   ["layer 9 out of range in L9H0: this model has 3 layers (0-2)"]),
+    "validate heads of another model": (["validate", "{d}/model", "--heads", "{d}/heads.json", "--top-k", "2",
+                                         "--tasks", "capsense_induction", "--out", "{d}/v"], ["layer 3 out of range"]),
+    "export head out of range": (["export", "{d}/model", "--heads", "L0H7", "--format", "checkpoint", "--out", "{d}/e"],
+                                 ["head 7 out of range in L0H7: this model has 4 heads per layer (0-3)"]),
     "evaluate --limit 0": (["evaluate", "smollm2-135m", "--limit", "0"], ["--limit must be at least 1, got 0"]),
     "evaluate --out folder": (["evaluate", "smollm2-135m", "--out", "{d}"], ["--out", "is a directory"]),
     "locate unknown model": (["locate", "smollm2-136m", "--task", "capsense_induction", "--out", "{d}/run"], [UNKNOWN]),

@@ -75,7 +75,7 @@ def check_push_ready(repo_id: str) -> str:
     if hub_offline():
         raise HubError(
             "HF_HUB_OFFLINE is set, so nothing can be pushed to the Hugging Face Hub: unset it "
-            "(HF_HUB_OFFLINE=0) when you are online, or use --dry-run to see what would be uploaded"
+            "(HF_HUB_OFFLINE=0) when you are online, or use `dry_run` to see what would be uploaded"
         )
     return require_token()
 

@@ -217,7 +217,7 @@ def test_dry_run_needs_no_network_or_token(exported, no_saved_login, monkeypatch
 
 def test_offline_missing_token_and_bad_repo(exported, no_saved_login, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set.*--dry-run"):
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set.*`dry_run`"):
         push_folder(exported["adapter"], "me/x", api=FakeApi())
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     with pytest.raises(HubError, match="no Hugging Face token: set the HF_TOKEN .* `hf auth login`"):
@@ -258,7 +258,7 @@ def test_cli_push_dry_run_and_errors(exported, no_saved_login, monkeypatch):
     assert "model.safetensors" in r.output and FakeApi.instances == []
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = _cli("push", str(exported["checkpoint"]), "me/x")
-    assert r.exit_code == 1 and r.output.startswith("Error: HF_HUB_OFFLINE is set")
+    assert r.exit_code == 1 and r.output.startswith("Error: HF_HUB_OFFLINE is set") and "use --dry-run" in r.output
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     r = _cli("push", str(exported["checkpoint"]), "me/x")
     assert r.exit_code == 1 and r.output.startswith("Error: no Hugging Face token")

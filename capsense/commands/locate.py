@@ -6,15 +6,15 @@ from pathlib import Path
 
 import click
 
-from capsense.cli import CapsenseError
+from capsense.commands.options import (
+    batch_size_option, csv_list, device_option, dtype_option, include_path_option, limit_option, out_option,
+    revision_option, top_k_option, unsafe_code_option,
+)
+from capsense.commands.output import echo_written, log
 
 _METHODS = ("cs", "exhaustive", "greedy", "thompson")
 _DESIGNS = ("balanced", "bernoulli", "adaptive")
 _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
-
-
-def _csv(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 @click.command("locate")
@@ -26,9 +26,8 @@ def _csv(value: str | None) -> list[str]:
                    "accuracy), or one of the target task's own lm-eval metrics (e.g. exact_match, "
                    "exact_match,flexible-extract, pass@1): then the target is run through lm-eval under each mask "
                    "(generation for generation tasks: faithful, slow) and the controls use nll.")
-@click.option("--confirm-run-unsafe-code", is_flag=True,
-              help="Allow tasks that execute model-written code (HumanEval, MBPP), as lm-eval requires.")
-@click.option("--limit", type=int, default=100, show_default=True, help="Documents per task, sampled with --seed (paper: 100).")
+@unsafe_code_option()
+@limit_option(100, "Documents per task, sampled with --seed (paper: 100).")
 @click.option("--masks", type=int, default=100, show_default=True, help="Knockout masks for cs and thompson (paper: 100).")
 @click.option("--sparsity", type=float, help="Fraction of heads knocked out per mask (default 0.02, the paper's).")
 @click.option("--heads-per-mask", type=int, help="Heads knocked out per mask (instead of --sparsity).")
@@ -36,23 +35,21 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--solver", default="lasso", show_default=True, help="Sparse solver: " + ", ".join(_SOLVERS) + ".")
 @click.option("--alpha", type=float, help="Lasso penalty on the standardized score (default 0.01, the paper's).")
 @click.option("--method", default="cs", show_default=True, help="cs (compressed sensing) or a baseline: exhaustive, greedy, thompson.")
-@click.option("--top-k", type=int, default=5, show_default=True,
-              help="Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
+@top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with --controls, else 0).")
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=int, default=16, show_default=True, help="Requests per forward pass.")
+@batch_size_option()
 @click.option("--masks-per-forward", type=int, default=1, show_default=True,
               help="Masks packed in one forward pass (pays on GPUs; 1 is best on a few CPU cores).")
 @click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer); multiple-choice contexts are still shared across choices.")
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", default="auto", show_default=True,
-              help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
-@click.option("--revision", help="Revision of a Hub model.")
-@click.option("--include-path", multiple=True, type=click.Path(exists=True, file_okay=False), help="Extra lm-eval task folder (repeatable).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Run folder (rerunning the same command resumes).")
+@device_option()
+@dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
+@revision_option()
+@include_path_option()
+@out_option("Run folder (rerunning the same command resumes).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, top_k: int, refine: int | None, tolerance: float,
@@ -63,28 +60,27 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     Writes OUT/manifest.json, evaluations.jsonl (one line per mask, durable), heads.json
     (ranked), scores.csv, heatmap.png and report.md.
     """
-    from capsense.localize.locate import LocateConfig, LocateError, locate as run_locate
-    from capsense.scoring.probe import ProbeError
-    from capsense.localize.store import RunStoreError
+    from capsense.errors import CapsenseError
+    from capsense.evaluation.preflight import check_locate
+    from capsense.localize.locate import LocateConfig
 
     if sparsity is not None and heads_per_mask is not None:
-        raise CapsenseError("give --sparsity or --heads-per-mask, not both")
+        raise CapsenseError("give `sparsity` or `heads_per_mask`, not both")
     cfg = LocateConfig(
-        model=model, task=task, out=str(out), controls=_csv(controls), metric=metric, limit=limit, masks=masks,
+        model=model, task=task, out=str(out), controls=csv_list(controls), metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, seed=seed, batch_size=batch_size,
         masks_per_forward=masks_per_forward, device=device, dtype=dtype, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
-    try:
-        cfg.check()
-        result, heads_path = run_locate(cfg, log=lambda m: click.echo(m, err=True))
-    except (LocateError, ProbeError, RunStoreError, ValueError, FileNotFoundError, OSError) as e:
-        raise CapsenseError(str(e)) from None
+    check_locate(cfg)  # before any heavy import
     from capsense.core.heads import load_heads_file
+    from capsense.localize.locate import locate as run_locate
 
+    result, heads_path = run_locate(cfg, log=log)
     hf = load_heads_file(heads_path)
-    top = ", ".join(f"L{r['layer']}H{r['head']}" for r in hf.heads[:10])
+    top = ", ".join(str(h) for h in hf.head_set.top(min(10, len(hf.heads))))
     click.echo(f"{result.n_evaluations} masks evaluated ({result.seconds_per_mask:.2f} s each); top heads: {top}")
-    click.echo(f"Wrote {heads_path} and report.md, heatmap.png, scores.csv in {out}")
+    echo_written([heads_path, *(out / f for f in ("report.md", "heatmap.png", "scores.csv", "manifest.json",
+                                                  "evaluations.jsonl") if (out / f).is_file())])

@@ -51,7 +51,7 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
     """Run every (locate, validate) step in order; each locate resumes its run folder."""
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate, write_validation
-    from capsense.localize.locate import locate
+    from capsense.localize.run import locate
 
     results = []
     for i, (cfg, val) in enumerate(steps):

@@ -26,7 +26,8 @@ from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, head_set_masks, refine
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore
-from capsense.scoring.probe import METRICS, build_probe
+from capsense.scoring import METRICS
+from capsense.scoring.probe import build_probe
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
 BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")

@@ -28,7 +28,7 @@ from capsense.core.arch import head_layout
 if TYPE_CHECKING:
     from torch import nn
 
-METRICS = ("nll", "acc")
+from capsense.scoring import METRICS
 ProbeKind = Literal["loglikelihood", "multiple_choice"]
 
 

@@ -14,6 +14,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from capsense.core.files import append_jsonl, atomic_write_json, read_jsonl, repair_jsonl_tail
+from capsense.core.heads import Head, HeadSet
 from capsense.errors import CapsenseError
 
 MANIFEST = "manifest.json"
@@ -36,17 +39,14 @@ class Evaluation:
     round: int = 0
 
     def to_json(self, n_heads: int) -> str:
-        names = [f"L{h // n_heads}H{h % n_heads}" for h in self.heads]
+        names = [str(Head.from_index(h, n_heads)) for h in self.heads]
         return json.dumps(
             {"i": self.index, "round": self.round, "heads": names, "scores": self.scores, "seconds": round(self.seconds, 4)}
         )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], n_heads: int) -> "Evaluation":
-        heads = []
-        for name in d["heads"]:
-            layer, head = name[1:].split("H")
-            heads.append(int(layer) * n_heads + int(head))
+        heads = [h.flat_index(n_heads) for h in HeadSet.from_pairs(d["heads"])]
         return cls(int(d["i"]), heads, d["scores"], float(d.get("seconds", 0.0)), int(d.get("round", 0)))
 
 
@@ -91,42 +91,23 @@ class RunStore:
 
     def _read(self) -> list[Evaluation]:
         epath = self.path / EVALUATIONS
-        if not epath.is_file():
-            return []
-        data = epath.read_bytes()
-        out, good = [], 0
-        for line in data.split(b"\n"):
-            if not line.endswith(b"}"):
-                break  # torn last line of a killed run
-            try:
-                out.append(Evaluation.from_dict(json.loads(line), self.n_heads))
-            except (json.JSONDecodeError, KeyError, ValueError):
-                break
-            good += len(line) + 1
-        if good != len(data):
-            with epath.open("r+b") as f:
-                f.truncate(good)
+        repair_jsonl_tail(epath)  # the torn last line of a killed run
+        try:
+            out = [Evaluation.from_dict(d, self.n_heads) for d in read_jsonl(epath)]
+        except (CapsenseError, KeyError, TypeError, ValueError) as e:  # CorruptFileError, HeadSpecError among them
+            raise RunStoreError(f"{epath} holds a line that is not an evaluation ({e}); the file is damaged") from None
         for i, e in enumerate(out):
             if e.index != i:
                 raise RunStoreError(f"{epath}: line {i + 1} holds mask {e.index}, expected {i}; the file is damaged")
         return out
 
     def write_manifest(self) -> None:
-        _atomic_write(self.path / MANIFEST, json.dumps(self.manifest, indent=2, default=str) + "\n")
+        atomic_write_json(self.path / MANIFEST, self.manifest)
 
     def append(self, ev: Evaluation) -> None:
         """Append one evaluation durably (flush + fsync)."""
-        with (self.path / EVALUATIONS).open("a") as f:
-            f.write(ev.to_json(self.n_heads) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path / EVALUATIONS, ev.to_json(self.n_heads))
         self.evaluations.append(ev)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> list[Evaluation]:
@@ -137,5 +118,5 @@ def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> l
     """
     p = Path(run_dir)
     n_heads = int(json.loads((p / MANIFEST).read_text())["layout"]["n_heads"])
-    evals = [Evaluation.from_dict(json.loads(ln), n_heads) for ln in (p / EVALUATIONS).read_text().splitlines() if ln.strip()]
+    evals = [Evaluation.from_dict(d, n_heads) for d in read_jsonl(p / EVALUATIONS)]
     return [e for e in evals if e.round != REFINE_ROUND] if design_only else evals

@@ -18,6 +18,7 @@ folder (``attribution.json``), so a resumed run replays the same search.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from capsense.localize.refine import head_set_masks
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
 from capsense.scoring.attribution import attribute_probes, check_gradient_metric
+from capsense.scoring.cost import ATTRIBUTION
 
 ATTRIBUTION_FILE = "attribution.json"
 
@@ -113,7 +115,8 @@ def search_prior_guided(s: Search) -> Found:
         return [float(d) for d in damage(evs, s.cfg.task, s.cfg, base)]
 
     cost = s.run.evaluate.cost
-    prior_guided(est, measure, lambda heads: cost(list(heads)), prior_settings(s.cfg))
+    settings = replace(prior_settings(s.cfg), already_spent=ATTRIBUTION + cost([]))  # + the clean forward
+    prior_guided(est, measure, lambda heads: cost(list(heads)), settings)
     return Found(evals)
 
 

@@ -46,7 +46,7 @@ class PriorSettings:
     group_size: int = DEFAULT_GROUP_SIZE
     flag: float = DEFAULT_FLAG
     budget: float = DEFAULT_BUDGET
-    attribution_cost: float = ATTRIBUTION
+    already_spent: float = ATTRIBUTION  # the attribution (and whatever else ran before the search)
 
 
 @dataclass
@@ -113,7 +113,7 @@ def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: P
     its forward-equivalents; the search never spends more than ``settings.budget`` in all.
     """
     n = len(estimate)
-    search = PriorSearch(spent=settings.attribution_cost)
+    search = PriorSearch(spent=settings.already_spent)
     spend = _Spender(measure, cost, settings.budget, search)
     by_size = [int(h) for h in np.argsort(-np.abs(estimate), kind="stable")]
     singles = sorted(by_size[: min(settings.top_m, n)])

@@ -26,7 +26,8 @@ def run(recipe: Path, out: str | None, dry_run: bool) -> None:
                f"{data.get('hardware', 'unspecified hardware')}, {data.get('expected_time', 'unspecified time')}")
     for cfg, val in steps:
         click.echo(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
-                   f"--masks {cfg.masks} --limit {cfg.limit} --out {cfg.out}")
+                   f"--method {cfg.method} " + (f"--budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
+                   + f"--limit {cfg.limit} --out {cfg.out}")
         if val:
             click.echo(f"  validate --top-k {val.get('top_k', 5)} --tasks {','.join(val['tasks'])} --out {val['out']}")
     if dry_run:

@@ -165,6 +165,8 @@ def main() -> None:
     ap.add_argument("--sweeps", default="/work/runs", help="Folder holding sweep-<task> exhaustive runs.")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--budget", type=float, default=50.0)
+    ap.add_argument("--top-m", type=int, default=24)
+    ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--cs-masks", type=int, default=60)
     ap.add_argument("--results", default="recipes/results/locate_recovery")
     ap.add_argument("--skip-run", action="store_true")
@@ -174,10 +176,15 @@ def main() -> None:
         root = Path(args.root) / task
         common = dict(model="smollm2-135m", task=task, limit=24, seed=0, dtype="float32", progress=True)
         if not args.skip_run:
-            locate(LocateConfig(out=str(root / "prior"), method="prior-guided", budget=args.budget, **common))
+            locate(LocateConfig(out=str(root / "prior"), method="prior-guided", budget=args.budget, top_m=args.top_m,
+                                group_size=args.group_size, **common))
             if args.cs_masks:
                 locate(LocateConfig(out=str(root / "cs"), method="cs", masks=args.cs_masks, **common))
-        results.append(analyse(task, root, Path(args.sweeps) / f"sweep-{task}"))
+        sweep = Path(args.sweeps) / f"sweep-{task}"
+        if not (sweep / "heads.json").is_file():
+            print(f"{task}: no finished sweep in {sweep}; rerun with --skip-run when it is there", flush=True)
+            continue
+        results.append(analyse(task, root, sweep))
         print(json.dumps({k: v for k, v in results[-1].items() if k not in ("prior_guided", "cs")}, indent=1), flush=True)
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ def test_prior_guided_raw_top5_matches_the_exhaustive_sweep(root):
         assert by_name[h]["estimate"] is not None
     hits = [h for h in top if sweep["effects"][h] >= sweep["hit_threshold"]]
     assert len(hits) >= 4, (top, sweep["top5"])
-    fe = heads["meta"]["forward_equivalents"]
+    fe = heads["forward_equivalents"]
     assert 3 < fe <= 50
     assert json.loads((root / "raw" / "manifest.json").read_text())["forward_equivalents"] == pytest.approx(fe)
 

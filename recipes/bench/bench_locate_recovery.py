@@ -62,7 +62,7 @@ def sweep_effects(folder: Path, task: str) -> np.ndarray:
 
 def overlap(top: list[int], eff: np.ndarray) -> int:
     fifth = np.sort(eff)[::-1][4]
-    return min(5, sum(eff[h] >= fifth - HIT_MARGIN * abs(fifth) for h in top[:5]))
+    return int(min(5, sum(bool(eff[h] >= fifth - HIT_MARGIN * abs(fifth)) for h in top[:5])))
 
 
 def reuse_share(run: Path) -> float:
@@ -156,7 +156,7 @@ def markdown(results: list[dict]) -> str:
         pts = [f"{p['fe']:.0f}:{p['overlap']}" for p in r["prior_guided"]["curve"][:: max(1, len(r['prior_guided']['curve']) // 12)]]
         cs = [f"{c['fe']:.0f}:{c['overlap']}" for c in r["cs"]["curve"]]
         curves.append(f"- {r['task']}: prior-guided FE:overlap {' '.join(pts)}; cs {' '.join(cs) or '-'}")
-    return markdown_table(head, rows) + "\n\nRecovery curves (forward-equivalents : overlap/5)\n\n" + "\n".join(curves) + "\n"
+    return markdown_table([dict(zip(head, r)) for r in rows], head) + "\n\nRecovery curves (forward-equivalents : overlap/5)\n\n" + "\n".join(curves) + "\n"
 
 
 def main() -> None:

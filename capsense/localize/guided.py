@@ -105,7 +105,9 @@ def prior_settings(cfg: LocateConfig) -> PriorSettings:
 
 def search_prior_guided(s: Search) -> Found:
     """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``)."""
-    est = run_attribution(s)[s.cfg.task]
+    estimates = run_attribution(s)
+    est = estimates[s.cfg.task]
+    also = selective_estimate(estimates, s.cfg) if s.cfg.controls else None
     evals = s.run(no_knockout(s.n))
     base = evals[0]
 
@@ -116,7 +118,7 @@ def search_prior_guided(s: Search) -> Found:
 
     cost = s.run.evaluate.cost
     settings = replace(prior_settings(s.cfg), already_spent=ATTRIBUTION + cost([]))  # + the clean forward
-    prior_guided(est, measure, lambda heads: cost(list(heads)), settings)
+    prior_guided(est, measure, lambda heads: cost(list(heads)), settings, also=also)
     return Found(evals)
 
 

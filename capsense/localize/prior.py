@@ -106,16 +106,22 @@ def _threshold(search: PriorSearch, k: int, flag: float) -> float:
     return flag * max(kth, 0.0)
 
 
-def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: PriorSettings = PriorSettings()) -> PriorSearch:
+def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: PriorSettings = PriorSettings(),
+                 also: np.ndarray | None = None) -> PriorSearch:
     """Localize with knockouts guided by ``estimate`` (per head, positive = its removal hurts).
 
     ``measure`` returns the measured damage of each head set (same sign convention), ``cost``
     its forward-equivalents; the search never spends more than ``settings.budget`` in all.
+    ``also``: a second score (selective mode: the target estimate minus the controls'); the
+    singles then alternate between the largest ``|estimate|`` and the largest ``also``.
     """
     n = len(estimate)
     search = PriorSearch(spent=settings.already_spent)
     spend = _Spender(measure, cost, settings.budget, search)
     by_size = [int(h) for h in np.argsort(-np.abs(estimate), kind="stable")]
+    if also is not None:
+        by_also = [int(h) for h in np.argsort(-also, kind="stable")]
+        by_size = list(dict.fromkeys(h for pair in zip(by_size, by_also) for h in pair))
     singles = sorted(by_size[: min(settings.top_m, n)])
     spend([(h,) for h in singles])
     rest = [h for h in range(n) if h not in search.singles]

@@ -65,3 +65,15 @@ def test_mask_cost_counts_the_layers_a_prefix_reused_forward_runs():
     assert mask_cost([15 * 9, 29 * 9], 30, 9) == pytest.approx(0.5)
     assert mask_cost([29 * 9], 30, 9, reuse_share=0.0) == 1.0
     assert mask_cost([15 * 9], 30, 9, reuse_share=0.5) == pytest.approx(0.75)
+
+
+def test_a_second_score_shares_the_singles():
+    sim = Simulation(n_heads=N_LAYERS * N_HEADS, noise=0.01, seed=4)
+    est = linear_estimate(sim, seed=4)
+    also = np.zeros(sim.n_heads)
+    special = [h for h in range(sim.n_heads) if h not in sim.planted][:3]
+    also[special] = [3.0, 2.0, 1.0]
+    settings = PriorSettings(top_m=6, budget=200)
+    search = prior_guided(est, _measure(sim), _cost, settings, also=also)
+    by_size = [int(h) for h in np.argsort(-np.abs(est))[:3]]
+    assert set(special) | set(by_size) <= set(search.singles)

@@ -63,3 +63,13 @@ __all__ += ["rhyme"]
 
 def rhyme(**metadata):
     return to_dataset(_rhyme.make_docs(), metadata, choices=True)
+
+
+# -- the next item of a known sequence (capsense locate's fifth localization task) -------------
+from capsense.tasks import sequence as _sequence  # noqa: E402
+
+__all__ += ["sequence"]
+
+
+def sequence(**metadata):
+    return to_dataset(_sequence.make_docs(), metadata)

@@ -12,7 +12,7 @@ from capsense.commands.options import (
 )
 from capsense.commands.output import echo_written, log
 
-_METHODS = ("cs", "exhaustive", "greedy", "thompson")
+_METHODS = ("prior-guided", "attribution", "cs", "exhaustive", "greedy", "thompson")
 _DESIGNS = ("balanced", "bernoulli", "adaptive")
 _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 
@@ -34,7 +34,17 @@ _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 @click.option("--design", default="balanced", show_default=True, help="Mask design: " + ", ".join(_DESIGNS) + ".")
 @click.option("--solver", default="lasso", show_default=True, help="Sparse solver: " + ", ".join(_SOLVERS) + ".")
 @click.option("--alpha", type=float, help="Lasso penalty on the standardized score (default 0.01, the paper's).")
-@click.option("--method", default="cs", show_default=True, help="cs (compressed sensing) or a baseline: exhaustive, greedy, thompson.")
+@click.option("--method", default="prior-guided", show_default=True,
+              help="prior-guided (gradient attribution says where to knock out, knockouts decide; needs --metric nll), "
+                   "attribution (the estimate alone, nothing measured), cs (compressed sensing), or a baseline: "
+                   "exhaustive, greedy, thompson.")
+@click.option("--budget", type=float, default=50.0, show_default=True,
+              help="prior-guided: forward-equivalents for attribution and knockouts (a forward over the documents = 1, "
+                   "a backward = 2, a prefix-reused forward = its share of layers); measure-and-choose comes on top.")
+@click.option("--top-m", type=int, default=24, show_default=True,
+              help="prior-guided: heads with the largest |estimate| knocked out one at a time.")
+@click.option("--group-size", type=int, default=8, show_default=True,
+              help="prior-guided: heads per group knockout over the rest (a group that hurts is split).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with --controls, else 0).")
@@ -52,7 +62,8 @@ _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 @out_option("Run folder (rerunning the same command resumes).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
-           heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, top_k: int, refine: int | None, tolerance: float,
+           heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
+           top_m: int, group_size: int, top_k: int, refine: int | None, tolerance: float,
            seed: int, batch_size: int, masks_per_forward: int, no_prefix_reuse: bool, device: str, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
     """Rank MODEL's attention heads by how much --task depends on them.
@@ -69,7 +80,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     cfg = LocateConfig(
         model=model, task=task, out=str(out), controls=csv_list(controls), metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
-        design=design, solver=solver, alpha=alpha, method=method, seed=seed, batch_size=batch_size,
+        design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size, seed=seed, batch_size=batch_size,
         masks_per_forward=masks_per_forward, device=device, dtype=dtype, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
@@ -81,6 +92,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     result, heads_path = run_locate(cfg, log=log)
     hf = load_heads_file(heads_path)
     top = ", ".join(str(h) for h in hf.head_set.top(min(10, len(hf.heads))))
-    click.echo(f"{result.n_evaluations} masks evaluated ({result.seconds_per_mask:.2f} s each); top heads: {top}")
+    click.echo(f"{result.n_evaluations} masks evaluated ({result.seconds_per_mask:.2f} s each, "
+               f"{result.forward_equivalents:.1f} forward-equivalents in all); top heads: {top}")
     echo_written([heads_path, *(out / f for f in ("report.md", "heatmap.png", "scores.csv", "manifest.json",
-                                                  "evaluations.jsonl") if (out / f).is_file())])
+                                                  "evaluations.jsonl", "attribution.json") if (out / f).is_file())])

@@ -121,6 +121,42 @@ def _make_hook(keep: torch.Tensor, fill: torch.Tensor | None):
     return hook
 
 
+@contextmanager
+def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    """Multiply each head's slice of the output-projection input by ``scale[layer, head]``.
+
+    The continuous twin of :class:`HeadAblator` (same hook point, same slices): with ``means``
+    the slice becomes ``mean + scale * (x - mean)``, so ``scale = 0`` is mean ablation and
+    ``scale = 1`` the clean model. ``scale`` may require grad: derivatives of any score with
+    respect to it estimate every head's ablation effect at once (gradient attribution).
+    """
+    layout = head_layout(model)
+    if tuple(scale.shape) != (layout.n_layers, layout.n_heads):
+        raise ValueError(f"scale must have shape [{layout.n_layers}, {layout.n_heads}], got {tuple(scale.shape)}")
+    handles = []
+
+    def make(layer: int, proj: nn.Module):
+        mean = None if means is None else means[layer]
+
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            x = args[0]
+            s = scale[layer].repeat_interleave(layout.head_dim).to(device=x.device, dtype=x.dtype)
+            if mean is None:
+                return (x * s, *args[1:])
+            m = mean.to(device=x.device, dtype=x.dtype)
+            return (m + s * (x - m), *args[1:])
+
+        return proj.register_forward_pre_hook(hook)
+
+    try:
+        for layer, proj in enumerate(out_projections(model)):
+            handles.append(make(layer, proj))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @torch.no_grad()
 def compute_head_means(
     model: nn.Module,

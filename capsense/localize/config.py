@@ -37,7 +37,7 @@ class LocateConfig:
     design: str = "balanced"
     solver: str = "lasso"
     alpha: float | None = None  # paper: 0.01
-    method: str = "cs"
+    method: str = "prior-guided"
     seed: int = 0
     batch_size: int = 16
     masks_per_forward: int = 1
@@ -48,6 +48,9 @@ class LocateConfig:
     top_k: int = 5  # heads in the set the run hands on (greedy's rounds, refine's set)
     refine: int | None = None  # measure-and-choose budget; None = refine.DEFAULT_BUDGET with controls, else 0
     tolerance: float = DEFAULT_TOLERANCE
+    budget: float = 50.0  # prior-guided: forward-equivalents for attribution + knockouts (refine not included)
+    top_m: int = 24  # prior-guided: heads with the largest |estimate| knocked out alone
+    group_size: int = 8  # prior-guided: heads per group knockout over the rest
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
@@ -87,6 +90,12 @@ class LocateConfig:
             raise LocateError(f"--top-k must be at least 1, got {self.top_k}")
         if self.refine is not None and self.refine < 0:
             raise LocateError(f"--refine must be 0 (off) or a number of evaluations, got {self.refine}")
+        if not self.budget > 0:
+            raise LocateError(f"--budget must be a positive number of forward-equivalents, got {self.budget}")
+        if self.top_m < 0:
+            raise LocateError(f"--top-m must be 0 or more heads, got {self.top_m}")
+        if self.group_size < 2:
+            raise LocateError(f"--group-size must be at least 2 heads, got {self.group_size}")
         if not self.tolerance >= 0:
             raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
 

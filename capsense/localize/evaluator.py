@@ -34,6 +34,22 @@ class MaskEvaluator:
         }
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
 
+    @property
+    def reuse_share(self) -> float:
+        """Share of the run's tokens scored with prefix reuse (the rest pays full forwards)."""
+        from capsense.scoring.prefix import PrefixReuseScorer
+
+        tokens = {name: sum(len(x) for x in s._inputs) for name, s in self.scorers.items()}
+        reused = sum(t for name, t in tokens.items()
+                     if isinstance(self.scorers[name], PrefixReuseScorer) and self.scorers[name].enabled)
+        return reused / max(1, sum(tokens.values()))
+
+    def cost(self, heads) -> float:
+        """Forward-equivalents of evaluating one mask (flat head indices; :mod:`capsense.scoring.cost`)."""
+        from capsense.scoring.cost import mask_cost
+
+        return mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, self.reuse_share)
+
     def knockouts(self, masks: np.ndarray):
         """``masks`` [m, layers * heads] as a boolean tensor [m, layers, heads]."""
         import torch
@@ -72,6 +88,13 @@ class MaskRunner:
         self.mpf = max(1, masks_per_forward)
         self.cursor = 0
         self.bar = bar
+        self.forward_equivalents = 0.0  # of every mask this runner returned, stored or new
+        self.extra_cost = 0.0  # forward-equivalents spent outside masks (gradient attribution)
+
+    def _count(self, heads: list[int]) -> None:
+        cost = getattr(self.evaluate, "cost", None)
+        if cost is not None:
+            self.forward_equivalents += cost(heads)
 
     def __call__(self, masks: np.ndarray, round_index: int = 0) -> list[Evaluation]:
         """The evaluations of ``masks`` (rows of flat 0/1 knockouts), stored ones first."""
@@ -98,6 +121,7 @@ class MaskRunner:
                 f"{ev.index}: the settings or capsense changed; choose another --out"
             )
         self.cursor += 1
+        self._count(ev.heads)
         return ev
 
     def _flush(self, masks: list[np.ndarray], round_index: int) -> list[Evaluation]:
@@ -109,8 +133,10 @@ class MaskRunner:
             ev = Evaluation(self.cursor, [int(h) for h in np.flatnonzero(mask)], sc, dt, round_index)
             self.store.append(ev)
             self.cursor += 1
+            self._count(ev.heads)
             out.append(ev)
             if self.bar is not None:
+                self.bar.set_postfix_str(f"{self.forward_equivalents + self.extra_cost:.1f} FE", refresh=False)
                 self.bar.update(1)
         return out
 

@@ -34,6 +34,8 @@ class LocateResult:
     base: dict[str, dict[str, float]]
     seconds_per_mask: float
     refinement: Refinement | None = None
+    estimates: dict[str, np.ndarray] | None = None  # attribution's estimated effect per task (relative)
+    forward_equivalents: float = 0.0
 
 
 def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:

@@ -87,6 +87,7 @@ class Method:
     identity_keys: tuple[str, ...] = ()
     random_masks: bool = False  # masks of k heads (``sparsity`` / ``heads_per_mask`` apply)
     refines: bool = True  # measure-and-choose may follow (by default in selective mode)
+    attribution: bool = False  # computes a gradient attribution (3 forward-equivalents)
 
 
 #: Name -> method; ``--method`` accepts these names.

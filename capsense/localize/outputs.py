@@ -48,6 +48,10 @@ def head_records(cfg: LocateConfig, result: LocateResult, layout: HeadLayout) ->
             rec["control_effects"] = effects
         if result.raw_scores is not None:
             rec["raw_importance"] = _f(result.raw_scores.importance[i])
+        if result.estimates is not None:  # attribution's first-order estimate beside the measured effect
+            rec["estimate"] = _f(result.estimates[cfg.task][i])
+            if cfg.controls:
+                rec["control_estimates"] = {c: _f(result.estimates[c][i]) for c in cfg.controls if c in result.estimates}
         recs.append(rec)
     return recs
 
@@ -65,23 +69,26 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         "solver": cfg.solver if cfg.method == "cs" else None,
         "selective": bool(cfg.controls),
         "n_evaluations": result.n_evaluations,
+        "forward_equivalents": result.forward_equivalents,
         "heads_per_mask": manifest.get("heads_per_mask"),
         "layout": manifest.get("layout"),
         "base": result.base,
         "effects": "relative worsening of the metric when the head is knocked out (+0.1 = 10% worse); "
-        "control_effect = the largest over the controls",
+        "control_effect = the largest over the controls"
+        + ("; estimate = gradient attribution's first-order estimate of the target effect (null effect: "
+           "not knocked out alone)" if result.estimates is not None else ""),
     }
     if result.refinement is not None:
         n_heads = layout.n_heads
         meta["refine"] = result.refinement.as_dict(lambda i: _name(i, n_heads))
     heads_path = write_heads_file(out / "heads.json", HeadsFile(model=cfg.model, heads=recs, meta=meta))
-    cols = ["rank", "layer", "head", "importance", "confidence", "raw_importance", "target_effect", "control_effect"]
+    cols = ["rank", "layer", "head", "importance", "confidence", "raw_importance", "target_effect", "control_effect", "estimate"]
     cols += [f"effect_{c}" for c in cfg.controls]
     table = io.StringIO(newline="")
     w = csv.writer(table)
     w.writerow(cols)
     for r in recs:
-        w.writerow([r.get(c) for c in cols[:8]] + [r.get("control_effects", {}).get(c) for c in cfg.controls])
+        w.writerow([r.get(c) for c in cols[:9]] + [r.get("control_effects", {}).get(c) for c in cfg.controls])
     atomic_write_text(out / "scores.csv", table.getvalue())
     heatmap(out / "heatmap.png", result.scores.importance, layout, f"{cfg.task}: importance ({cfg.method}"
             + (", selective" if cfg.controls else "") + ")")
@@ -120,7 +127,9 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
                                      f"{manifest.get('heads_per_mask')} heads per mask" if cfg.method == "cs" else ""),
         f"- metric: {cfg.metric}; controls: {', '.join(cfg.controls) or 'none (raw target score)'}"
         + (f" (scored by {cfg.metric_for(cfg.controls[0])})" if cfg.controls and cfg.metric_for(cfg.controls[0]) != cfg.metric else ""),
-        f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (all probes)",
+        f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (all probes); "
+        f"cost {result.forward_equivalents:.1f} forward-equivalents (forward over the documents = 1, backward = 2, "
+        "prefix-reused forward = its share of layers)",
         f"- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),
         "",
         "Clean model: " + "; ".join(f"{t} nll {v['nll']:.3f}, acc {v['acc']:.3f}" for t, v in result.base.items()),
@@ -131,10 +140,13 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         "(estimated from the masks; measured directly by the exhaustive sweep).",
         "",
     ]
-    hdr = "| rank | head | importance | confidence | target effect |" + "".join(f" {c} effect |" for c in cfg.controls)
-    lines += [hdr, "|" + "---|" * (5 + len(cfg.controls))]
+    est = result.estimates is not None
+    hdr = ("| rank | head | importance | confidence | target effect |" + (" estimate |" if est else "")
+           + "".join(f" {c} effect |" for c in cfg.controls))
+    lines += [hdr, "|" + "---|" * (5 + est + len(cfg.controls))]
     for r in recs[:15]:
         row = f"| {r['rank']} | {Head(r['layer'], r['head'])} | {r['importance']} | {r['confidence']} | {_pct(r['target_effect'])} |"
+        row += f" {_pct(r.get('estimate'))} |" if est else ""
         row += "".join(f" {_pct(r.get('control_effects', {}).get(c))} |" for c in cfg.controls)
         lines.append(row)
     if result.refinement is not None:

@@ -22,11 +22,14 @@ from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, progress_bar, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first
+from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, head_set_masks, refine
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore
 from capsense.scoring import METRICS
+from capsense.scoring.attribution import check_gradient_metric
+from capsense.scoring.cost import ATTRIBUTION
 from capsense.scoring.probe import build_probe
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
@@ -173,6 +176,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
 
     cfg.check()
     method = get_method(cfg)
+    if method.attribution:  # before anything is written
+        check_gradient_metric(cfg.metric)
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise LocateError(f"--out {str(out)!r} is a file, not a run folder")
@@ -193,6 +198,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     evaluator = MaskEvaluator(model, probes, cfg.batch_size, cfg.masks_per_forward, cfg.prefix_reuse, extra)
     runner = MaskRunner(store, evaluator, cfg.masks_per_forward)
     search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log)
+    runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
     t0 = time.perf_counter()
     found = _with_bar(runner, progress_bar(cfg, method.n_evaluations(cfg, n), done, f"locate {cfg.task}"),
                       lambda: method.search(search))
@@ -200,6 +206,14 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     if found.chosen is not None:
         result.scores = put_first(result.scores, found.chosen)
     spent = _refine_step(runner, cfg, layout, result, found.evals, done, log) if refine_budget(cfg) else []
+    result.forward_equivalents = round(runner.forward_equivalents + runner.extra_cost, 2)
+    store.manifest["forward_equivalents"] = result.forward_equivalents
+    store.manifest["cost_model"] = {
+        "unit": "one forward pass over the run's documents (every probe) = 1; a backward pass = 2; "
+                "a prefix-reused forward = the fraction of layers it runs",
+        "reuse_share": round(evaluator.reuse_share, 4),
+        "attribution": runner.extra_cost,
+    }
     store.manifest["timing"] = {
         "load_s": round(load_s, 2),
         "evaluate_s_this_attempt": round(time.perf_counter() - t0, 2),

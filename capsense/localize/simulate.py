@@ -57,3 +57,13 @@ def recovered(sim: Simulation, design: str, solver: str, n_masks: int, sparsity:
     run_design(design, n_masks, sim.n_heads, k, sim.seed, evaluate, fit)
     scores = make_solver(solver, seed=sim.seed, confidence=True).fit(X, y).scores_
     return len(set(scores.top(top)) & set(int(i) for i in sim.planted))
+
+
+def linear_estimate(sim: Simulation, wrong: dict[int, float] | None = None, noise: float = 0.02, seed: int = 0) -> np.ndarray:
+    """A stand-in for gradient attribution: each head's true effect plus noise, with the
+    estimates of ``wrong`` heads (position in ``sim.planted`` -> estimate) replaced, e.g. by
+    minus the effect (wrong sign) or 0 (a saturated head the gradient misses)."""
+    est = sim.beta + np.random.default_rng([seed, 101]).normal(0, noise, sim.n_heads)
+    for i, value in (wrong or {}).items():
+        est[sim.planted[i]] = value
+    return est

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from capsense.scoring.probe import Probe, ProbeScorer, encode_pair
-from capsense.tasks import arithmetic, choice, code, induction, prose, tasks_dir
+from capsense.tasks import arithmetic, choice, code, induction, prose, sequence, tasks_dir
 from capsense.tasks.common import continuation_tokens, nats_per_token, process_choice, process_loglikelihood
 from conftest import make_char_tokenizer, make_tiny_model
 
@@ -18,6 +18,19 @@ def test_induction_continuation_is_a_copy():
         first, repeat = d["context"].split("\n")
         seq, k = first.split(), len(repeat.split())
         assert repeat.split() == seq[:k] and d["continuation"] == " " + seq[k]
+
+
+def test_sequence_continuation_is_the_next_item():
+    docs = sequence.make_docs(n=100)
+    assert docs == sequence.make_docs(n=100)  # deterministic
+    assert {d["family"] for d in docs} == set(sequence.FAMILIES)
+    for d in docs:
+        items = sequence.FAMILIES[d["family"]]
+        seq = d["context"].rstrip(",").split(", ")
+        i = items.index(seq[-1])
+        assert d["continuation"] == " " + items[(i + 1) % len(items)]
+        assert [items.index(x) for x in seq] == [(items.index(seq[0]) + j) % len(items) for j in range(len(seq))]
+        assert d["continuation"].strip() not in seq  # not a copy
 
 
 def test_arithmetic_answers_are_right():
@@ -73,4 +86,4 @@ def test_probe_scores_equal_hand_computation():
 
 def test_tasks_dir_has_yamls():
     names = {p.stem for p in tasks_dir().glob("capsense_*.yaml")}
-    assert {"capsense_induction", "capsense_arithmetic", "capsense_code", "capsense_prose", "capsense_antonyms"} <= names
+    assert {"capsense_induction", "capsense_arithmetic", "capsense_code", "capsense_prose", "capsense_antonyms", "capsense_sequence"} <= names

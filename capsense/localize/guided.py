@@ -1,0 +1,145 @@
+"""Methods built on gradient attribution: ``attribution`` (the estimate alone) and
+``prior-guided`` (the default: the estimate decides where knockouts look, knockouts decide).
+
+Both compute every head's first-order ablation effect on the target and on each control
+(:mod:`capsense.scoring.attribution`; 3 forward-equivalents per run) and keep it in the run
+folder (``attribution.json``), so a resumed run replays the same search.
+
+* ``attribution`` ranks heads by the estimate (selective: target estimate minus the largest
+  positive control estimate, both relative to the clean nll). Nothing is measured: a quick
+  look, not a result to hand on.
+* ``prior-guided`` runs :func:`capsense.localize.prior.prior_guided` on the target's estimate:
+  single-head knockouts of the heads with the largest ``|estimate|``, group knockouts over the
+  rest, splits of groups that hurt, within a budget of forward-equivalents. The ranking comes
+  from the heads measured alone (selective mode: residualized on the controls, as the
+  exhaustive sweep does), so every head handed on was knocked out, not only estimated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from capsense.core.files import atomic_write_json
+from capsense.localize.config import LocateConfig
+from capsense.localize.fit import LocateResult, damage, fit_single_heads
+from capsense.localize.methods import Found, Method, Search, no_knockout, register
+from capsense.localize.prior import PriorSettings, prior_guided
+from capsense.localize.refine import head_set_masks
+from capsense.localize.solvers import HeadScores
+from capsense.localize.store import Evaluation
+from capsense.scoring.attribution import attribute_probes, check_gradient_metric
+from capsense.scoring.cost import ATTRIBUTION
+
+ATTRIBUTION_FILE = "attribution.json"
+
+
+def run_attribution(s: Search) -> dict[str, np.ndarray]:
+    """Per task (target and controls) the estimated relative damage of knocking out each head;
+    read from the run folder when an earlier attempt computed it."""
+    check_gradient_metric(s.cfg.metric)
+    path = Path(s.cfg.out) / ATTRIBUTION_FILE
+    if path.is_file():
+        return {t: np.asarray(v, dtype=float) for t, v in json.loads(path.read_text())["estimate"].items()}
+    atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size)
+    est = {t: a.flat() / a.nll if a.nll else a.flat() for t, a in atts.items()}
+    atomic_write_json(path, {
+        "estimate": {t: [round(float(x), 8) for x in v] for t, v in est.items()},
+        "clean_nll": {t: a.nll for t, a in atts.items()},
+        "meaning": "first-order estimate of the relative nll worsening when a head is zero-ablated "
+                   "(-d nll/d xi / nll, xi = the head's multiplier at the output projection), flat head order",
+    })
+    return {t: np.round(v, 8) for t, v in est.items()}
+
+
+def load_estimates(cfg: LocateConfig) -> dict[str, np.ndarray] | None:
+    """The run folder's attribution estimates (per task), or None."""
+    path = Path(cfg.out) / ATTRIBUTION_FILE
+    if not path.is_file():
+        return None
+    return {t: np.asarray(v, dtype=float) for t, v in json.loads(path.read_text())["estimate"].items()}
+
+
+def selective_estimate(est: dict[str, np.ndarray], cfg: LocateConfig) -> np.ndarray:
+    """Target estimate minus the largest positive control estimate (raw target without controls)."""
+    target = est[cfg.task]
+    if not cfg.controls:
+        return target
+    worst = np.max(np.stack([np.clip(est[c], 0, None) for c in cfg.controls]), axis=0)
+    return target - worst
+
+
+# -- attribution -------------------------------------------------------------------------
+def search_attribution(s: Search) -> Found:
+    run_attribution(s)
+    return Found(s.run(no_knockout(s.n)))
+
+
+def fit_attribution(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
+    est = load_estimates(cfg)
+    assert est is not None, "the attribution search writes the estimates first"
+    imp = selective_estimate(est, cfg)
+    raw = HeadScores(est[cfg.task], np.zeros(n), est[cfg.task].copy()) if cfg.controls else None
+    return LocateResult(
+        scores=HeadScores(imp, np.zeros(n), imp.copy()),
+        raw_scores=raw,
+        target_effect=np.full(n, np.nan),
+        control_effects={c: np.full(n, np.nan) for c in cfg.controls},
+        n_evaluations=len(evals),
+        base=evals[0].scores,
+        seconds_per_mask=0.0,
+        estimates=est,
+    )
+
+
+register(Method("attribution", search_attribution, fit_attribution, lambda cfg, n: 1, attribution=True))
+
+
+# -- prior-guided ------------------------------------------------------------------------
+def prior_settings(cfg: LocateConfig) -> PriorSettings:
+    return PriorSettings(top_k=cfg.top_k, top_m=cfg.top_m, group_size=cfg.group_size, budget=cfg.budget)
+
+
+def search_prior_guided(s: Search) -> Found:
+    """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``)."""
+    estimates = run_attribution(s)
+    est = estimates[s.cfg.task]
+    also = selective_estimate(estimates, s.cfg) if s.cfg.controls else None
+    evals = s.run(no_knockout(s.n))
+    base = evals[0]
+
+    def measure(sets: list[tuple[int, ...]]) -> list[float]:
+        evs = s.run(head_set_masks(sets, s.n))
+        evals.extend(evs)
+        return [float(d) for d in damage(evs, s.cfg.task, s.cfg, base)]
+
+    cost = s.run.evaluate.cost
+    settings = replace(prior_settings(s.cfg), already_spent=ATTRIBUTION + cost([]))  # + the clean forward
+    prior_guided(est, measure, lambda heads: cost(list(heads)), settings, also=also)
+    return Found(evals)
+
+
+def fit_prior_guided(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
+    """Ranked by the heads measured alone; the estimates kept beside the measured effects."""
+    result = fit_single_heads(evals, cfg, n)
+    measured = np.zeros(n, dtype=bool)
+    for e in evals[1:]:
+        if len(e.heads) == 1:
+            measured[e.heads[0]] = True
+    result.target_effect = np.where(measured, result.target_effect, np.nan)
+    result.control_effects = {c: np.where(measured, v, np.nan) for c, v in result.control_effects.items()}
+    result.estimates = load_estimates(cfg)
+    return result
+
+
+def expected_prior_evaluations(cfg: LocateConfig, n: int) -> int:
+    """Roughly: the clean model, the singles, one group per ``group_size`` other heads, a few splits."""
+    m = min(cfg.top_m, n)
+    return 1 + m + -(-(n - m) // max(2, cfg.group_size)) + 8
+
+
+register(Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
+                identity_keys=("top_k", "top_m", "group_size", "budget", "metric"), attribution=True))

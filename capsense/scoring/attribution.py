@@ -1,0 +1,153 @@
+"""Gradient attribution: every head's first-order ablation effect in one forward and backward.
+
+A multiplier ``xi[layer, head]`` scales each head's slice of the output-projection input, the
+place :class:`~capsense.core.ablation.HeadAblator` acts (:func:`~capsense.core.ablation.scale_heads`);
+``xi = 1`` is the clean model, ``xi[l, h] = 0`` zero-ablates head ``(l, h)`` (with head means,
+the slice becomes ``mean + xi * (x - mean)`` and 0 is mean ablation). The score is the probe's
+``nll`` (nats/token of the reference continuation; for multiple choice the gold choice's), so
+
+    nll(head ablated) - nll(clean)  ~=  -d nll / d xi[l, h]     (at xi = 1)
+
+for all heads from one backward pass per batch (attribution patching; Michel et al. 2019's
+head importance). The estimate is linear: saturated attention and cancelling paths make it
+miss heads (false negatives, even wrong signs), so capsense uses it to decide where to spend
+real knockouts, never as the answer (:mod:`capsense.localize.prior`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from capsense.core.ablation import check_ablation_mode, scale_heads
+from capsense.errors import CapsenseError
+from capsense.scoring.probe import Probe, ProbeScorer, output_logits, pad_right, scored_hidden
+
+if TYPE_CHECKING:
+    from torch import nn
+
+GRADIENT_METRICS = ("nll",)
+KNOCKOUT_METHODS = ("cs", "exhaustive", "greedy", "thompson")
+
+
+class AttributionError(CapsenseError):
+    """Attribution asked of a score that has no gradient."""
+
+
+def check_gradient_metric(metric: str) -> None:
+    """Raise :class:`AttributionError` unless ``metric`` is differentiable in the head multipliers."""
+    if metric not in GRADIENT_METRICS:
+        raise AttributionError(
+            f"attribution needs a score with a gradient, and metric {metric!r} has none (accuracy, exact "
+            f"match and pass@k count discrete outcomes): use metric nll (nats/token of the reference "
+            f"continuation), or a knockout method that measures any metric: {', '.join(KNOCKOUT_METHODS)}"
+        )
+
+
+@dataclass
+class Attribution:
+    """One probe's clean ``nll`` and its gradient with respect to every head's multiplier."""
+
+    nll: float
+    gradient: np.ndarray  # [n_layers, n_heads], d nll / d xi at xi = 1
+    ablation: str = "zero"
+
+    @property
+    def estimate(self) -> np.ndarray:
+        """First-order estimate of ``nll(head ablated) - nll(clean)`` per head (positive = hurts)."""
+        return -self.gradient
+
+    def flat(self) -> np.ndarray:
+        """:attr:`estimate` as a flat vector in head-index order (``layer * n_heads + head``)."""
+        return self.estimate.reshape(-1)
+
+
+@contextmanager
+def _frozen(model: nn.Module):
+    """Parameters without grad for the block: the backward computes only the multipliers' gradient."""
+    flags = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+
+
+class AttributionScorer:
+    """The nll of one probe as a differentiable function of the head multipliers, batched."""
+
+    def __init__(self, model: nn.Module, probe: Probe, batch_size: int = 16, ablation: str = "zero",
+                 means: dict[int, torch.Tensor] | None = None) -> None:
+        self.ablation = check_ablation_mode(ablation)
+        if self.ablation == "mean" and means is None:
+            raise ValueError("mean ablation needs per-head means (capsense.core.ablation.compute_head_means)")
+        self.means = means if self.ablation == "mean" else None
+        self.base = ProbeScorer(model, probe, batch_size=batch_size)  # tokenization, order, padding
+        self.model, self.probe, self.layout = model, probe, self.base.layout
+        self.batch_size = max(1, int(batch_size))
+        self.requests = [r for r in self.base._order if self._counted(r)]
+        self.n_tokens = sum(len(self.base._targets[r]) for r in self.requests)
+
+    def _counted(self, r: int) -> bool:
+        """Requests the nll counts: all, or for multiple choice the gold choices."""
+        p = self.probe
+        if p.kind != "multiple_choice":
+            return True
+        assert p.gold is not None and p.choice_of is not None
+        return bool(p.choice_of[r] == p.gold[p.doc_of[r]])
+
+    def _batch_nll(self, reqs: Sequence[int]) -> torch.Tensor:
+        """This batch's share of the probe's nll (its nats over the probe's token count)."""
+        seqs = [self.base._inputs[r] for r in reqs]
+        ids, att = pad_right(seqs, self.base.pad_id)
+        device = self.base.device
+        rows, pos, tgt = [], [], []
+        for i, (s, r) in enumerate(zip(seqs, reqs)):
+            t = self.base._targets[r]
+            rows.extend([i] * len(t))
+            pos.extend(range(len(s) - len(t), len(s)))
+            tgt.extend(t)
+        hidden = scored_hidden(self.model, ids.to(device), att.to(device))
+        logits = output_logits(self.model, hidden[torch.tensor(rows, device=device), torch.tensor(pos, device=device)])
+        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, torch.tensor(tgt, device=device)[:, None])
+        return -logp.sum() / self.n_tokens
+
+    def _batches(self):
+        for b0 in range(0, len(self.requests), self.batch_size):
+            yield self.requests[b0 : b0 + self.batch_size]
+
+    @torch.no_grad()
+    def score(self, scale: torch.Tensor) -> float:
+        """The probe's nll with every head's slice scaled by ``scale`` [n_layers, n_heads]."""
+        total = 0.0
+        with scale_heads(self.model, scale.detach(), self.means):
+            for reqs in self._batches():
+                total += float(self._batch_nll(reqs))
+        return total
+
+    def attribute(self, scale: torch.Tensor | None = None) -> Attribution:
+        """The nll and its gradient at ``scale`` (default: all ones, the clean model)."""
+        dtype = torch.float64 if next(self.model.parameters()).dtype == torch.float64 else torch.float32
+        xi = torch.ones(self.layout.n_layers, self.layout.n_heads, dtype=dtype) if scale is None else scale.detach().to(dtype)
+        xi = xi.clone().requires_grad_(True)
+        total = 0.0
+        with _frozen(self.model), torch.enable_grad(), scale_heads(self.model, xi, self.means):
+            for reqs in self._batches():
+                loss = self._batch_nll(reqs)
+                loss.backward()
+                total += float(loss.detach())
+        assert xi.grad is not None
+        return Attribution(total, xi.grad.detach().cpu().double().numpy(), self.ablation)
+
+
+def attribute_probes(model: nn.Module, probes: dict[str, Probe], batch_size: int = 16, ablation: str = "zero",
+                     means: dict[int, torch.Tensor] | None = None) -> dict[str, Attribution]:
+    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch."""
+    return {name: AttributionScorer(model, p, batch_size, ablation, means).attribute() for name, p in probes.items()}

@@ -1,0 +1,41 @@
+"""Cost in forward-equivalents: what a localization run spends, comparable across methods.
+
+One forward pass over the run's documents (every probe) = 1; a backward pass = 2 (so a
+gradient attribution costs 3); a forward that starts at layer ``l`` from cached clean
+activations (prefix reuse) = the fraction of layers it runs, ``(n_layers - l) / n_layers``.
+A scorer that cannot reuse prefixes (multiple choice with a shared context, several masks per
+forward) pays 1 per mask; with several probes the cost is their token-weighted mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FORWARD = 1.0
+BACKWARD = 2.0
+ATTRIBUTION = FORWARD + BACKWARD
+
+
+def mask_cost(heads: Sequence[int], n_layers: int, n_heads: int, reuse_share: float = 1.0) -> float:
+    """Forward-equivalents of evaluating one knockout mask (flat head indices).
+
+    ``reuse_share``: the share of the run's tokens whose scorer reuses the clean prefix (0..1).
+    The clean model (no heads) costs a full forward: it fills the prefix cache.
+    """
+    if not len(heads):
+        return FORWARD
+    first = min(int(h) for h in heads) // n_heads
+    partial = (n_layers - first) / n_layers
+    return (1.0 - reuse_share) * FORWARD + reuse_share * partial * FORWARD
+
+
+@dataclass
+class CostMeter:
+    """Running total of forward-equivalents."""
+
+    total: float = 0.0
+
+    def add(self, fe: float) -> float:
+        self.total += float(fe)
+        return self.total

@@ -1,0 +1,96 @@
+"""The attribution and prior-guided methods on a tiny model: outputs, cost, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from capsense.cli import main
+from capsense.core.heads import load_heads_file
+from capsense.localize.store import read_evaluations
+from capsense.scoring.cost import ATTRIBUTION, mask_cost
+from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+
+N_LAYERS, N_HEADS = 3, 4
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return make_toy_setup(tmp_path_factory.mktemp("toy"))
+
+
+def _locate(toy, out, *extra):
+    model, tasks = toy
+    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--quiet", "--out", str(out), *extra]
+    return CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
+
+
+def _fe(out) -> float:
+    share = json.loads((out / "manifest.json").read_text())["cost_model"]["reuse_share"]
+    return ATTRIBUTION + sum(mask_cost(e.heads, N_LAYERS, N_HEADS, share) for e in read_evaluations(out))
+
+
+def test_prior_guided_is_the_default_and_hands_on_measured_heads(toy, tmp_path):
+    out = tmp_path / "run"
+    r = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3")
+    assert r.exit_code == 0, r.output
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["method"] == "prior-guided"
+    evals = read_evaluations(out)
+    singles = {e.heads[0] for e in evals if len(e.heads) == 1}
+    assert len(singles) >= 4 and any(len(e.heads) > 1 for e in evals)  # singles and group tests
+    for rec in hf.heads[:3]:  # every handed-on head was knocked out alone; estimate kept beside it
+        assert rec["layer"] * N_HEADS + rec["head"] in singles
+        assert rec["target_effect"] is not None and rec["estimate"] is not None
+    unmeasured = [r for r in hf.heads if r["layer"] * N_HEADS + r["head"] not in singles]
+    assert all(r["target_effect"] is None for r in unmeasured)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["forward_equivalents"] == hf.meta["forward_equivalents"] == pytest.approx(_fe(out), abs=0.01)
+    assert "forward-equivalents" in (out / "report.md").read_text()
+    est = json.loads((out / "attribution.json").read_text())["estimate"][TOY_TASK]
+    assert len(est) == N_LAYERS * N_HEADS
+    # Rerunning resumes: nothing new evaluated, the same heads.json.
+    r2 = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3")
+    assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output
+    assert load_heads_file(out / "heads.json").heads == hf.heads
+
+
+def test_budget_caps_the_forward_equivalents(toy, tmp_path):
+    out = tmp_path / "small"
+    assert _locate(toy, out, "--budget", "6").exit_code == 0
+    assert _fe(out) <= 6 + 1e-9  # the clean forward and a few knockouts after the attribution
+
+
+def test_attribution_alone_ranks_by_the_estimate(toy, tmp_path):
+    out = tmp_path / "att"
+    assert _locate(toy, out, "--method", "attribution").exit_code == 0
+    hf = load_heads_file(out / "heads.json")
+    est = json.loads((out / "attribution.json").read_text())["estimate"][TOY_TASK]
+    ranked = [r["layer"] * N_HEADS + r["head"] for r in hf.heads]
+    assert [est[h] for h in ranked] == sorted(est, reverse=True)
+    assert hf.meta["n_evaluations"] == 1 and hf.meta["forward_equivalents"] == pytest.approx(ATTRIBUTION + 1)
+
+
+def test_selective_prior_guided_keeps_control_estimates_and_chooses_a_set(toy, tmp_path):
+    out = tmp_path / "sel"
+    r = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--refine", "6", "--top-m", "4")
+    assert r.exit_code == 0, r.output
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["refine"]["n_evaluations"] <= 6
+    chosen = hf.meta["refine"]["heads"]
+    assert [f"L{r['layer']}H{r['head']}" for r in hf.heads[:2]] == chosen
+    assert all(TOY_CONTROL in r["control_estimates"] for r in hf.heads)
+    assert hf.meta["forward_equivalents"] == pytest.approx(_fe(out), abs=0.01)  # refine's sets counted too
+
+
+@pytest.mark.parametrize("method", ["prior-guided", "attribution"])
+def test_metric_without_gradient_is_one_message_and_writes_nothing(toy, tmp_path, method):
+    out = tmp_path / "bad"
+    model, tasks = toy
+    r = CliRunner().invoke(main, ["locate", str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "4",
+                                  "--quiet", "--out", str(out), "--method", method, "--metric", "acc"])
+    assert r.exit_code == 1, r.output
+    assert "nll" in r.output and "exhaustive" in r.output and "cs" in r.output and "Traceback" not in r.output
+    assert not out.exists()

@@ -1,0 +1,162 @@
+"""Gradient attribution: the gradient is the derivative of the hooked score (fp64 finite differences)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from capsense.core.ablation import HeadAblator
+from capsense.errors import CapsenseError
+from capsense.scoring.attribution import AttributionError, AttributionScorer, attribute_probes, check_gradient_metric
+from capsense.scoring.probe import Probe, ProbeScorer
+from conftest import N_HEADS, N_LAYERS, VOCAB, make_tiny_model
+
+# Richardson-extrapolated central differences with steps 1e-2 and 5e-3: truncation error
+# below 1e-9 (GPT-2, whose forward is all fp64, checks it). Other architectures keep attention softmax and norm statistics in
+# float32 even in an fp64 model, a ~1e-7 floor on score differences (~1e-6 on a derivative
+# at these steps), so their tolerance is 1e-4 of the largest derivative or 3e-6.
+EPS = 1e-2
+
+
+def _assert_close(grad: np.ndarray, fd: np.ndarray, all_fp64: bool) -> None:
+    tol = 1e-9 if all_fp64 else max(1e-4 * np.abs(fd).max(), 3e-6)
+    assert np.abs(grad - fd).max() <= tol, (np.abs(grad - fd).max(), tol)
+
+
+def _probe(n: int = 5, seed: int = 0) -> Probe:
+    rng = np.random.default_rng(seed)
+    ctx = [rng.integers(4, VOCAB, rng.integers(4, 12)).tolist() for _ in range(n)]
+    cont = [rng.integers(4, VOCAB, rng.integers(1, 4)).tolist() for _ in range(n)]
+    return Probe("toy", "loglikelihood", ctx, cont, np.arange(n), list(range(n)))
+
+
+def _choice_probe(n_docs: int = 3, seed: int = 1) -> Probe:
+    rng = np.random.default_rng(seed)
+    ctx, cont, doc_of, choice_of = [], [], [], []
+    for d in range(n_docs):
+        c = rng.integers(4, VOCAB, 6).tolist()
+        for j in range(3):
+            ctx.append(c)
+            cont.append(rng.integers(4, VOCAB, rng.integers(1, 3)).tolist())
+            doc_of.append(d)
+            choice_of.append(j)
+    return Probe("mc", "multiple_choice", ctx, cont, np.array(doc_of), list(range(n_docs)),
+                 gold=rng.integers(0, 3, n_docs), choice_of=np.array(choice_of))
+
+
+def _means(model) -> dict[int, torch.Tensor]:
+    """Each layer's mean output-projection input over random token sequences (as mean ablation uses)."""
+    from capsense.core.arch import out_projections
+
+    sums: dict[int, torch.Tensor] = {}
+
+    def make(layer: int):
+        def hook(module, args):
+            sums[layer] = args[0].detach().reshape(-1, args[0].shape[-1]).mean(0)
+
+        return hook
+
+    handles = [p.register_forward_pre_hook(make(i)) for i, p in enumerate(out_projections(model))]
+    try:
+        with torch.no_grad():
+            model(torch.randint(4, VOCAB, (4, 16), generator=torch.Generator().manual_seed(9)))
+    finally:
+        for h in handles:
+            h.remove()
+    return sums
+
+
+def _derivative(scorer: AttributionScorer, v: torch.Tensor) -> float:
+    """d score / d t at xi = 1 + t v: central differences, Richardson-extrapolated (steps EPS, EPS/2)."""
+    def central(eps: float) -> float:
+        one = torch.ones(N_LAYERS, N_HEADS, dtype=torch.float64)
+        return (scorer.score(one + eps * v) - scorer.score(one - eps * v)) / (2 * eps)
+
+    return (4 * central(EPS / 2) - central(EPS)) / 3
+
+
+def _directions(n: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(N_LAYERS, N_HEADS, generator=g, dtype=torch.float64) / (N_LAYERS * N_HEADS) ** 0.5 for _ in range(n)]
+
+
+def _assert_gradient(scorer: AttributionScorer, grad: np.ndarray, all_fp64: bool, per_head: bool = False) -> None:
+    dirs = _directions()
+    if per_head:  # every head's own derivative
+        dirs = [torch.eye(N_LAYERS * N_HEADS, dtype=torch.float64)[i].reshape(N_LAYERS, N_HEADS) for i in range(N_LAYERS * N_HEADS)]
+    fd = np.array([_derivative(scorer, v) for v in dirs])
+    analytic = np.array([float((torch.from_numpy(grad) * v).sum()) for v in dirs])
+    _assert_close(analytic, fd, all_fp64)
+    assert np.abs(fd).max() > 1e-4  # the heads matter to the score
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_gradient_equals_finite_difference(arch, ablation):
+    model = make_tiny_model(arch).double()
+    scorer = AttributionScorer(model, _probe(), batch_size=2, ablation=ablation,
+                               means=_means(model) if ablation == "mean" else None)
+    att = scorer.attribute()
+    _assert_gradient(scorer, att.gradient, all_fp64=arch == "gpt2")
+    assert att.nll == pytest.approx(scorer.score(torch.ones(N_LAYERS, N_HEADS, dtype=torch.float64)), abs=1e-12)
+    np.testing.assert_array_equal(att.estimate, -att.gradient)
+
+
+@pytest.mark.parametrize("arch_", ["gpt2", "llama"])
+def test_every_head_gradient_equals_its_finite_difference(arch_):
+    model = make_tiny_model(arch_).double()
+    scorer = AttributionScorer(model, _probe(), batch_size=2)
+    _assert_gradient(scorer, scorer.attribute().gradient, all_fp64=arch_ == "gpt2", per_head=True)
+
+
+def test_multiplier_zero_is_the_knockout_and_batching_does_not_matter(arch):
+    model = make_tiny_model(arch)
+    probe = _probe()
+    scorer = AttributionScorer(model, probe, batch_size=2)
+    ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
+    ko[0, 1, 2] = True
+    scale = torch.ones(N_LAYERS, N_HEADS)
+    scale[1, 2] = 0
+    knocked = ProbeScorer(model, probe, batch_size=3).score(ko)["nll"][0]
+    assert scorer.score(scale) == pytest.approx(knocked, abs=1e-5)
+    whole = AttributionScorer(model, probe, batch_size=64).attribute()
+    np.testing.assert_allclose(scorer.attribute().gradient, whole.gradient, atol=1e-5)
+
+
+def test_mean_multiplier_zero_is_mean_ablation():
+    model = make_tiny_model("llama")
+    means = _means(model)
+    probe = _probe()
+    scorer = AttributionScorer(model, probe, ablation="mean", means=means)
+    ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
+    ko[0, 2, 1] = True
+    scale = torch.ones(N_LAYERS, N_HEADS)
+    scale[2, 1] = 0
+    knocked = ProbeScorer(model, probe, HeadAblator(model, "mean", means)).score(ko)["nll"][0]
+    assert scorer.score(scale) == pytest.approx(knocked, abs=1e-5)
+
+
+def test_multiple_choice_scores_the_gold_choice_like_the_probe():
+    model = make_tiny_model("qwen2")
+    probe = _choice_probe()
+    att = attribute_probes(model, {"mc": probe}, batch_size=4)["mc"]
+    assert att.nll == pytest.approx(ProbeScorer(model, probe).score()["nll"][0], abs=1e-5)
+    scorer = AttributionScorer(model.double(), probe)
+    _assert_gradient(scorer, scorer.attribute().gradient, all_fp64=False)
+
+
+def test_bfloat16_gradient_is_close_to_float32():
+    model = make_tiny_model("llama")
+    g32 = AttributionScorer(model, _probe()).attribute().gradient
+    g16 = AttributionScorer(model.to(torch.bfloat16), _probe()).attribute().gradient
+    assert np.corrcoef(g32.ravel(), g16.ravel())[0, 1] > 0.95
+
+
+@pytest.mark.parametrize("metric", ["acc", "exact_match", "pass@1"])
+def test_metric_without_gradient_is_refused(metric):
+    with pytest.raises(AttributionError) as e:
+        check_gradient_metric(metric)
+    assert isinstance(e.value, CapsenseError)
+    msg = str(e.value)
+    assert "nll" in msg and metric in msg and "exhaustive" in msg and "cs" in msg
+    check_gradient_metric("nll")  # no error

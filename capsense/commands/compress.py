@@ -28,10 +28,18 @@ from capsense.cli import CapsenseError
               help="Dtype to load and compress in.")
 @click.option("--save-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
               help="Dtype of the saved weights (auto: as compressed).")
+@click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
+              "the uniform setting (or --budget-size), their most important whole heads protected.")
+@click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
+              "of the gradient's choice.")
+@click.option("--protect-top-k", type=int, default=8, show_default=True,
+              help="With --keep: heads protected per kept capability (0: none).")
+@click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
+              "uniform setting's.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing non-empty output folder.")
 def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
-             calibration_samples, dtype, save_dtype, out, overwrite):
+             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, budget_size, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Pruned weights are zeros, RTN weights are dequantized, low-rank matrices are the
@@ -42,6 +50,7 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     from capsense.compress.apply import CompressionError, compress_checkpoint
     from capsense.compress.budget import BudgetError, load_budget, uniform_budget
     from capsense.compress.calibration import DEFAULT_CALIBRATION, CalibrationError
+    from capsense.compress.measure import MeasureError
     from capsense.core.files import OutputExistsError, check_output_dir
 
     cli_setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
@@ -54,11 +63,17 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
             if method is None:
                 raise CapsenseError("give --method (magnitude, wanda, rtn, svd, asvd, svd-llm) or --budget FILE")
             budget = uniform_budget({k: v for k, v in cli_setting.items() if v is not None}, targets)
+        guide = None
+        if keep:
+            from capsense.compress.guided import Guide
+
+            guide = Guide(keep.split(","), protect_top_k=protect_top_k, heads=protect_heads, size_ratio=budget_size)
         result = compress_checkpoint(
             model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
-            dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=lambda m: click.echo(m, err=True),
+            dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=lambda m: click.echo(m, err=True), guide=guide,
         )
-    except (BudgetError, CompressionError, CalibrationError, OutputExistsError, UnsupportedArchitectureError) as e:
+    except (BudgetError, CompressionError, CalibrationError, OutputExistsError, UnsupportedArchitectureError,
+            MeasureError) as e:
         raise CapsenseError(str(e)) from None
     s = result.summary
     click.echo(

@@ -201,8 +201,13 @@ def compress_checkpoint(
     save_dtype: str | None = None,
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
+    guide=None,
 ) -> CompressionResult:
-    """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically."""
+    """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
+
+    With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
+    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
+    """
     from capsense.core.files import atomic_output_dir, check_output_dir
     from capsense.core.models import load_model, model_fingerprint
 
@@ -216,6 +221,12 @@ def compress_checkpoint(
     if needed:
         log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
+    allocation = None
+    if guide is not None:
+        from capsense.compress.guided import guided_budget
+
+        allocation = guided_budget(model, tokenizer, budget, stats, guide, log)
+        budget = allocation.budget
     log(f"compressing: {setting_label(budget.default)}")
     result = compress_model(model, budget, stats)
     result.calibration = calib_info
@@ -228,6 +239,7 @@ def compress_checkpoint(
         "setting": budget.default,
         "label": result.summary["label"],
         **result.to_dict(per_matrix=True),
+        **({"allocation": allocation.info} if allocation is not None else {}),
         "note": "weights are stored dense: pruned weights are zeros, RTN weights are dequantized, low-rank "
         "matrices are the reconstructed products; accounting counts what a sparse/quantized/factored store needs",
     }
@@ -235,4 +247,8 @@ def compress_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        if allocation is not None:
+            from capsense.compress.guided import write_budget_file
+
+            write_budget_file(tmp / "budget.yaml", allocation.budget)
     return result

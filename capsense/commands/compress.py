@@ -23,7 +23,8 @@ from capsense.cli import CapsenseError
               help="Budget file (YAML/JSON): default setting, per-layer/per-matrix overrides, protected heads.")
 @click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated), a text/JSONL file, or text. "
               "Default: prose,math,code,qa (their last documents, disjoint from the probes).")
-@click.option("--calibration-samples", type=int, default=64, show_default=True)
+@click.option("--calibration-samples", type=int, default=64, show_default=True,
+              help="Calibration texts (with --keep also the texts of each kept capability for its gradients).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
               help="Dtype to load and compress in.")
 @click.option("--save-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
@@ -67,7 +68,8 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
         if keep:
             from capsense.compress.guided import Guide
 
-            guide = Guide(keep.split(","), protect_top_k=protect_top_k, heads=protect_heads, size_ratio=budget_size)
+            guide = Guide(keep.split(","), protect_top_k=protect_top_k, heads=protect_heads, size_ratio=budget_size,
+                          samples=calibration_samples)
         result = compress_checkpoint(
             model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
             dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=lambda m: click.echo(m, err=True), guide=guide,

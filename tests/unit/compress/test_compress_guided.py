@@ -155,7 +155,7 @@ def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path):
     # every head protected whole at 16 bits cannot fit in half the dense model
     heads = "+".join(f"L{layer}H{h}" for layer in range(3) for h in range(4))
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "math",
-                                  "--protect-heads", heads, "--budget-size", "0.5", "--out", str(out)])
+                                  "--calibration-samples", "4", "--protect-heads", heads, "--budget-size", "0.5", "--out", str(out)])
     assert r.exit_code == 1 and "protected weights alone need" in r.output, r.output
     assert r.output.count("Error") == 1 and not out.exists()
 
@@ -164,7 +164,7 @@ def test_keep_writes_allocation_and_budget_file(tmp_path):
     tiny = save_tiny_folder("llama", tmp_path / "tiny")
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
-                                  "--protect-top-k", "1", "--out", str(out)])
+                                  "--calibration-samples", "4", "--protect-top-k", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["allocation"]["keep"] == ["math"] and meta["allocation"]["allocated_bits"] <= meta["allocation"]["target_bits"]

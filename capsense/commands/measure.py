@@ -22,10 +22,8 @@ from capsense.cli import CapsenseError
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the JSON here (atomically).")
 def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, out):
     """Measure MODEL's loss (nats/token of reference completions, prompt masked) per capability."""
-    import os
-    import tempfile
-
     from capsense.compress.measure import MeasureError, build_probes, measure as run_measure, parse_capabilities
+    from capsense.core.files import atomic_write_text
     from capsense.core.models import load_model
     from capsense.scoring.probe import ProbeError
 
@@ -49,11 +47,7 @@ def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, 
         raise CapsenseError(str(e)) from None
     text = json.dumps(doc, indent=2) + "\n"
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out)
+        atomic_write_text(out, text)
     for c, v in result.items():
         extra = f"  dL {v['dL']:+.4f}" if "dL" in v else ""
         click.echo(f"{c:12s} {v['nll']:.4f} nats/token  acc {v['acc']:.3f}  ({v['n_docs']} docs, {v['n_tokens']} tokens){extra}", err=bool(not out))

@@ -208,8 +208,8 @@ def compress_checkpoint(
     With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
     the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
     """
-    from capsense.core.files import atomic_output_dir, check_output_dir
-    from capsense.core.models import load_model, model_fingerprint
+    from capsense.core.files import check_output_dir
+    from capsense.core.models import load_model
 
     log = log or (lambda _m: None)
     check_output_dir(out, overwrite)  # fail before the slow part
@@ -232,6 +232,16 @@ def compress_checkpoint(
     result.calibration = calib_info
     if save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
+    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite)
+    return result
+
+
+def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result: CompressionResult, allocation,
+                      out: str | Path, overwrite: bool) -> None:
+    """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
+    from capsense.core.files import atomic_output_dir
+    from capsense.core.models import model_fingerprint
+
     meta = {
         "capsense_compress": 1,
         "base_model": model_fingerprint(model_name),
@@ -251,4 +261,3 @@ def compress_checkpoint(
             from capsense.compress.guided import write_budget_file
 
             write_budget_file(tmp / "budget.yaml", allocation.budget)
-    return result

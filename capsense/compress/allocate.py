@@ -35,16 +35,13 @@ def matrix_candidates(
 ) -> list[Candidate]:
     """Every level of one matrix (and dense, if ``dense``) with its bits and ``sum F (W - W')^2``."""
     w = w.detach()
-    n = w.shape[0] * w.shape[1]
-    out = [Candidate(None, n * base_bits, 0.0)] if dense else []
-    f = sensitivity.to(w.device, torch.float32)
-    for s in levels:
-        try:
-            applied = s.apply(name, w, stats, prot, base_bits, cache)
-        except (BudgetError, ValueError):
-            continue  # a level this matrix cannot take (a rank below 1)
-        cost = float((f * (w.float() - applied.weight.float()).pow(2)).sum())
-        out.append(Candidate(s, applied.bits, cost))
+    out = [Candidate(None, w.shape[0] * w.shape[1] * base_bits, 0.0)] if dense else []
+    if not levels:
+        return out
+    priced = levels[0].level_costs(list(levels), name, w, sensitivity.to(w.device), stats, prot, base_bits, cache)
+    out += [Candidate(s, bits, cost) for s, bits, cost in priced]
+    if not out:
+        raise BudgetError(f"{name}: no level of {levels[0].method} fits this matrix")
     return out
 
 

@@ -96,6 +96,19 @@ class Setting:
         """Candidate settings of this method, cheapest first, for non-uniform allocation."""
         raise NotImplementedError  # pragma: no cover
 
+    def level_costs(self, levels: list[Setting], name: str, w: torch.Tensor, sensitivity: torch.Tensor, stats,
+                    prot: Protection | None, base_bits: int, cache: dict | None = None) -> list[tuple[Setting, int, float]]:
+        """(level, exact bits, ``sum F (W - W')^2``) of each level that fits this matrix."""
+        out = []
+        f = sensitivity.float()
+        for s in levels:
+            try:
+                applied = s.apply(name, w, stats, prot, base_bits, cache)
+            except (BudgetError, ValueError):
+                continue  # a level this matrix cannot take (a rank below 1)
+            out.append((s, applied.bits, float((f * (w.float() - applied.weight.float()).pow(2)).sum())))
+        return out
+
 
 @dataclass(frozen=True)
 class PruneSetting(Setting):
@@ -140,6 +153,34 @@ class PruneSetting(Setting):
 
     def levels(self):
         return [PruneSetting(self.method, round(0.1 + 0.025 * i, 3), self.scope) for i in range(37)]
+
+    def level_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
+        """Row scope: one sort per matrix prices every density (cumulative cost of the lowest scores)."""
+        if self.scope != "row":
+            return super().level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache)
+        p = prot or Protection()
+        n_out, n_in = w.shape
+        scores = self.scores(w, stats)
+        order = torch.argsort(scores, dim=1)
+        contrib = (sensitivity.float() * w.float().pow(2)).gather(1, order)
+        cum = torch.cat([torch.zeros(n_out, 1), contrib.cumsum(1)], 1).double()
+        free_rows = p.free_rows(n_out)
+        n_prot_cols = int(p.cols.sum()) if p.cols is not None else 0
+        out = []
+        for s in levels:
+            k = max(round(s.density * n_in), n_prot_cols)
+            # protected columns score +inf in apply(), so they are never among the pruned lowest
+            cost = float(cum[free_rows, n_in - k].sum()) if p.cols is None else self._cost_cols(
+                scores, sensitivity, w, p, n_in - k, free_rows)
+            out.append((s, s.size(tuple(w.shape), prot, base_bits)[1], cost))
+        return out
+
+    @staticmethod
+    def _cost_cols(scores, sensitivity, w, p: Protection, n_pruned: int, free_rows) -> float:
+        sc = scores.clone()
+        sc[:, p.cols] = float("inf")
+        order = torch.argsort(sc, dim=1)[:, :n_pruned]
+        return float((sensitivity.float() * w.float().pow(2)).gather(1, order)[free_rows].sum())
 
 
 @dataclass(frozen=True)

@@ -81,13 +81,40 @@ def variants(model, tok, base: dict, stats, keep, fisher_cache):
             yield f"{name}:{cap}", guided([cap], sens, k)
 
 
+def results_table(records) -> str:
+    """Markdown: dL per capability for each (setting, variant), with the size and, for a kept
+    capability, its dL change relative to uniform."""
+    from capsense.core.tables import format_percent, markdown_table, relative_change
+
+    by = {}
+    for r in records:
+        by.setdefault((r["setting"], r["variant"]), {})[r["capability"]] = r
+    rows = []
+    for (setting, variant), caps in by.items():
+        uni = by.get((setting, "uniform"), {})
+        kept = variant.split(":")[1] if ":" in variant else None
+        row = {"setting": setting, "variant": variant, "size": f"{next(iter(caps.values()))['size_ratio']:.4f}"}
+        for c in CAPS:
+            r = caps.get(c)
+            cell = "" if r is None else f"{r['dL']:+.3f}"
+            if r is not None and c == kept and c in uni:
+                cell = f"**{cell}** ({format_percent(relative_change(uni[c]['dL'], r['dL']))})"
+            row[c] = cell
+        rows.append(row)
+    return markdown_table(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--probes", type=int, default=32)
     ap.add_argument("--keep", default="math,code")
     ap.add_argument("--settings", default="0,1,2,3", help="Indices into SETTINGS, in order.")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "guided_smollm2.jsonl")
+    ap.add_argument("--table", action="store_true", help="Only print the results table of --out.")
     args = ap.parse_args()
+    if args.table:
+        print(results_table(read_jsonl(args.out)))
+        return
     torch.set_num_threads(2)
     keep = args.keep.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -171,3 +171,22 @@ def test_keep_writes_allocation_and_budget_file(tmp_path):
     doc = yaml.safe_load((out / "budget.yaml").read_text())
     assert doc["method"] == "rtn" and doc["protect"]["whole"] is True
     assert sum(a["bits"] for a in meta["matrices"]) == meta["allocation"]["allocated_bits"]
+
+
+@pytest.mark.parametrize("prot", [None, "rows", "cols"])
+def test_fast_pruning_level_costs_equal_applying_each_level(prot):
+    from capsense.compress.methods import PruneSetting, Setting
+    from capsense.compress.protect import Protection
+
+    g = torch.Generator().manual_seed(0)
+    w, f = torch.randn(32, 48, generator=g), torch.rand(32, 48, generator=g)
+
+    class Stats:
+        input_norm = torch.rand(48, generator=g) + 0.5
+
+    p = {None: None, "rows": Protection(rows=torch.arange(32) < 8), "cols": Protection(cols=torch.arange(48) >= 40)}[prot]
+    base = PruneSetting("wanda", 0.5)
+    fast = base.level_costs(base.levels(), "m", w, f, Stats, p, 16)
+    slow = Setting.level_costs(base, base.levels(), "m", w, f, Stats, p, 16)
+    assert [(s, b) for s, b, _ in fast] == [(s, b) for s, b, _ in slow]
+    assert [c for *_, c in fast] == pytest.approx([c for *_, c in slow], rel=1e-5, abs=1e-4)

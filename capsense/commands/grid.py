@@ -36,8 +36,8 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
 
     Re-running the same command skips the measurements the file already holds.
     """
-    from capsense.compress.budget import LOWRANK_METHODS, PRUNE_METHODS, QUANT_METHODS, BudgetError, method_family
-    from capsense.compress.study.grid import GridError, grid_table, load_spec, run_grid, spec_from_dict
+    from capsense.compress.budget import METHODS, BudgetError
+    from capsense.compress.study.grid import GridError, grid_table, load_spec, run_grid, settings_from_lists, spec_from_dict
     from capsense.compress.measure import MeasureError
     from capsense.compress.apply import CompressionError
     from capsense.compress.calibration import CalibrationError
@@ -45,21 +45,10 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     over = {"model": model, "capabilities": capabilities, "probes": probes, "dtype": dtype, "calibration": calibration,
             "calibration_samples": calibration_samples, "targets": targets}
     try:
-        settings = []
-        for m in [x.strip() for x in (methods or "").split(",") if x.strip()]:
-            fam = method_family(m)
-            if fam == "prune":
-                if not densities:
-                    raise CapsenseError(f"{m} needs --densities")
-                settings.append({"method": m, "density": _floats(densities)})
-            elif fam == "quant":
-                if not bits_list:
-                    raise CapsenseError("rtn needs --bits")
-                settings.append({"method": m, "bits": [int(b) for b in _floats(bits_list)], "group_size": group_size})
-            else:
-                if not ratios:
-                    raise CapsenseError(f"{m} needs --ratios")
-                settings.append({"method": m, "ratio": _floats(ratios)})
+        names = [x.strip() for x in (methods or "").split(",") if x.strip()]
+        settings = settings_from_lists(names, {"densities": _floats(densities) if densities else None,
+                                               "bits": _floats(bits_list) if bits_list else None,
+                                               "ratios": _floats(ratios) if ratios else None}, group_size)
         if spec_file:
             spec = load_spec(spec_file, over)
             if settings:
@@ -69,7 +58,7 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
                 raise CapsenseError("give MODEL (or --spec FILE)")
             if not settings:
                 raise CapsenseError(
-                    f"give --methods (from {', '.join(PRUNE_METHODS + QUANT_METHODS + LOWRANK_METHODS)}) with "
+                    f"give --methods (from {', '.join(METHODS)}) with "
                     "--densities/--bits/--ratios, or --spec FILE"
                 )
             spec = spec_from_dict({**{k: v for k, v in over.items() if v is not None}, "settings": settings})

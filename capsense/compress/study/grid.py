@@ -74,6 +74,30 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
     return out
 
 
+# The value list that spans each family's axis in a grid: (setting key, name of the list).
+GRID_AXES = {"prune": ("density", "densities"), "quant": ("bits", "bits"), "lowrank": ("ratio", "ratios")}
+
+
+def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[float] | None],
+                        group_size: int | None = None) -> list[dict[str, Any]]:
+    """Grid entries for ``methods``, each spanning its family's axis from ``values`` (keyed densities/bits/ratios)."""
+    from capsense.compress.methods import METHODS
+
+    out = []
+    for m in methods:
+        cls = METHODS.get(m)
+        if cls is None:
+            raise GridError(f"unknown method {m!r}: valid methods are {', '.join(METHODS)}")
+        key, name = GRID_AXES[cls.family]
+        if not values.get(name):
+            raise GridError(f"{m} needs a list of {name}")
+        entry: dict[str, Any] = {"method": m, key: [int(v) for v in values[name]] if key == "bits" else list(values[name])}
+        if cls.family == "quant":
+            entry["group_size"] = group_size
+        out.append(entry)
+    return out
+
+
 def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> GridSpec:
     """Read a grid YAML/JSON file; non-None ``overrides`` replace its top-level fields."""
     import yaml

@@ -57,6 +57,7 @@ class Guide:
     samples: int = 32
     size_ratio: float | None = None  # model size to match; None: the uniform setting's size
     generic: str = "prose"
+    spread: tuple[float, float] = (0.4, 2.0)  # levels' size per parameter within these factors of the uniform's
 
     def __post_init__(self) -> None:
         from capsense.compress.measure import parse_capabilities
@@ -125,12 +126,9 @@ def target_bits(model: nn.Module, base: Setting, targets, size_ratio: float | No
     return bits
 
 
-SPREAD = (0.4, 2.0)  # levels kept: size per parameter within these factors of the uniform setting's
-
-
-def _levels(base: Setting, flat: bool) -> list[Setting]:
-    """Candidate levels: within :data:`SPREAD` of ``base`` (the second-order cost estimate is
-    trusted only near it), or for ``flat`` just ``base`` and the level below it."""
+def _levels(base: Setting, flat: bool, spread: tuple[float, float]) -> list[Setting]:
+    """Candidate levels: size per parameter within ``spread`` of ``base`` (the second-order cost
+    estimate is trusted only near it), or for ``flat`` just ``base`` and the level below it."""
     ref = (256, 256)
 
     def bits(s: Setting) -> int:
@@ -140,7 +138,7 @@ def _levels(base: Setting, flat: bool) -> list[Setting]:
     if flat:
         lower = [s for s in base.levels() if bits(s) < b0]
         return ([max(lower, key=bits)] if lower else []) + [base]
-    return [s for s in base.levels() if SPREAD[0] * b0 <= bits(s) <= SPREAD[1] * b0]
+    return [s for s in base.levels() if spread[0] * b0 <= bits(s) <= spread[1] * b0]
 
 
 def guided_budget(
@@ -169,7 +167,7 @@ def guided_budget(
         fisher = _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, fisher_cache)
     else:
         fisher = {t.name: torch.ones(t.shape) for t in targets}
-    levels = _levels(base, guide.sensitivity == "flat")
+    levels = _levels(base, guide.sensitivity == "flat", guide.spread)
     cache: dict = {}
     cands: dict[str, list[Candidate]] = {}
     for t in targets:
@@ -184,7 +182,7 @@ def guided_budget(
         if c.setting != base
     ]
     info = {
-        "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": base.to_dict(),
+        "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": base.to_dict(), "spread": list(guide.spread),
         "protected_heads": str(heads) if heads is not None else None, "target_bits": goal,
         "allocated_bits": sum(c.bits for c in chosen.values()),
         "estimated_cost": sum(c.cost for c in chosen.values()),

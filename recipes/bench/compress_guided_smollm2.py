@@ -62,23 +62,27 @@ def first_layers_budget(model, base: dict, n_first: int = 3, boost: float = 0.3)
     return Budget(default=uniform_budget(base).default, overrides=ov)
 
 
-def variants(model, tok, base: dict, stats, keep, fisher_cache):
+def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag):
     """(name, a function returning (budget, info)) for each variant; budgets are built only when needed."""
     uni = uniform_budget(base)
 
     def guided(caps, sens, k):
         def make():
-            al = guided_budget(model, tok, uni, stats, Guide(caps, sensitivity=sens, protect_top_k=k), print, fisher_cache)
+            g = Guide(caps, sensitivity=sens, protect_top_k=k, spread=spread)
+            al = guided_budget(model, tok, uni, stats, g, print, fisher_cache)
             return al.budget, al.info
         return make
 
     yield "uniform", lambda: (uni, {})
     if base["method"] == "wanda":
         yield "first3", lambda: (first_layers_budget(model, base), {})
-    yield "agnostic", guided(list(keep[:1]), "generic", 0)
+    yield "protect:" + keep[0], guided(keep[:1], "flat", 8)
+    yield "agnostic" + tag, guided(list(keep[:1]), "generic", 0)
     for cap in keep:
-        for name, sens, k in (("protect", "flat", 8), ("fisher", "kept", 0), ("guided", "kept", 8)):
-            yield f"{name}:{cap}", guided([cap], sens, k)
+        for name, sens, k in (("guided", "kept", 8), ("fisher", "kept", 0)):
+            yield f"{name}{tag}:{cap}", guided([cap], sens, k)
+    for cap in keep[1:]:
+        yield "protect:" + cap, guided([cap], "flat", 8)
 
 
 def results_table(records) -> str:
@@ -111,6 +115,7 @@ def main() -> None:
     ap.add_argument("--settings", default="0,1,2,3", help="Indices into SETTINGS, in order.")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "guided_smollm2.jsonl")
     ap.add_argument("--table", action="store_true", help="Only print the results table of --out.")
+    ap.add_argument("--spread", default="0.4,2.0", help="Allowed level sizes, as factors of the uniform setting's.")
     args = ap.parse_args()
     if args.table:
         print(results_table(read_jsonl(args.out)))
@@ -132,7 +137,9 @@ def main() -> None:
     for i in (int(x) for x in args.settings.split(",")):
         base = SETTINGS[i]
         label = parse_setting(base).label
-        for name, make in variants(model, tok, base, stats, keep, fisher_cache):
+        spread = tuple(float(x) for x in args.spread.split(","))
+        tag = "" if spread == (0.4, 2.0) else f"~{spread[0]:g}-{spread[1]:g}"
+        for name, make in variants(model, tok, base, stats, keep, fisher_cache, spread, tag):
             if all(f"{label}|{name}|{c}" in done for c in CAPS):
                 continue
             t0 = time.time()

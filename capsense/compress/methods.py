@@ -218,7 +218,8 @@ class QuantSetting(Setting):
         return Applied(new, stored, bits)
 
     def levels(self):
-        return [QuantSetting(self.method, b, self.group_size) for b in (2, 3, 4, 5, 6, 8)]
+        """Bit widths 2-8, each with groups of 32, 64, 128, 256 columns or one scale per row (finer steps of size)."""
+        return [QuantSetting(self.method, b, g) for b in (2, 3, 4, 5, 6, 8) for g in (0, 256, 128, 64, 32)]
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def first_layers_budget(model, base: dict, n_first: int = 3, boost: float = 0.3)
     return Budget(default=uniform_budget(base).default, overrides=ov)
 
 
-def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag):
+def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top_k=8):
     """(name, a function returning (budget, info)) for each variant; budgets are built only when needed."""
     uni = uniform_budget(base)
 
@@ -76,13 +76,13 @@ def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag):
     yield "uniform", lambda: (uni, {})
     if base["method"] == "wanda":
         yield "first3", lambda: (first_layers_budget(model, base), {})
-    yield "protect:" + keep[0], guided(keep[:1], "flat", 8)
+    yield f"protect{'' if top_k == 8 else f'k{top_k}'}:" + keep[0], guided(keep[:1], "flat", top_k)
     yield "agnostic" + tag, guided(list(keep[:1]), "generic", 0)
     for cap in keep:
-        for name, sens, k in (("guided", "kept", 8), ("fisher", "kept", 0)):
+        for name, sens, k in (("guided", "kept", top_k), ("fisher", "kept", 0)):
             yield f"{name}{tag}:{cap}", guided([cap], sens, k)
     for cap in keep[1:]:
-        yield "protect:" + cap, guided([cap], "flat", 8)
+        yield f"protect{'' if top_k == 8 else f'k{top_k}'}:" + cap, guided([cap], "flat", top_k)
 
 
 def results_table(records) -> str:
@@ -116,6 +116,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "guided_smollm2.jsonl")
     ap.add_argument("--table", action="store_true", help="Only print the results table of --out.")
     ap.add_argument("--spread", default="0.4,2.0", help="Allowed level sizes, as factors of the uniform setting's.")
+    ap.add_argument("--spread-rtn", default=None, help="--spread for RTN settings (default: --spread).")
+    ap.add_argument("--protect-k", type=int, default=8, help="Heads protected per kept capability.")
+    ap.add_argument("--protect-k-rtn", type=int, default=None, help="--protect-k for RTN settings (16-bit heads are dear).")
     args = ap.parse_args()
     if args.table:
         print(results_table(read_jsonl(args.out)))
@@ -137,9 +140,11 @@ def main() -> None:
     for i in (int(x) for x in args.settings.split(",")):
         base = SETTINGS[i]
         label = parse_setting(base).label
-        spread = tuple(float(x) for x in args.spread.split(","))
-        tag = "" if spread == (0.4, 2.0) else f"~{spread[0]:g}-{spread[1]:g}"
-        for name, make in variants(model, tok, base, stats, keep, fisher_cache, spread, tag):
+        text = args.spread_rtn if base["method"] == "rtn" and args.spread_rtn else args.spread
+        spread = tuple(float(x) for x in text.split(","))
+        top_k = args.protect_k_rtn if base["method"] == "rtn" and args.protect_k_rtn is not None else args.protect_k
+        tag = ("" if spread == (0.4, 2.0) else f"~{spread[0]:g}-{spread[1]:g}") + ("" if top_k == 8 else f"k{top_k}")
+        for name, make in variants(model, tok, base, stats, keep, fisher_cache, spread, tag, top_k):
             if all(f"{label}|{name}|{c}" in done for c in CAPS):
                 continue
             t0 = time.time()

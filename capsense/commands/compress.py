@@ -33,8 +33,8 @@ from capsense.cli import CapsenseError
               "the uniform setting (or --budget-size), their most important whole heads protected.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
               "of the gradient's choice.")
-@click.option("--protect-top-k", type=int, default=8, show_default=True,
-              help="With --keep: heads protected per kept capability (0: none).")
+@click.option("--protect-top-k", type=int, default=None,
+              help="With --keep: heads protected whole per kept capability (0: none; default 8, RTN 0).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically).")

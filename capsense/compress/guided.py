@@ -47,12 +47,12 @@ class Guide:
     loss), ``generic`` (Fisher on the generic calibration text: a capability-agnostic control) or
     ``flat`` (``F = 1`` and only the uniform level and the one below it: protection's cost spread
     as evenly as the levels allow). ``protect_top_k``: heads protected per kept capability
-    (0: none); ``heads`` overrides the gradient's choice with given heads.
+    (0: none; None: the method's default); ``heads`` overrides the gradient's choice with given heads.
     """
 
     keep: list[str]
     sensitivity: str = "kept"
-    protect_top_k: int = 8
+    protect_top_k: int | None = None  # None: the method's default (8 for pruning and low-rank, 0 for RTN)
     heads: Any = None
     samples: int = 32
     size_ratio: float | None = None  # model size to match; None: the uniform setting's size
@@ -65,7 +65,7 @@ class Guide:
         self.keep = parse_capabilities(self.keep)
         if self.sensitivity not in SENSITIVITIES:
             raise BudgetError(f"unknown sensitivity {self.sensitivity!r}: valid are {', '.join(SENSITIVITIES)}")
-        if self.protect_top_k < 0:
+        if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
             raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
@@ -94,11 +94,11 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
     return fisher
 
 
-def _protected_heads(model, targets, guide: Guide, fisher_by_cap: Mapping[str, Mapping[str, torch.Tensor]]):
+def _protected_heads(model, targets, guide: Guide, top_k: int, fisher_by_cap: Mapping[str, Mapping[str, torch.Tensor]]):
     from capsense.core.heads import HeadSet, HeadSpecError
     from capsense.compress.sensitivity import head_scores, top_heads
 
-    if guide.protect_top_k == 0:
+    if top_k == 0 and guide.heads is None:
         return None
     if guide.heads is not None:
         try:
@@ -107,7 +107,7 @@ def _protected_heads(model, targets, guide: Guide, fisher_by_cap: Mapping[str, M
             raise BudgetError(f"protect: {e}") from None
     picked: list = []
     for cap in guide.keep:
-        picked += list(top_heads(head_scores(model, targets, fisher_by_cap[cap]), guide.protect_top_k))
+        picked += list(top_heads(head_scores(model, targets, fisher_by_cap[cap]), top_k))
     return HeadSet(tuple(picked))
 
 
@@ -155,10 +155,11 @@ def guided_budget(
         raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
+    top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
     fisher_by_cap: dict[str, dict[str, torch.Tensor]] = {}
-    if guide.sensitivity == "kept" or (guide.protect_top_k and guide.heads is None):
+    if guide.sensitivity == "kept" or (top_k and guide.heads is None):
         fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache) for c in guide.keep}
-    heads = _protected_heads(model, targets, guide, fisher_by_cap)
+    heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     prot = protections(model, budget, targets)
     if guide.sensitivity == "kept":

@@ -190,3 +190,13 @@ def test_fast_pruning_level_costs_equal_applying_each_level(prot):
     slow = Setting.level_costs(base, base.levels(), "m", w, f, Stats, p, 16)
     assert [(s, b) for s, b, _ in fast] == [(s, b) for s, b, _ in slow]
     assert [c for *_, c in fast] == pytest.approx([c for *_, c in slow], rel=1e-5, abs=1e-4)
+
+
+def test_rtn_protects_no_heads_by_default_and_pruning_does(guided_case):
+    model, tok, _, stats, orig, al = guided_case
+    model.load_state_dict(orig)
+    rtn = guided_budget(model, tok, uniform_budget({"method": "rtn", "bits": 3}), stats, Guide(["math"], samples=2))
+    assert rtn.budget.protect_heads is None and not rtn.budget.whole_heads
+    assert rtn.info["allocated_bits"] <= rtn.info["target_bits"]
+    wanda = guided_budget(model, tok, uniform_budget({"method": "wanda", "density": 0.5}), stats, Guide(["math"], samples=2))
+    assert len(wanda.budget.protect_heads) == 8 and wanda.budget.whole_heads

@@ -50,7 +50,8 @@ def main() -> None:
 
 # The data flow, in order: evaluate, locate, validate, run (a recipe), export, push, then
 # compression. One module per subcommand in capsense/commands/, each named for its command.
-COMMANDS = ("evaluate", "locate", "validate", "run", "export", "push", "compress", "measure", "grid", "fit", "select")
+COMMANDS = ("evaluate", "locate", "validate", "run", "export", "push", "compress", "measure", "grid", "fit", "select",
+            "distill")
 
 
 def _register() -> None:

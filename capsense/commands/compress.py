@@ -23,13 +23,22 @@ from capsense.commands.output import echo_written, log
               help="Budget file (YAML/JSON): default setting, per-layer/per-matrix overrides, protected heads.")
 @click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated), a text/JSONL file, or text. "
               "Default: prose,math,code,qa (their last documents, disjoint from the probes).")
-@click.option("--calibration-samples", type=int, default=64, show_default=True)
+@click.option("--calibration-samples", type=int, default=64, show_default=True,
+              help="Calibration texts (with --keep also the texts of each kept capability for its gradients).")
 @dtype_option(help="Dtype to load and compress in.")
 @dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed).")
+@click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
+              "the uniform setting (or --budget-size), their most important whole heads protected.")
+@click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
+              "of the gradient's choice.")
+@click.option("--protect-top-k", type=int, default=None,
+              help="With --keep: heads protected whole per kept capability (0: none; default 8, RTN 0).")
+@click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
+              "uniform setting's.")
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
-             calibration_samples, dtype, save_dtype, out, overwrite):
+             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, budget_size, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Pruned weights are zeros, RTN weights are dequantized, low-rank matrices are the
@@ -54,9 +63,15 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
         budget = load_budget(budget_file, cli_setting, targets)
     else:
         budget = uniform_budget({k: v for k, v in cli_setting.items() if v is not None}, targets)
+    guide = None
+    if keep:
+        from capsense.compress.guided import Guide
+
+        guide = Guide(keep.split(","), protect_top_k=protect_top_k, heads=protect_heads, size_ratio=budget_size,
+                      samples=calibration_samples)
     result = compress_checkpoint(
         model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
-        dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+        dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, guide=guide,
     )
     s = result.summary
     click.echo(

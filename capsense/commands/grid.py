@@ -48,28 +48,15 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
         check_model(model)  # before any heavy import
     elif not spec_file:
         raise CapsenseError("give MODEL (or `spec_file` FILE)")
-    from capsense.compress.budget import LOWRANK_METHODS, PRUNE_METHODS, QUANT_METHODS, method_family
-    from capsense.compress.study.grid import grid_table, load_spec, run_grid, spec_from_dict
+    from capsense.compress.budget import METHODS
+    from capsense.compress.study.grid import grid_table, load_spec, run_grid, settings_from_lists, spec_from_dict
 
     over = {"model": model, "capabilities": capabilities, "probes": probes, "dtype": dtype, "calibration": calibration,
             "calibration_samples": calibration_samples, "targets": targets}
-    # NOTE (issue 9): turning the comma lists into grid settings belongs in capsense.compress.study.grid
-    # (helper "compress" owns it); it stays here until that module grows a function for it.
-    settings = []
-    for m in [x.strip() for x in (methods or "").split(",") if x.strip()]:
-        fam = method_family(m)
-        if fam == "prune":
-            if not densities:
-                raise CapsenseError(f"{m} needs `densities`")
-            settings.append({"method": m, "density": _floats(densities)})
-        elif fam == "quant":
-            if not bits_list:
-                raise CapsenseError("rtn needs `bits_list`")
-            settings.append({"method": m, "bits": [int(b) for b in _floats(bits_list)], "group_size": group_size})
-        else:
-            if not ratios:
-                raise CapsenseError(f"{m} needs `ratios`")
-            settings.append({"method": m, "ratio": _floats(ratios)})
+    names = [x.strip() for x in (methods or "").split(",") if x.strip()]
+    settings = settings_from_lists(names, {"densities": _floats(densities) if densities else None,
+                                           "bits": _floats(bits_list) if bits_list else None,
+                                           "ratios": _floats(ratios) if ratios else None}, group_size)
     if spec_file:
         spec = load_spec(spec_file, over)
         if settings:
@@ -77,8 +64,7 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     else:
         if not settings:
             raise CapsenseError(
-                f"give `methods` (from {', '.join(PRUNE_METHODS + QUANT_METHODS + LOWRANK_METHODS)}) with "
-                "`densities`/`bits_list`/`ratios`, or `spec_file` FILE"
+                f"give `methods` (from {', '.join(METHODS)}) with `densities`/`bits_list`/`ratios`, or `spec_file` FILE"
             )
         spec = spec_from_dict({**{k: v for k, v in over.items() if v is not None}, "settings": settings})
     records = run_grid(spec, out, progress=not no_progress, log=log)

@@ -2,12 +2,15 @@
 
 Methods (all written here, each small and tested): magnitude and Wanda pruning
 (:mod:`.prune`), symmetric round-to-nearest quantization (:mod:`.quantize`), truncated SVD,
-activation-aware SVD and SVD-LLM (:mod:`.lowrank`). :mod:`.budget` holds settings, budget
-files with per-layer/per-matrix overrides and protected heads; :mod:`.apply` compresses in
-memory or to a checkpoint; :mod:`.measure` gives per-capability nats/token; :mod:`.grid`
-runs resumable grids; :mod:`.predictors` and :mod:`.analysis` fit the compact pruning
-relation, the per-density baseline and the stable-rank predictor; :mod:`.select` picks a
-setting under a size budget.
+activation-aware SVD and SVD-LLM (:mod:`.lowrank`), each a typed setting in the registry of
+:mod:`.methods` that validates, names, sizes and applies itself. :mod:`.budget` holds budget
+files with per-layer/per-matrix overrides and protected heads (:mod:`.protect`: output columns,
+or whole heads under GQA); :mod:`.apply` compresses in memory or to a checkpoint with exact
+accounting (:mod:`.accounting`); :mod:`.measure` gives per-capability nats/token.
+Capability-guided compression: :mod:`.sensitivity` (Fisher of a capability's loss),
+:mod:`.allocate` (least-cost levels at a size) and :mod:`.guided` (``--keep``).
+:mod:`.distill` recovers a pruned student from its teacher. ``study/``: resumable grids,
+the compact pruning relation and other predictors, budgeted selection, reports.
 """
 
 from capsense.compress.apply import CompressionError, CompressionResult, compress_checkpoint, compress_model

@@ -36,6 +36,7 @@ class MatrixAccount:
     nonzero: int = 0
     bits: int = 0
     protected_cols: int = 0
+    protected_rows: int = 0
 
     @property
     def density(self) -> float:
@@ -44,6 +45,8 @@ class MatrixAccount:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["shape"] = list(self.shape)
+        if not self.protected_rows:
+            del d["protected_rows"]  # only whole-head protection has any
         return d
 
 

@@ -19,11 +19,12 @@ from torch import nn
 
 from capsense.errors import CapsenseError
 from capsense.compress import accounting as acc
-from capsense.compress.budget import CALIBRATED, Budget, BudgetError, method_family, protected_columns, setting_label
+from capsense.compress.budget import Budget, BudgetError, protections, setting_label
 from capsense.compress.calibration import DEFAULT_CALIBRATION, InputStats, calibration_samples, collect_stats
-from capsense.compress.lowrank import factorize, rank_for_ratio, reconstruct, stable_rank
-from capsense.compress.prune import apply_mask, global_masks, magnitude_scores, mask_from_scores, wanda_scores
-from capsense.compress.quantize import rtn_bits, rtn_quantize
+from capsense.compress.lowrank import stable_rank
+from capsense.compress.methods import Applied, Setting
+from capsense.compress.protect import Protection
+from capsense.compress.prune import apply_mask, global_masks
 from capsense.compress.targets import Target, find_targets
 
 
@@ -48,7 +49,7 @@ class CompressionResult:
         return d
 
 
-def plan(model: nn.Module, budget: Budget) -> list[tuple[Target, dict[str, Any] | None]]:
+def plan(model: nn.Module, budget: Budget) -> list[tuple[Target, Setting | None]]:
     """Each target matrix with its setting (None = stays dense). Validates every setting."""
     try:
         return [(t, budget.setting_for(t)) for t in find_targets(model, budget.targets)]
@@ -56,10 +57,9 @@ def plan(model: nn.Module, budget: Budget) -> list[tuple[Target, dict[str, Any] 
         raise CompressionError(str(e)) from None
 
 
-def needs_calibration(planned: Sequence[tuple[Target, dict[str, Any] | None]]) -> tuple[bool, bool]:
+def needs_calibration(planned: Sequence[tuple[Target, Setting | None]]) -> tuple[bool, bool]:
     """(any method needs calibration statistics, any needs the Gram matrix)."""
-    methods = {s["method"] for _, s in planned if s}
-    return bool(methods & CALIBRATED), "svd-llm" in methods
+    return any(s.calibrated for _, s in planned if s), any(s.needs_gram for _, s in planned if s)
 
 
 def calibrate(
@@ -77,7 +77,7 @@ def calibrate(
     if not needed:
         return {}, []
     samples, info = calibration_samples(calibration, tokenizer, n_samples, max_tokens)
-    targets = [t for t, s in planned if s and s["method"] in CALIBRATED]
+    targets = [t for t, s in planned if s and s.calibrated]
     return collect_stats(model, targets, samples, gram=gram, progress=progress), info
 
 
@@ -92,40 +92,56 @@ def mean_stable_rank(model: nn.Module, targets: str | Sequence[str] | None = Non
     return out
 
 
-def _stats_for(t: Target, s: Mapping[str, Any], stats: Mapping[str, InputStats] | None) -> InputStats | None:
-    if s["method"] not in CALIBRATED:
+def stats_for(t: Target, s: Setting, stats: Mapping[str, InputStats] | None) -> InputStats | None:
+    """The calibration statistics ``s`` needs for ``t`` (None when it needs none)."""
+    if not s.calibrated:
         return None
     st = (stats or {}).get(t.name)
     if st is None or st.n_tokens == 0:
-        raise CompressionError(f"{s['method']} needs calibration statistics for {t.name}: run calibrate() first")
-    if s["method"] == "svd-llm" and st.gram is None:
-        raise CompressionError(f"svd-llm needs the calibration Gram matrix for {t.name}: calibrate with gram=True")
+        raise CompressionError(f"{s.method} needs calibration statistics for {t.name}: run calibrate() first")
+    if s.needs_gram and st.gram is None:
+        raise CompressionError(f"{s.method} needs the calibration Gram matrix for {t.name}: calibrate with gram=True")
     return st
 
 
-def _lowrank(
-    t: Target, w: torch.Tensor, s: Mapping[str, Any], st: InputStats | None, free: torch.Tensor,
-    cache: dict | None = None,
-) -> tuple[torch.Tensor, int]:
-    """Low-rank approximation of the free columns of ``w``; returns (new weight, factor parameters)."""
-    sub = w[:, free]
-    rank = rank_for_ratio(tuple(sub.shape), s["ratio"])
-    m = s["method"]
-    key = (m, t.name, s.get("alpha", 0.5), int(free.sum()))
-    factors = cache.get(key) if cache is not None else None
-    if factors is None:
-        factors = factorize(
-            sub, m,
-            input_abs_mean=st.abs_mean[free] if st is not None else None,
-            gram=st.gram[free][:, free] if st is not None and st.gram is not None else None,
-            alpha=s.get("alpha", 0.5),
-        )
-        if cache is not None:
-            factors = tuple(f.float() for f in factors)
-            cache[key] = factors
-    out = w.clone()
-    out[:, free] = reconstruct(factors, rank).to(w.dtype)
-    return out, rank * (sub.shape[0] + sub.shape[1])
+def check_plan(model: nn.Module, budget: Budget, planned) -> dict[str, Protection]:
+    """Protections of the planned targets; every setting's size must exist before any weight changes."""
+    try:
+        protected = protections(model, budget, [t for t, _ in planned])
+    except BudgetError as e:
+        raise CompressionError(str(e)) from None
+    for t, s in planned:
+        if s is not None and getattr(s, "scope", None) != "global":
+            try:
+                s.size(t.shape, protected.get(t.name), acc.BASE_BITS)
+            except BudgetError as e:
+                raise CompressionError(f"{t.name}: {e}") from None
+    return protected
+
+
+def _account(t: Target, s: Setting, out: Applied, prot: Protection | None) -> acc.MatrixAccount:
+    a = acc.MatrixAccount(
+        t.name, t.kind, t.shape, s.method, s.to_dict(), t.n_params, out.stored, int((t.get() != 0).sum()), out.bits
+    )
+    if s.family == "prune":
+        a.nonzero = out.stored  # the mask's count, as stored by a sparse format
+    a.protected_cols = int(prot.cols.sum()) if prot is not None and prot.cols is not None else 0
+    a.protected_rows = int(prot.rows.sum()) if prot is not None and prot.rows is not None else 0
+    return a
+
+
+def _compress_global(model, group: list[Target], s: Setting, stats, protected, base_bits) -> dict[str, acc.MatrixAccount]:
+    """Global-scope pruning: every matrix of ``group`` ranked against one threshold."""
+    ws = [t.get() for t in group]
+    scores = [s.scores(w, stats_for(t, s, stats)) for t, w in zip(group, ws)]
+    prots = [protected.get(t.name) or Protection() for t in group]
+    masks = global_masks(scores, s.density, [p.cols for p in prots], [p.rows for p in prots])
+    out = {}
+    for t, w, mask, p in zip(group, ws, masks, prots):
+        t.set(apply_mask(w, mask))
+        kept = int(mask.sum())
+        out[t.name] = _account(t, s, Applied(t.get(), kept, kept * base_bits), p)
+    return out
 
 
 @torch.no_grad()
@@ -144,82 +160,30 @@ def compress_model(
     """
     t0 = time.time()
     planned = plan(model, budget)
-    try:
-        protected = protected_columns(model, budget, [t for t, _ in planned])
-    except BudgetError as e:
-        raise CompressionError(str(e)) from None
-    for t, s in planned:  # every rank must exist before any weight changes
-        if s is not None and method_family(s["method"]) == "lowrank":
-            prot = protected.get(t.name)
-            n_free = t.shape[1] - (int(prot.sum()) if prot is not None else 0)
-            try:
-                rank_for_ratio((t.shape[0], n_free), s["ratio"])
-            except ValueError as e:
-                raise CompressionError(f"{t.name}: {e}") from None
+    protected = check_plan(model, budget, planned)
     accounts: dict[str, acc.MatrixAccount] = {}
-    global_groups: dict[tuple, list[Target]] = {}
+    global_groups: dict[Setting, list[Target]] = {}
     for t, s in planned:
-        prot = protected.get(t.name)
-        n_prot = int(prot.sum()) if prot is not None else 0
         if s is None:
             w = t.get()
             accounts[t.name] = acc.dense_account(t.name, t.kind, t.shape, int((w != 0).sum()), base_bits)
-            if progress:
-                progress(1)
+        elif getattr(s, "scope", None) == "global":
+            global_groups.setdefault(s, []).append(t)
             continue
-        st = _stats_for(t, s, stats)
-        fam = method_family(s["method"])
-        w = t.get()
-        if fam == "prune":
-            scores = magnitude_scores(w) if s["method"] == "magnitude" else wanda_scores(w, st.input_norm)
-            if s["scope"] == "global":
-                global_groups.setdefault((s["method"], s["density"]), []).append(t)
-                continue
-            mask = mask_from_scores(scores, s["density"], s["scope"], prot)
-            t.set(apply_mask(w, mask))
-            a = acc.pruned_account(t.name, t.kind, t.shape, s, int(mask.sum()), base_bits)
-        elif fam == "quant":
-            if prot is None:
-                new, bits = rtn_quantize(w, s["bits"], s["group_size"]), rtn_bits(t.shape, s["bits"], s["group_size"])
-            else:
-                new = w.clone()
-                new[:, ~prot] = rtn_quantize(w[:, ~prot], s["bits"], s["group_size"])
-                sub_shape = (t.shape[0], t.shape[1] - n_prot)
-                bits = rtn_bits(sub_shape, s["bits"], s["group_size"]) + t.shape[0] * n_prot * base_bits
-            t.set(new)
-            n = t.n_params
-            a = acc.MatrixAccount(t.name, t.kind, t.shape, s["method"], s, n, n, int((t.get() != 0).sum()), bits)
         else:
-            free = ~prot if prot is not None else torch.ones(t.shape[1], dtype=torch.bool)
+            prot = protected.get(t.name)
             try:
-                new, factor_params = _lowrank(t, w, s, st, free, factor_cache)
+                out = s.apply(t.name, t.get(), stats_for(t, s, stats), prot, base_bits, factor_cache)
             except ValueError as e:
                 raise CompressionError(f"{t.name}: {e}") from None
-            t.set(new)
-            stored = factor_params + t.shape[0] * n_prot
-            a = acc.MatrixAccount(
-                t.name, t.kind, t.shape, s["method"], s, t.n_params, stored, int((t.get() != 0).sum()), stored * base_bits
-            )
-        a.protected_cols = n_prot
-        accounts[t.name] = a
+            t.set(out.weight)
+            accounts[t.name] = _account(t, s, out, prot)
         if progress:
             progress(1)
-    for (method, density), group in global_groups.items():
-        ws = [t.get() for t in group]
-        scores = [
-            magnitude_scores(w) if method == "magnitude" else wanda_scores(w, _stats_for(t, {"method": method}, stats).input_norm)
-            for t, w in zip(group, ws)
-        ]
-        masks = global_masks(scores, density, [protected.get(t.name) for t in group])
-        for t, w, mask in zip(group, ws, masks):
-            t.set(apply_mask(w, mask))
-            s = {"method": method, "density": density, "scope": "global"}
-            a = acc.pruned_account(t.name, t.kind, t.shape, s, int(mask.sum()), base_bits)
-            prot = protected.get(t.name)
-            a.protected_cols = int(prot.sum()) if prot is not None else 0
-            accounts[t.name] = a
-            if progress:
-                progress(1)
+    for s, group in global_groups.items():
+        accounts.update(_compress_global(model, group, s, stats, protected, base_bits))
+        if progress:
+            progress(len(group))
     ordered = [accounts[t.name] for t, _ in planned]
     summary = acc.summarize(ordered, acc.model_param_count(model), base_bits)
     summary["label"] = setting_label(budget.default)
@@ -237,26 +201,47 @@ def compress_checkpoint(
     save_dtype: str | None = None,
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
+    guide=None,
 ) -> CompressionResult:
-    """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically."""
-    from capsense.core.files import atomic_output_dir, check_output_dir
-    from capsense.core.models import load_model, model_fingerprint
+    """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
+
+    With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
+    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
+    """
+    from capsense.core.files import check_output_dir
+    from capsense.core.models import load_model
 
     log = log or (lambda _m: None)
     check_output_dir(out, overwrite)  # fail before the slow part
     model, tokenizer = load_model(model_name, dtype=dtype)
     planned = plan(model, budget)  # validates every setting before any work
-    protected_columns(model, budget, [t for t, _ in planned])
+    check_plan(model, budget, planned)
     needed, _ = needs_calibration(planned)
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
+    allocation = None
+    if guide is not None:
+        from capsense.compress.guided import guided_budget
+
+        allocation = guided_budget(model, tokenizer, budget, stats, guide, log)
+        budget = allocation.budget
     log(f"compressing: {setting_label(budget.default)}")
     result = compress_model(model, budget, stats)
     result.calibration = calib_info
     if save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
+    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite)
+    return result
+
+
+def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result: CompressionResult, allocation,
+                      out: str | Path, overwrite: bool) -> None:
+    """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
+    from capsense.core.files import atomic_output_dir
+    from capsense.core.models import model_fingerprint
+
     meta = {
         "capsense_compress": 1,
         "base_model": model_fingerprint(model_name),
@@ -264,6 +249,7 @@ def compress_checkpoint(
         "setting": budget.default,
         "label": result.summary["label"],
         **result.to_dict(per_matrix=True),
+        **({"allocation": allocation.info} if allocation is not None else {}),
         "note": "weights are stored dense: pruned weights are zeros, RTN weights are dequantized, low-rank "
         "matrices are the reconstructed products; accounting counts what a sparse/quantized/factored store needs",
     }
@@ -271,4 +257,7 @@ def compress_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    return result
+        if allocation is not None:
+            from capsense.compress.guided import write_budget_file
+
+            write_budget_file(tmp / "budget.yaml", allocation.budget)

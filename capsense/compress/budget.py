@@ -1,6 +1,6 @@
-"""Compression settings and budgets: one default, per-layer/per-matrix overrides, protected heads.
+"""Compression budgets: one default setting, per-layer/per-matrix overrides, protected heads.
 
-A setting is a dict: ``{"method": "wanda", "density": 0.6, "scope": "row"}``,
+Settings are typed objects (:mod:`.methods`); in files a setting is a dict: ``{"method": "wanda", "density": 0.6, "scope": "row"}``,
 ``{"method": "rtn", "bits": 4, "group_size": 128}``, ``{"method": "svd-llm", "ratio": 0.8}``,
 or ``{"skip": true}`` (leave the matrix dense). A budget file (YAML or JSON)::
 
@@ -18,9 +18,10 @@ or ``{"skip": true}`` (leave the matrix dense). A budget file (YAML or JSON)::
     protect:                   # keep these heads' input columns of the output projection
       heads: heads.json        # a heads file (relative to the budget file) or a spec L3H1+L5H0
       top_k: 8
+      whole: false             # true: also their query rows and their KV group's key/value rows
 
-Protected columns are kept dense and at full precision; pruning counts them toward the
-density budget, RTN and low-rank compress the remaining columns only.
+Protected weights are kept dense and at full precision; pruning counts them toward the
+density budget, RTN and low-rank compress the remaining block only.
 """
 
 from __future__ import annotations
@@ -32,92 +33,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from capsense.errors import CapsenseError
-from capsense.compress.lowrank import LOWRANK_METHODS, check_ratio
-from capsense.compress.prune import check_density, check_scope
-from capsense.compress.quantize import check_bits, check_group_size
+from capsense.compress.methods import (
+    METHODS, SETTING_KEYS, BudgetError, Setting, method_family, parse_setting, setting_label,
+)
+from capsense.compress.protect import Protection, ProtectionError, head_protection
 from capsense.compress.targets import KINDS, Target, parse_kinds
 
-PRUNE_METHODS = ("magnitude", "wanda")
-QUANT_METHODS = ("rtn",)
-METHODS = PRUNE_METHODS + QUANT_METHODS + LOWRANK_METHODS
-SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "skip"}
-CALIBRATED = {"wanda", "asvd", "svd-llm"}
+PRUNE_METHODS = tuple(m for m, c in METHODS.items() if c.family == "prune")
+QUANT_METHODS = tuple(m for m, c in METHODS.items() if c.family == "quant")
+LOWRANK_METHODS = tuple(m for m, c in METHODS.items() if c.family == "lowrank")
+CALIBRATED = {m for m, c in METHODS.items() if m in c.calibrated_methods}
 
-
-class BudgetError(CapsenseError):
-    """A setting or budget file that cannot be used."""
-
-
-def method_family(method: str) -> str:
-    if method in PRUNE_METHODS:
-        return "prune"
-    if method in QUANT_METHODS:
-        return "quant"
-    if method in LOWRANK_METHODS:
-        return "lowrank"
-    raise BudgetError(f"unknown method {method!r}: valid methods are {', '.join(METHODS)}")
+__all__ = [
+    "CALIBRATED", "METHODS", "SETTING_KEYS", "Budget", "BudgetError", "Override", "load_budget", "method_family",
+    "normalize_setting", "protections", "setting_label", "uniform_budget",
+]
 
 
 def normalize_setting(setting: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate a setting and fill in defaults; raise :class:`BudgetError` naming the problem."""
-    unknown = set(setting) - SETTING_KEYS
-    if unknown:
-        raise BudgetError(f"unknown setting key(s) {', '.join(sorted(unknown))}: valid keys are {', '.join(sorted(SETTING_KEYS))}")
-    if setting.get("skip"):
-        return {"skip": True}
-    method = setting.get("method")
-    if method is None:
-        raise BudgetError(f"no method given: choose one of {', '.join(METHODS)}")
-    family = method_family(str(method))
-    out: dict[str, Any] = {"method": method}
-    try:
-        if family == "prune":
-            if setting.get("density") is None:
-                raise BudgetError(f"{method} needs a density (fraction of weights kept, in (0, 1])")
-            out["density"] = check_density(setting["density"])
-            out["scope"] = check_scope(setting.get("scope") or "row")
-        elif family == "quant":
-            if setting.get("bits") is None:
-                raise BudgetError("rtn needs bits (2-16)")
-            out["bits"] = check_bits(setting["bits"])
-            gs = setting.get("group_size")
-            out["group_size"] = check_group_size(128 if gs is None else gs)
-        else:
-            if setting.get("ratio") is None:
-                raise BudgetError(f"{method} needs a parameter ratio in (0, 1]")
-            out["ratio"] = check_ratio(setting["ratio"])
-            if method == "asvd":
-                out["alpha"] = float(setting.get("alpha", 0.5))
-    except BudgetError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise BudgetError(str(e)) from None
-    wrong = {
-        "prune": ("bits", "group_size", "ratio", "alpha"),
-        "quant": ("density", "scope", "ratio", "alpha"),
-        "lowrank": ("density", "scope", "bits", "group_size"),
-    }[family]
-    given = [k for k in wrong if setting.get(k) is not None]
-    if given:
-        raise BudgetError(f"{', '.join(given)} does not apply to {method}")
-    return out
-
-
-def setting_label(setting: Mapping[str, Any]) -> str:
-    """Short label: ``wanda@d0.6``, ``rtn@4b/g128``, ``svd-llm@r0.8``."""
-    if setting.get("skip"):
-        return "dense"
-    m = setting["method"]
-    fam = method_family(m)
-    if fam == "prune":
-        scope = "" if setting.get("scope", "row") == "row" else f"/{setting['scope']}"
-        return f"{m}@d{setting['density']:g}{scope}"
-    if fam == "quant":
-        return f"{m}@{setting['bits']}b/g{setting['group_size']}"
-    return f"{m}@r{setting['ratio']:g}"
+    """Validate a setting dict and fill in defaults; raise :class:`BudgetError` naming the problem."""
+    s = parse_setting(setting)
+    return {"skip": True} if s is None else s.to_dict()
 
 
 def _parse_layers(value: Any) -> set[int]:
@@ -190,10 +126,11 @@ class Budget:
     default: dict[str, Any]
     targets: tuple[str, ...] = KINDS
     overrides: list[Override] = field(default_factory=list)
-    protect_heads: Any = None  # a HeadSet, resolved against the model by protected_columns()
+    protect_heads: Any = None  # a HeadSet, resolved against the model by protections()
     source: dict[str, Any] = field(default_factory=dict)
+    whole_heads: bool = False  # protect the heads' q rows and their group's k/v rows too
 
-    def setting_for(self, t: Target) -> dict[str, Any] | None:
+    def setting_for(self, t: Target) -> Setting | None:
         """The validated setting for one target, or None if it stays dense."""
         merged = dict(self.default)
         for o in self.overrides:
@@ -204,10 +141,9 @@ class Budget:
                     merged.pop("skip", None)
                 merged.update(o.setting)
         try:
-            s = normalize_setting(merged)
+            return parse_setting(merged)
         except BudgetError as e:
             raise BudgetError(f"{t.name}: {e}") from None
-        return None if s.get("skip") else s
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -223,6 +159,7 @@ class Budget:
                 for o in self.overrides
             ],
             "protect_heads": str(self.protect_heads) if self.protect_heads is not None else None,
+            **({"whole_heads": True} if self.whole_heads else {}),
             **self.source,
         }
 
@@ -275,7 +212,10 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
         if isinstance(protect, str):
             protect = {"heads": protect}
         if not isinstance(protect, Mapping) or "heads" not in protect:
-            raise BudgetError("protect must be a mapping with 'heads' (a heads file or spec) and optional 'top_k'")
+            raise BudgetError("protect must be a mapping with 'heads' (a heads file or spec), optional 'top_k' and 'whole'")
+        unknown = set(protect) - {"heads", "top_k", "whole"}
+        if unknown:
+            raise BudgetError(f"protect: unknown key(s) {', '.join(sorted(unknown))}; valid keys are heads, top_k, whole")
         spec = protect["heads"]
         if isinstance(spec, str) and (spec.endswith(".json") or (p.parent / spec).is_file()):
             spec = str(p.parent / spec) if not Path(spec).is_absolute() else spec
@@ -283,7 +223,9 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
             budget.protect_heads = HeadSet.parse(spec, top_k=protect.get("top_k"))
         except HeadSpecError as e:
             raise BudgetError(f"protect: {e}") from None
-        budget.source["protect"] = {"heads": str(protect["heads"]), "top_k": protect.get("top_k")}
+        budget.whole_heads = bool(protect.get("whole", False))
+        budget.source["protect"] = {"heads": str(protect["heads"]), "top_k": protect.get("top_k"),
+                                    **({"whole": True} if budget.whole_heads else {})}
     # Fail now, not halfway through compressing: every override must yield a valid setting.
     for o in overrides:
         merged = dict(budget.default) if o.setting.get("method") in (None, budget.default.get("method")) else {}
@@ -293,28 +235,9 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
     return budget
 
 
-def protected_columns(model, budget: Budget, targets: Sequence[Target]) -> dict[str, torch.Tensor]:
-    """Boolean input-column masks of the output projections that hold protected heads."""
-    if budget.protect_heads is None or not len(budget.protect_heads):
-        return {}
-    from capsense.core.arch import head_layout
-    from capsense.compress.targets import out_projection_name
-    from capsense.core.heads import HeadSpecError
-
-    layout = head_layout(model)
+def protections(model, budget: Budget, targets: Sequence[Target]) -> dict[str, Protection]:
+    """Protected rows/columns of each target holding a protected head (columns only unless ``whole_heads``)."""
     try:
-        budget.protect_heads.check_fits(layout)
-    except HeadSpecError as e:
-        raise BudgetError(f"protect: {e}") from None
-    by_name = {t.name: t for t in targets}
-    out: dict[str, torch.Tensor] = {}
-    for layer, heads in budget.protect_heads.by_layer().items():
-        name = out_projection_name(model, layer)
-        if name not in by_name:
-            continue  # attention not targeted: nothing to protect
-        mask = torch.zeros(by_name[name].shape[1], dtype=torch.bool)
-        for h in heads:
-            mask[h * layout.head_dim : (h + 1) * layout.head_dim] = True
-        out[name] = mask
-    return out
-
+        return head_protection(model, budget.protect_heads, targets, whole=budget.whole_heads)
+    except ProtectionError as e:
+        raise BudgetError(str(e)) from None

@@ -20,6 +20,7 @@ import torch
 from capsense.compress.checks import unit_fraction
 
 LOWRANK_METHODS = ("svd", "asvd", "svd-llm")
+Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (U, S, Vh') with W' = U_r diag(S_r) Vh'_r
 
 
 def check_ratio(ratio: float) -> float:
@@ -40,7 +41,28 @@ def rank_for_ratio(shape: tuple[int, int], ratio: float) -> int:
     return r
 
 
-Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (U, S, Vh') with W' = U_r diag(S_r) Vh'_r
+def _svd(w: torch.Tensor, input_abs_mean, gram, alpha) -> Factors:
+    return torch.linalg.svd(w, full_matrices=False)
+
+
+def _asvd(w: torch.Tensor, input_abs_mean, gram, alpha) -> Factors:
+    if input_abs_mean is None:
+        raise ValueError("asvd needs the calibration mean |x| per input feature")
+    scale = input_abs_mean.double().clamp_min(1e-6) ** alpha
+    u, s, vh = torch.linalg.svd(w * scale[None, :], full_matrices=False)
+    return u, s, vh / scale[None, :]
+
+
+def _svd_llm(w: torch.Tensor, input_abs_mean, gram, alpha) -> Factors:
+    if gram is None:
+        raise ValueError("svd-llm needs the calibration Gram matrix X^T X")
+    L = whitening_factor(gram)
+    u, s, vh = torch.linalg.svd(w @ L, full_matrices=False)
+    # Vh L^-1 via a triangular solve: (Vh L^-1)^T = L^-T Vh^T
+    return u, s, torch.linalg.solve_triangular(L.T, vh.T, upper=True).T
+
+
+FACTORIZERS = {"svd": _svd, "asvd": _asvd, "svd-llm": _svd_llm}
 
 
 def factorize(weight: torch.Tensor, method: str = "svd", input_abs_mean: torch.Tensor | None = None,
@@ -50,25 +72,10 @@ def factorize(weight: torch.Tensor, method: str = "svd", input_abs_mean: torch.T
     The transform back from the scaled/whitened space is folded into ``Vh'``, so one
     factorization serves every ratio (the grid caches it).
     """
-    w = weight.detach().double()
-    if method == "svd":
-        u, s, vh = torch.linalg.svd(w, full_matrices=False)
-    elif method == "asvd":
-        if input_abs_mean is None:
-            raise ValueError("asvd needs the calibration mean |x| per input feature")
-        scale = input_abs_mean.double().clamp_min(1e-6) ** alpha
-        u, s, vh = torch.linalg.svd(w * scale[None, :], full_matrices=False)
-        vh = vh / scale[None, :]
-    elif method == "svd-llm":
-        if gram is None:
-            raise ValueError("svd-llm needs the calibration Gram matrix X^T X")
-        L = whitening_factor(gram)
-        u, s, vh = torch.linalg.svd(w @ L, full_matrices=False)
-        # Vh L^-1 via a triangular solve: (Vh L^-1)^T = L^-T Vh^T
-        vh = torch.linalg.solve_triangular(L.T, vh.T, upper=True).T
-    else:
+    fn = FACTORIZERS.get(method)
+    if fn is None:
         raise ValueError(f"unknown low-rank method {method!r}: valid methods are {', '.join(LOWRANK_METHODS)}")
-    return u, s, vh
+    return fn(weight.detach().double(), input_abs_mean, gram, alpha)
 
 
 def reconstruct(factors: Factors, rank: int, dtype: torch.dtype | None = None) -> torch.Tensor:

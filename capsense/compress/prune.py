@@ -47,11 +47,16 @@ def wanda_scores(weight: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor
     return weight.detach().abs().float() * input_norm.float()[None, :]
 
 
-def _protect(scores: torch.Tensor, protected_cols: torch.Tensor | None) -> torch.Tensor:
-    if protected_cols is None or not bool(protected_cols.any()):
+def _protect(scores: torch.Tensor, protected_cols: torch.Tensor | None, protected_rows: torch.Tensor | None = None) -> torch.Tensor:
+    cols = protected_cols is not None and bool(protected_cols.any())
+    rows = protected_rows is not None and bool(protected_rows.any())
+    if not (cols or rows):
         return scores
     scores = scores.clone()
-    scores[:, protected_cols] = float("inf")
+    if cols:
+        scores[:, protected_cols] = float("inf")
+    if rows:
+        scores[protected_rows] = float("inf")
     return scores
 
 
@@ -65,34 +70,40 @@ def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def mask_from_scores(
-    scores: torch.Tensor, density: float, scope: str = "row", protected_cols: torch.Tensor | None = None
+    scores: torch.Tensor, density: float, scope: str = "row", protected_cols: torch.Tensor | None = None,
+    protected_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Keep-mask of one matrix at ``density`` for scope ``row`` or ``matrix``."""
+    """Keep-mask of one matrix at ``density`` for scope ``row`` or ``matrix``; protected rows are kept whole."""
     density = check_density(density)
     check_scope(scope)
     if scope == "global":
         raise ValueError("global scope spans several matrices: use global_masks()")
     n_out, n_in = scores.shape
     n_prot = int(protected_cols.sum()) if protected_cols is not None else 0
-    scores = _protect(scores, protected_cols)
+    n_rows = int(protected_rows.sum()) if protected_rows is not None else 0
+    scores = _protect(scores, protected_cols, protected_rows)
     if scope == "matrix":
-        k = max(round(density * scores.numel()), n_prot * n_out)
+        k = max(round(density * scores.numel()), n_prot * (n_out - n_rows) + n_rows * n_in)
         return topk_mask(scores, k)
     k = max(round(density * n_in), n_prot)
     mask = torch.zeros_like(scores, dtype=torch.bool)
     if k > 0:
         mask.scatter_(1, torch.topk(scores, k, dim=1, sorted=False).indices, True)
+    if n_rows:
+        mask[protected_rows] = True
     return mask
 
 
 def global_masks(
-    scores: Sequence[torch.Tensor], density: float, protected_cols: Sequence[torch.Tensor | None] | None = None
+    scores: Sequence[torch.Tensor], density: float, protected_cols: Sequence[torch.Tensor | None] | None = None,
+    protected_rows: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor]:
     """Keep-masks for several matrices ranked together (one threshold for all)."""
     density = check_density(density)
-    prots = list(protected_cols) if protected_cols is not None else [None] * len(scores)
-    scored = [_protect(s, p) for s, p in zip(scores, prots)]
-    n_prot = sum(int(p.sum()) * s.shape[0] for s, p in zip(scores, prots) if p is not None)
+    cols = list(protected_cols) if protected_cols is not None else [None] * len(scores)
+    rows = list(protected_rows) if protected_rows is not None else [None] * len(scores)
+    scored = [_protect(s, c, r) for s, c, r in zip(scores, cols, rows)]
+    n_prot = sum(int(torch.isinf(p).sum()) for p, s in zip(scored, scores) if p is not s)
     total = sum(s.numel() for s in scores)
     flat = torch.cat([s.reshape(-1) for s in scored])
     mask = topk_mask(flat, max(round(density * total), n_prot))

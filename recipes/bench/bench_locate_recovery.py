@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from capsense.core.tables import markdown_table
-from capsense.localize.locate import LocateConfig, locate
+from capsense.localize.config import LocateConfig
+from capsense.localize.run import locate
 from capsense.localize.store import read_evaluations
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
 

@@ -51,7 +51,8 @@ def test_prior_guided_raw_top5_matches_the_exhaustive_sweep(root):
     """Issue 10's bar: >= 4/5 of the sweep's top 5 (a head within 5% of the fifth-largest effect
     counts) for <= 50 forward-equivalents, every handed-on head measured by a real knockout."""
     from capsense.core.heads import Head
-    from capsense.localize.locate import LocateConfig, locate
+    from capsense.localize.config import LocateConfig
+    from capsense.localize.run import locate
 
     cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "raw"), method="prior-guided", budget=50,
                        limit=24, dtype="float32", progress=False)
@@ -74,7 +75,7 @@ def test_prior_guided_raw_top5_matches_the_exhaustive_sweep(root):
 def test_fast_path_wipes_induction_and_spares_the_controls(root):
     from capsense.evaluation.recipe import load_recipe, recipe_steps
     from capsense.evaluation.validate import validate
-    from capsense.localize.locate import locate
+    from capsense.localize.run import locate
 
     data = load_recipe(RECIPE)
     (cfg, val), = recipe_steps(data, out=str(root / "fast"))

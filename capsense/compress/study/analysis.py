@@ -54,6 +54,32 @@ def half_densities(densities: Sequence[float]) -> list[float]:
     return half
 
 
+def _doc_split(rs, bases, cap: str, method: str, d, X, sel, held) -> dict[str, Any] | None:
+    """Document split: fit on one half of each probe set, judge on the other (None without per-doc data)."""
+    have_docs = all("doc_nats" in r for r in rs) and all(
+        "doc_nats" in bases.get((r["model_state"]["model"], cap), {}) for r in rs
+    )
+    if not have_docs:
+        return None
+    errs_c, errs_c_held, errs_p = [], [], []
+    for fit_half in (0, 1):
+        yf = np.array([_half_dL(r, bases[(r["model_state"]["model"], cap)], fit_half) for r in rs])
+        ye = np.array([_half_dL(r, bases[(r["model_state"]["model"], cap)], 1 - fit_half) for r in rs])
+        Xf = X.copy()
+        Xf[:, 1] = np.nan  # L0 differs between halves; the split is within one model state
+        c = fit_compact(d[sel], yf[sel], Xf[sel], capability=cap, method=method)
+        p = fit_per_density(d, yf, Xf, capability=cap, method=method)
+        pc = c.predict(d, _used(c, Xf))
+        errs_c.extend(np.abs(pc - ye))
+        errs_c_held.extend(np.abs(pc - ye)[held])
+        errs_p.extend(np.abs(p.predict(d, _used(p, Xf)) - ye))
+    return {
+        "mae_compact_half_densities": float(np.mean(errs_c)),
+        "mae_compact_half_densities_heldout_only": float(np.mean(errs_c_held)) if errs_c_held else None,
+        "mae_per_density_all_densities": float(np.mean(errs_p)),
+    }
+
+
 def pruning_evaluation(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Compact relation vs per-density regression for every pruning method and capability."""
     bases = _baselines(records)
@@ -90,28 +116,9 @@ def pruning_evaluation(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                     )
                 ],
             }
-            # document split: fit on one half of each probe set, judge on the other
-            errs_c, errs_c_held, errs_p = [], [], []
-            have_docs = all("doc_nats" in r for r in rs) and all(
-                "doc_nats" in bases.get((r["model_state"]["model"], cap), {}) for r in rs
-            )
-            if have_docs:
-                for fit_half in (0, 1):
-                    yf = np.array([_half_dL(r, bases[(r["model_state"]["model"], cap)], fit_half) for r in rs])
-                    ye = np.array([_half_dL(r, bases[(r["model_state"]["model"], cap)], 1 - fit_half) for r in rs])
-                    Xf = X.copy()
-                    Xf[:, 1] = np.nan  # L0 differs between halves; the split is within one model state
-                    c = fit_compact(d[sel], yf[sel], Xf[sel], capability=cap, method=method)
-                    p = fit_per_density(d, yf, Xf, capability=cap, method=method)
-                    pc = c.predict(d, _used(c, Xf))
-                    errs_c.extend(np.abs(pc - ye))
-                    errs_c_held.extend(np.abs(pc - ye)[held])
-                    errs_p.extend(np.abs(p.predict(d, _used(p, Xf)) - ye))
-                entry["doc_split"] = {
-                    "mae_compact_half_densities": float(np.mean(errs_c)),
-                    "mae_compact_half_densities_heldout_only": float(np.mean(errs_c_held)) if errs_c_held else None,
-                    "mae_per_density_all_densities": float(np.mean(errs_p)),
-                }
+            split = _doc_split(rs, bases, cap, method, d, X, sel, held)
+            if split is not None:
+                entry["doc_split"] = split
             per_cap[cap] = entry
         good = [v for v in per_cap.values() if "doc_split" in v]
         out[method] = {

@@ -9,9 +9,7 @@ skips what the file already holds. The dense baseline is measured first (``metho
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +18,10 @@ from typing import Any
 
 
 from capsense.errors import CapsenseError
-from capsense.compress.budget import BudgetError, method_family, normalize_setting, setting_label, uniform_budget
+from capsense.compress.budget import BudgetError, normalize_setting, uniform_budget
+from capsense.compress.methods import Setting, parse_setting
+from capsense.core.tables import markdown_table
+from capsense.core.files import CorruptFileError, append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.measure import DEFAULT_CAPABILITIES, parse_capabilities, task_of
 from capsense.compress.targets import parse_kinds
@@ -73,6 +74,30 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
     return out
 
 
+# The value list that spans each family's axis in a grid: (setting key, name of the list).
+GRID_AXES = {"prune": ("density", "densities"), "quant": ("bits", "bits"), "lowrank": ("ratio", "ratios")}
+
+
+def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[float] | None],
+                        group_size: int | None = None) -> list[dict[str, Any]]:
+    """Grid entries for ``methods``, each spanning its family's axis from ``values`` (keyed densities/bits/ratios)."""
+    from capsense.compress.methods import METHODS
+
+    out = []
+    for m in methods:
+        cls = METHODS.get(m)
+        if cls is None:
+            raise GridError(f"unknown method {m!r}: valid methods are {', '.join(METHODS)}")
+        key, name = GRID_AXES[cls.family]
+        if not values.get(name):
+            raise GridError(f"{m} needs a list of {name}")
+        entry: dict[str, Any] = {"method": m, key: [int(v) for v in values[name]] if key == "bits" else list(values[name])}
+        if cls.family == "quant":
+            entry["group_size"] = group_size
+        out.append(entry)
+    return out
+
+
 def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> GridSpec:
     """Read a grid YAML/JSON file; non-None ``overrides`` replace its top-level fields."""
     import yaml
@@ -110,44 +135,125 @@ def spec_from_dict(data: Mapping[str, Any]) -> GridSpec:
     return GridSpec(capabilities=parse_capabilities(caps), settings=settings, **kw)
 
 
+def _setting(setting: Mapping[str, Any]) -> Setting:
+    """The typed setting of a grid entry (its ``targets`` aside)."""
+    return parse_setting({k: v for k, v in setting.items() if k != "targets"})
+
+
 def record_key(setting: Mapping[str, Any], capability: str) -> str:
     if setting.get("method") == "none":
         return f"dense|{capability}"
-    return f"{setting_label(setting)}|{setting['targets']}|{capability}"
+    return f"{_setting(setting).label}|{setting['targets']}|{capability}"
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """All complete records of a grid file (a torn last line from a crash is ignored)."""
-    p = Path(path)
-    if not p.is_file():
-        return []
-    out = []
-    lines = p.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                continue
-            raise GridError(f"{p}:{i + 1} is not valid JSON: the grid file is corrupt") from None
-    return out
+    try:
+        return read_jsonl(path)
+    except CorruptFileError as e:
+        raise GridError(str(e)) from None
 
 
-def _append(path: Path, record: Mapping[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record, default=float) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def _check_resumable(out: Path, existing: Sequence[Mapping[str, Any]], fp: Mapping[str, Any]) -> None:
+    for r in existing:
+        if r.get("grid") != fp:
+            raise GridError(
+                f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another --out"
+            )
 
 
-def _repair_tail(path: Path) -> None:
-    """Drop a torn last line (no trailing newline) so appends start on a fresh line."""
-    if path.is_file() and path.stat().st_size:
-        data = path.read_bytes()
-        if not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
+@dataclass
+class _Session:
+    """What one grid run holds while it measures: the model, its saved weights, probes, statistics."""
+
+    spec: GridSpec
+    model: Any
+    probes: dict[str, Any]
+    targets: list
+    saved: dict[str, Any]
+    state: dict[str, Any]
+    baseline: dict[str, Any]
+    stats: dict[str, Any] = field(default_factory=dict)
+    calib_info: list[dict[str, Any]] = field(default_factory=list)
+    stable: dict[str, Any] = field(default_factory=dict)
+    factor_cache: dict = field(default_factory=dict)
+
+    def restore(self) -> None:
+        for t in self.targets:
+            t.module.weight.data.copy_(self.saved[t.name])
+
+    def compress(self, s: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Compress the model in place for grid entry ``s``: (summary, extra record fields)."""
+        from capsense.compress.apply import compress_model
+
+        if s["method"] == "none":
+            return {}, {}
+        setting = _setting(s)
+        budget = uniform_budget(setting.to_dict(), s["targets"])
+        res = compress_model(self.model, budget, self.stats, factor_cache=self.factor_cache)
+        extra: dict[str, Any] = {}
+        if setting.family == "lowrank":
+            extra["stable_rank"] = self.stable[s["targets"]]
+        extra["calibration"] = self.calib_info if setting.calibrated else []
+        return res.summary, extra
+
+    def record(self, s: Mapping[str, Any], c: str, summary, extra, seconds: float) -> dict[str, Any]:
+        from capsense.compress.measure import measure_probe
+
+        t1 = time.time()
+        m = measure_probe(self.model, self.probes[c], c, self.spec.batch_size)
+        base = self.baseline.get(c)
+        dense = s["method"] == "none"
+        rec = {
+            "key": record_key(s, c), "grid": self.spec.fingerprint(), "model_state": self.state,
+            "setting": s, "label": "dense" if dense else _setting(s).label,
+            "method": s["method"], "family": "none" if dense else _setting(s).family,
+            "targets": s.get("targets", ""), "capability": c, "task": task_of(c),
+            **m.to_dict(per_doc=True),
+            "nll0": base["nll"] if base else m.nll, "acc0": base["acc"] if base else m.acc,
+            "summary": summary, **extra,
+            "seconds": round(time.time() - t1 + seconds, 2),
+        }
+        rec["dL"] = rec["nll"] - rec["nll0"]
+        rec["dacc"] = rec["acc"] - rec["acc0"]
+        if dense:
+            self.baseline[c] = rec
+        return rec
+
+
+def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -> _Session:
+    """Load the model, validate every setting against it, build probes, calibrate what needs it."""
+    from capsense.compress.accounting import model_param_count
+    from capsense.compress.apply import mean_stable_rank, plan
+    from capsense.compress.calibration import calibration_samples, collect_stats
+    from capsense.compress.measure import build_probes
+    from capsense.compress.targets import find_targets
+
+    if model_and_tokenizer is None:
+        from capsense.core.models import load_model
+
+        model, tokenizer = load_model(spec.model, dtype=spec.dtype)
+    else:
+        model, tokenizer = model_and_tokenizer
+    for s in spec.settings:  # validate against the model before measuring anything
+        plan(model, uniform_budget(_setting(s).to_dict(), s["targets"]))
+    targets = find_targets(model)
+    n_params = model_param_count(model)
+    sess = _Session(
+        spec, model, build_probes(tokenizer, spec.capabilities, spec.probes), targets,
+        {t.name: t.module.weight.detach().clone().cpu() for t in targets},
+        {"model": spec.model, "n_params": n_params, "log_params": math.log(n_params), "train_tokens": spec.train_tokens},
+        {r["capability"]: r for r in existing if r["key"].startswith("dense|")},
+    )
+    pending_settings = [_setting(s) for s, _ in pending if s["method"] != "none"]
+    if any(x.calibrated for x in pending_settings):
+        samples, sess.calib_info = calibration_samples(spec.calibration, tokenizer, spec.calibration_samples)
+        log(f"calibrating on {spec.calibration} ({len(samples)} samples)")
+        sess.stats = collect_stats(model, targets, samples, gram=any(x.needs_gram for x in pending_settings))
+    # Stable ranks come from the original weights alone, once per target set.
+    lowrank = {s["targets"] for s, _ in pending if s["method"] != "none" and _setting(s).family == "lowrank"}
+    sess.stable = {tg: mean_stable_rank(model, tg) for tg in sorted(lowrank)}
+    return sess
 
 
 def run_grid(
@@ -160,58 +266,18 @@ def run_grid(
     """Measure every (setting, capability) not yet in ``out``; return all records of the file."""
     from tqdm.auto import tqdm
 
-    from capsense.compress.accounting import model_param_count
-    from capsense.compress.apply import compress_model, mean_stable_rank, plan
-    from capsense.compress.budget import CALIBRATED
-    from capsense.compress.calibration import calibration_samples, collect_stats
-    from capsense.compress.measure import build_probes, measure_probe
-    from capsense.compress.targets import find_targets
-
     log = log or (lambda _m: None)
     out = Path(out)
     existing = read_records(out)
-    fp = spec.fingerprint()
-    for r in existing:
-        if r.get("grid") != fp:
-            raise GridError(
-                f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another --out"
-            )
+    _check_resumable(out, existing, spec.fingerprint())
     done = {r["key"] for r in existing}
-    _repair_tail(out)
+    repair_jsonl_tail(out)
     settings = [dict(BASELINE)] + spec.settings
     pending = [(s, c) for s in settings for c in spec.capabilities if record_key(s, c) not in done]
     if not pending:
         log(f"{out}: all {len(settings) * len(spec.capabilities)} measurements present")
         return existing
-    if model_and_tokenizer is None:
-        from capsense.core.models import load_model
-
-        model, tokenizer = load_model(spec.model, dtype=spec.dtype)
-    else:
-        model, tokenizer = model_and_tokenizer
-    # Validate every setting against the model before measuring anything.
-    budgets = {}
-    for s in spec.settings:
-        b = uniform_budget({k: v for k, v in s.items() if k != "targets"}, s["targets"])
-        plan(model, b)
-        budgets[json.dumps(s, sort_keys=True)] = b
-    probes = build_probes(tokenizer, spec.capabilities, spec.probes)
-    targets = find_targets(model)
-    saved = {t.name: t.module.weight.detach().clone().cpu() for t in targets}
-    n_params = model_param_count(model)
-    state = {"model": spec.model, "n_params": n_params, "log_params": math.log(n_params), "train_tokens": spec.train_tokens}
-    baseline = {r["capability"]: r for r in existing if r["key"].startswith("dense|")}
-    stats: dict[str, Any] = {}
-    calib_info: list[dict[str, Any]] = []
-    pending_methods = {s.get("method") for s, _ in pending}
-    if pending_methods & CALIBRATED:
-        samples, calib_info = calibration_samples(spec.calibration, tokenizer, spec.calibration_samples)
-        log(f"calibrating on {spec.calibration} ({len(samples)} samples)")
-        stats = collect_stats(model, targets, samples, gram="svd-llm" in pending_methods)
-    # Stable ranks come from the original weights alone, once per target set.
-    lowrank_targets = {s["targets"] for s, _ in pending if s["method"] != "none" and method_family(s["method"]) == "lowrank"}
-    stable = {tg: mean_stable_rank(model, tg) for tg in sorted(lowrank_targets)}
-    factor_cache: dict = {}
+    sess = _open_session(spec, pending, existing, model_and_tokenizer, log)
     bar = tqdm(total=len(pending), desc="grid", unit="meas", disable=not progress)
     records = list(existing)
     try:
@@ -220,42 +286,17 @@ def run_grid(
             if not caps:
                 continue
             t0 = time.time()
-            summary: dict[str, Any] = {}
-            extra: dict[str, Any] = {}
-            if s["method"] != "none":
-                b = budgets[json.dumps(s, sort_keys=True)]
-                res = compress_model(model, b, stats, factor_cache=factor_cache)
-                summary = res.summary
-                if method_family(s["method"]) == "lowrank":
-                    extra["stable_rank"] = stable[s["targets"]]
-                extra["calibration"] = calib_info if s["method"] in CALIBRATED else []
-            t_comp = time.time() - t0
             try:
+                summary, extra = sess.compress(s)
+                t_comp = (time.time() - t0) / len(caps)
                 for c in caps:
-                    t1 = time.time()
-                    m = measure_probe(model, probes[c], c, spec.batch_size)
-                    base = baseline.get(c)
-                    rec = {
-                        "key": record_key(s, c), "grid": fp, "model_state": state,
-                        "setting": s, "label": "dense" if s["method"] == "none" else setting_label(s),
-                        "method": s["method"], "family": "none" if s["method"] == "none" else method_family(s["method"]),
-                        "targets": s.get("targets", ""), "capability": c, "task": task_of(c),
-                        **m.to_dict(per_doc=True),
-                        "nll0": base["nll"] if base else m.nll, "acc0": base["acc"] if base else m.acc,
-                        "summary": summary, **extra,
-                        "seconds": round(time.time() - t1 + t_comp / len(caps), 2),
-                    }
-                    rec["dL"] = rec["nll"] - rec["nll0"]
-                    rec["dacc"] = rec["acc"] - rec["acc0"]
-                    if s["method"] == "none":
-                        baseline[c] = rec
-                    _append(out, rec)
+                    rec = sess.record(s, c, summary, extra, t_comp)
+                    append_jsonl(out, rec)
                     records.append(rec)
                     bar.update(1)
                     bar.set_postfix_str(f"{rec['label']} {c} dL={rec['dL']:+.3f}")
             finally:
-                for t in targets:
-                    t.module.weight.data.copy_(saved[t.name])
+                sess.restore()
     finally:
         bar.close()
     return records
@@ -267,14 +308,10 @@ def grid_table(records: Sequence[Mapping[str, Any]]) -> str:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         rows.setdefault((r["label"], r["targets"]), {})[r["capability"]] = r
-    head = "| setting | targets | size | " + " | ".join(f"{c} dL" for c in caps) + " |"
-    lines = [head, "|" + "---|" * (3 + len(caps))]
+    table = []
     for (label, targets), by_cap in rows.items():
-        any_r = next(iter(by_cap.values()))
-        size = any_r.get("summary", {}).get("size_ratio", 1.0)
-        cells = []
-        for c in caps:
-            r = by_cap.get(c)
-            cells.append(f"{r['dL']:+.3f}" if r else "")
-        lines.append(f"| {label} | {targets or '-'} | {size:.3f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        size = next(iter(by_cap.values())).get("summary", {}).get("size_ratio", 1.0)
+        row = {"setting": label, "targets": targets or "-", "size": f"{size:.3f}"}
+        row.update({f"{c} dL": f"{by_cap[c]['dL']:+.3f}" if c in by_cap else "" for c in caps})
+        table.append(row)
+    return markdown_table(table)

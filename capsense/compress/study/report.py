@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from capsense.compress.study.grid import grid_table
+from capsense.core.files import atomic_write_text
+from capsense.core.tables import markdown_table
 from capsense.compress.study.predictors import CompactFit
 
 
@@ -99,57 +101,52 @@ def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Pat
     return _save(fig, path)
 
 
+def _pruning_table(pr: Mapping[str, Any]) -> str:
+    cols = ("method", "capability", "gamma (half)", "A (half)", "MAE held-out densities (mean |dL| there)",
+            "doc-split MAE compact (half densities)", "doc-split MAE per-density (all)")
+    rows = []
+    for method, m in pr.items():
+        for cap, e in m["capabilities"].items():
+            if "skipped" in e:
+                rows.append(dict(zip(cols, (method, cap, e["skipped"], "", "", "", ""))))
+                continue
+            ds = e.get("doc_split", {})
+            rows.append(dict(zip(cols, (
+                method, cap, f"{e['compact_half']['gamma']:.2f}", f"{e['compact_half']['coef'][0]:.3f}",
+                f"{_f(e['mae_heldout_densities'])} ({_f(e.get('mean_abs_dL_heldout'))})",
+                _f(ds.get("mae_compact_half_densities")), _f(ds.get("mae_per_density_all_densities")),
+            ))))
+        rows.append(dict(zip(cols, (
+            f"**{method}**", "**mean**", "", "", f"{_f(m['mae_heldout_densities'])} ({_f(m.get('mean_abs_dL_heldout'))})",
+            _f(m["doc_split_mae_compact_half"]), _f(m["doc_split_mae_per_density_all"]),
+        ))))
+    return markdown_table(rows, cols)
+
+
+def _lowrank_table(groups: Mapping[str, Any]) -> str:
+    cols = ("capability / targets", "n", "slope", "LOO Pearson r", "LOO MAE")
+    rows = [
+        dict(zip(cols, (name, "", g["skipped"], "", ""))) if "skipped" in g
+        else dict(zip(cols, (name, str(g["n"]), f"{g['slope']:.4f}", _f(g["loo_pearson"]), _f(g["loo_mae"]))))
+        for name, g in groups.items()
+    ]
+    return markdown_table(rows, cols)
+
+
 def fits_markdown(fits: Mapping[str, Any]) -> str:
     """Tables of the pruning, low-rank and bits fits."""
     lines = []
     pr = fits.get("pruning") or {}
     if pr:
-        lines += [
-            "### Pruning: compact relation vs per-density regression",
-            "",
-            "| method | capability | gamma (half) | A (half) | MAE held-out densities (mean \\|dL\\| there) "
-            "| doc-split MAE compact (half densities) | doc-split MAE per-density (all) |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for method, m in pr.items():
-            for cap, e in m["capabilities"].items():
-                if "skipped" in e:
-                    lines.append(f"| {method} | {cap} | {e['skipped']} | | | | |")
-                    continue
-                ds = e.get("doc_split", {})
-                lines.append(
-                    f"| {method} | {cap} | {e['compact_half']['gamma']:.2f} | {e['compact_half']['coef'][0]:.3f} | "
-                    f"{_f(e['mae_heldout_densities'])} ({_f(e.get('mean_abs_dL_heldout'))}) | "
-                    f"{_f(ds.get('mae_compact_half_densities'))} | "
-                    f"{_f(ds.get('mae_per_density_all_densities'))} |"
-                )
-            lines.append(
-                f"| **{method}** | **mean** | | | {_f(m['mae_heldout_densities'])} ({_f(m.get('mean_abs_dL_heldout'))}) | "
-                f"{_f(m['doc_split_mae_compact_half'])} | "
-                f"{_f(m['doc_split_mae_per_density_all'])} |"
-            )
-        lines.append("")
+        lines += ["### Pruning: compact relation vs per-density regression", "", _pruning_table(pr), ""]
     lr = (fits.get("lowrank") or {}).get("groups", {})
     if lr:
-        lines += [
-            "### Low-rank: stable-rank predictor dL ~ gamma * mean(rho_s)",
-            "",
-            "| capability / targets | n | slope | LOO Pearson r | LOO MAE |",
-            "|---|---|---|---|---|",
-        ]
-        for name, g in lr.items():
-            if "skipped" in g:
-                lines.append(f"| {name} | | {g['skipped']} | | |")
-            else:
-                lines.append(f"| {name} | {g['n']} | {g['slope']:.4f} | {_f(g['loo_pearson'])} | {_f(g['loo_mae'])} |")
-        lines.append("")
+        lines += ["### Low-rank: stable-rank predictor dL ~ gamma * mean(rho_s)", "", _lowrank_table(lr), ""]
     q = fits.get("quant") or {}
     if q:
-        lines += ["### RTN: dL ~ c * 4^-bits", "", "| capability | n | c | LOO MAE |", "|---|---|---|---|"]
-        for cap, g in q.items():
-            if "skipped" not in g:
-                lines.append(f"| {cap} | {g['n']} | {g['slope']:.1f} | {_f(g['loo_mae'])} |")
-        lines.append("")
+        rows = [{"capability": cap, "n": str(g["n"]), "c": f"{g['slope']:.1f}", "LOO MAE": _f(g["loo_mae"])}
+                for cap, g in q.items() if "skipped" not in g]
+        lines += ["### RTN: dL ~ c * 4^-bits", "", markdown_table(rows), ""]
     return "\n".join(lines)
 
 
@@ -164,7 +161,7 @@ def write_report(
     """``report.md``, ``fits.json`` and the two plots in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fits.json").write_text(json.dumps(fits, indent=1, default=float) + "\n")
+    atomic_write_text(out / "fits.json", json.dumps(fits, indent=1, default=float) + "\n")
     p1 = plot_pruning(fits, out / "pruning_fits.png")
     p2 = plot_predicted_vs_measured(fits, out / "predicted_vs_measured.png")
     base = [r for r in records if r["method"] == "none"]
@@ -178,10 +175,7 @@ def write_report(
     if p2:
         lines += [f"![predicted vs measured]({p2.name})", ""]
     if selections:
-        lines += ["## Budgeted selection", "", "| budget | chosen (predicted) | best measured | regret (nats/token) |", "|---|---|---|---|"]
-        for s in selections:
-            lines.append(f"| {s['budget']:g} | {s['chosen']} | {s['best']} | {s['regret']:.3f} |")
-        lines.append("")
-    path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+        rows = [{"budget": f"{s['budget']:g}", "chosen (predicted)": s["chosen"], "best measured": s["best"],
+                 "regret (nats/token)": f"{s['regret']:.3f}"} for s in selections]
+        lines += ["## Budgeted selection", "", markdown_table(rows), ""]
+    return atomic_write_text(out / "report.md", "\n".join(lines) + "\n")

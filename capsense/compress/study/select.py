@@ -24,32 +24,42 @@ class SelectError(CapsenseError):
     """No setting fits the budget, or the grid lacks what selection needs."""
 
 
-def _predicted(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
-    cap = r["capability"]
-    fam = r["family"]
-    if fam == "prune":
-        method = r["label"].split("@")[0] + _scope_tag(r)
-        entry = fits["pruning"].get(method, {}).get("capabilities", {}).get(cap)
-        if not entry or "compact_half" not in entry:
-            return None
-        c = entry["compact_half"]
-        fit = CompactFit(**{**c, "density_range": tuple(c["density_range"])})
-        if fit.features:
-            return None
-        return float(fit.predict(r["setting"]["density"])[0])
-    if fam == "lowrank":
-        groups = fits["lowrank"]["groups"]
-        for key in (f"{cap}|{r['targets']}|{r['method']}", f"{cap}|{r['targets']}"):  # per method first
-            g = groups.get(key)
-            if g and "labels" in g and r["label"] in g["labels"]:
-                return float(g["loo_pred"][g["labels"].index(r["label"])])
+def _predict_prune(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
+    method = r["label"].split("@")[0] + _scope_tag(r)
+    entry = fits["pruning"].get(method, {}).get("capabilities", {}).get(r["capability"])
+    if not entry or "compact_half" not in entry:
         return None
-    if fam == "quant":
-        g = fits["quant"].get(cap)
-        if not g or "bits" not in g:
-            return None
-        return float(g["loo_pred"][g["bits"].index(r["setting"]["bits"])])
+    c = entry["compact_half"]
+    fit = CompactFit(**{**c, "density_range": tuple(c["density_range"])})
+    if fit.features:
+        return None
+    return float(fit.predict(r["setting"]["density"])[0])
+
+
+def _predict_lowrank(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
+    groups = fits["lowrank"]["groups"]
+    cap = r["capability"]
+    for key in (f"{cap}|{r['targets']}|{r['method']}", f"{cap}|{r['targets']}"):  # per method first
+        g = groups.get(key)
+        if g and "labels" in g and r["label"] in g["labels"]:
+            return float(g["loo_pred"][g["labels"].index(r["label"])])
     return None
+
+
+def _predict_quant(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
+    g = fits["quant"].get(r["capability"])
+    if not g or "bits" not in g:
+        return None
+    return float(g["loo_pred"][g["bits"].index(r["setting"]["bits"])])
+
+
+PREDICTORS = {"prune": _predict_prune, "lowrank": _predict_lowrank, "quant": _predict_quant}
+
+
+def _predicted(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
+    """The fitted prediction of a grid record's dL (None when its family has no fit for it)."""
+    predictor = PREDICTORS.get(r["family"])
+    return predictor(r, fits) if predictor else None
 
 
 def candidates(

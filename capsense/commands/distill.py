@@ -1,0 +1,51 @@
+"""``capsense distill``: recover a pruned student with knowledge distillation from its teacher."""
+
+from __future__ import annotations
+
+import click
+
+from capsense.commands.options import out_option, overwrite_option
+from capsense.commands.output import echo_written
+
+
+@click.command("distill")
+@click.argument("student")
+@click.option("--teacher", required=True, help="The uncompressed model (Hub id, folder or smollm2-135m).")
+@click.option("--epochs", type=int, default=3, show_default=True, help="Passes over the fixed token set.")
+@click.option("--texts", type=int, default=96, show_default=True, help="Task texts in the token set (their last documents).")
+@click.option("--gen-tokens", type=int, default=32, show_default=True, help="Teacher-generated tokens after each text.")
+@click.option("--seq-len", type=int, default=128, show_default=True)
+@click.option("--lr", type=float, default=2e-5, show_default=True)
+@click.option("--capabilities", default="math,code,qa,arithmetic,induction", show_default=True,
+              help="Capabilities whose dL (vs the teacher, first --probes documents) is measured after each epoch.")
+@click.option("--probes", type=int, default=32, show_default=True)
+@out_option("Output folder (written atomically at the end; rerun the same command to resume).")
+@overwrite_option()
+def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, capabilities, probes, out, overwrite):
+    """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
+
+    Resumable: rerun the same command after a kill. Prints dL per capability before and
+    after each epoch and the fit dL(E) = d0 + a*log(1+E).
+    """
+    from capsense.core.files import check_output_dir
+    from capsense.core.models import check_model
+
+    check_output_dir(out, overwrite)  # before any heavy import
+    check_model(student)
+    check_model(teacher)
+    from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, run_distill
+    from capsense.compress.measure import parse_capabilities
+    from capsense.core.models import load_model
+
+    caps = parse_capabilities(capabilities)
+    cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
+                        epochs=epochs, lr=lr)
+    s_model, tok = load_model(student)
+    t_model, _ = load_model(teacher)
+    evaluate = capability_evaluator(t_model, tok, caps, probes)
+    records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok))
+    for r in records:
+        click.echo(f"epoch {r['epoch']}: " + "  ".join(f"{c} {v:+.4f}" for c, v in r["dL"].items()))
+    for c, f in epoch_fits(records).items():
+        click.echo(f"{c}: dL(E) = {f['d0']:+.4f} {f['a']:+.4f} log(1+E)  (rms {f['rms']:.4f})")
+    echo_written([out])

@@ -1,0 +1,301 @@
+"""Knowledge distillation: recover a pruned student from its uncompressed teacher on offline text.
+
+Data: a fixed set of unique tokens from the repo's own tasks (their *last* documents, so
+probe documents never train) each followed by ``gen_tokens`` tokens the teacher generates
+greedily (no download). Training: ``epochs`` passes over that set, loss
+``KL(teacher || student)`` of the next-token distributions at every position, Adam on the
+student's target matrices with their zeros held at zero (pruning masks kept, so the exact
+size accounting of the student still holds). Other families (RTN codes, low-rank factors)
+would leave their grid when trained, so only pruned students are accepted.
+
+Resumable: after every ``save_every`` steps the student weights, optimizer state and position
+go to ``<out>.partial/state.pt``; a rerun with the same arguments continues from there. The
+per-capability loss after each epoch is appended to ``<out>.partial/epochs.jsonl``; at the
+end the student is written to ``out`` atomically, like ``capsense compress``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from capsense.errors import CapsenseError
+
+
+class DistillError(CapsenseError):
+    """A distillation request that cannot be carried out."""
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """What fixes a distillation run (a resumed run must match it)."""
+
+    student: str
+    teacher: str
+    sources: str = "prose,math,code,qa,arithmetic,induction"
+    n_texts: int = 96
+    gen_tokens: int = 32
+    seq_len: int = 128
+    epochs: int = 3
+    lr: float = 2e-5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_texts", "seq_len", "epochs"):
+            if getattr(self, name) < 1:
+                raise DistillError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.gen_tokens < 0 or not self.lr > 0:
+            raise DistillError(f"gen_tokens must be >= 0 and lr > 0, got {self.gen_tokens} and {self.lr}")
+
+
+@torch.no_grad()
+def build_corpus(teacher: nn.Module, tokenizer, cfg: DistillConfig) -> list[list[int]]:
+    """Token sequences of at most ``seq_len``: task texts, each followed by the teacher's greedy continuation."""
+    from capsense.compress.calibration import calibration_samples
+
+    samples, _ = calibration_samples(cfg.sources, tokenizer, cfg.n_texts, max_tokens=cfg.seq_len - cfg.gen_tokens)
+    out = []
+    for ids in samples:
+        x = torch.tensor([ids])
+        if cfg.gen_tokens:
+            x = teacher.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=cfg.gen_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        out.append(x[0, : cfg.seq_len].tolist())
+    return out
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of ``KL(teacher || student)`` of the next-token distributions."""
+    t = F.log_softmax(teacher_logits.float(), -1)
+    s = F.log_softmax(student_logits.float(), -1)
+    return (t.exp() * (t - s)).sum(-1).mean()
+
+
+def _trainable(student: nn.Module) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+    from capsense.compress.targets import find_targets
+
+    params = [t.module.weight for t in find_targets(student)]
+    masks = [p.detach() != 0 for p in params]
+    for p in student.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    return params, masks
+
+
+class _State:
+    """Resumable position of a run: epoch, step within it, optimizer, weights."""
+
+    def __init__(self, work: Path, cfg: DistillConfig):
+        self.path = work / "state.pt"
+        self.cfg = cfg
+
+    def load(self, params, opt) -> tuple[int, int]:
+        if not self.path.is_file():
+            return 0, 0
+        st = torch.load(self.path, weights_only=False)
+        if st["config"] != asdict(self.cfg):
+            raise DistillError(f"{self.path.parent} holds another distillation ({st['config']}): use another --out")
+        with torch.no_grad():
+            for p, w in zip(params, st["weights"]):
+                p.copy_(w)
+        opt.load_state_dict(st["optimizer"])
+        return st["epoch"], st["step"]
+
+    def save(self, params, opt, epoch: int, step: int) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({"config": asdict(self.cfg), "epoch": epoch, "step": step, "optimizer": opt.state_dict(),
+                    "weights": [p.detach().clone() for p in params]}, tmp)
+        tmp.replace(self.path)
+
+
+def _order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def fit_log_epochs(epochs: Sequence[float], dls: Sequence[float]) -> dict[str, float]:
+    """Least squares ``dL(E) = d0 + a log(1 + E)``: a, d0 and the RMS residual."""
+    x = torch.tensor([math.log1p(e) for e in epochs], dtype=torch.float64)
+    y = torch.tensor(list(dls), dtype=torch.float64)
+    X = torch.stack([torch.ones_like(x), x], 1)
+    coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
+    rms = float(((X @ coef - y) ** 2).mean().sqrt())
+    return {"a": float(coef[1]), "d0": float(coef[0]), "rms": rms, "n": len(dls)}
+
+
+def run_distill(
+    cfg: DistillConfig,
+    out: str | Path,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+    save_every: int = 20,
+    progress: bool = True,
+    overwrite: bool = False,
+    models: tuple[nn.Module, nn.Module, Any] | None = None,
+    stop_after: int | None = None,
+) -> list[dict[str, Any]] | None:
+    """Distil ``cfg.student`` from ``cfg.teacher``; per-epoch records (epoch 0 = before).
+
+    ``evaluate(student)`` gives per-capability losses; ``stop_after`` stops after that many
+    steps of this call, as a kill would (returns None; the state is saved first).
+    """
+    from tqdm.auto import tqdm
+
+    from capsense.core.files import check_output_dir
+
+    out = Path(out)
+    check_output_dir(out, overwrite)
+    work = out.parent / (out.name + ".partial")
+    work.mkdir(parents=True, exist_ok=True)
+    student, teacher, tokenizer = models or _load(cfg)
+    _check_pruned(cfg.student)
+    corpus = _corpus(work, teacher, tokenizer, cfg)
+    run = _Run(cfg, work, student, teacher, corpus, evaluate)
+    bar = tqdm(total=cfg.epochs * len(corpus), initial=run.epoch * len(corpus) + run.step, desc="distill",
+               disable=not progress)
+    try:
+        if not run.train(bar, save_every, stop_after):
+            return None
+    finally:
+        bar.close()
+    _write(student, tokenizer, cfg, out, run.records, overwrite)
+    return run.records
+
+
+class _Run:
+    """One distillation's training state: weights, masks, optimizer, position and epoch records."""
+
+    def __init__(self, cfg, work, student, teacher, corpus, evaluate):
+        from capsense.core.files import read_jsonl, repair_jsonl_tail
+
+        self.cfg, self.student, self.teacher, self.corpus, self.evaluate = cfg, student, teacher, corpus, evaluate
+        student.eval()  # no dropout: a resumed run repeats an uninterrupted one exactly
+        self.params, self.masks = _trainable(student)
+        self.opt = torch.optim.Adam(self.params, lr=cfg.lr)
+        self.state = _State(work, cfg)
+        self.epoch, self.step = self.state.load(self.params, self.opt)
+        self.log_path = work / "epochs.jsonl"
+        repair_jsonl_tail(self.log_path)
+        self.records = list({r["epoch"]: r for r in read_jsonl(self.log_path)}.values())
+        if evaluate and not self.records:
+            self._record(0)
+
+    def _record(self, epoch: int) -> None:
+        from capsense.core.files import append_jsonl
+
+        rec = {"epoch": epoch, "dL": self.evaluate(self.student), "tokens": sum(map(len, self.corpus))}
+        self.records = [r for r in self.records if r["epoch"] != epoch] + [rec]
+        append_jsonl(self.log_path, rec)
+
+    def train(self, bar, save_every: int, stop_after: int | None) -> bool:
+        """Train to the last epoch (True) or until ``stop_after`` steps (False)."""
+        done_now = 0
+        while self.epoch < self.cfg.epochs:
+            order = _order(len(self.corpus), self.cfg.seed, self.epoch)
+            while self.step < len(self.corpus):
+                _train_step(self.student, self.teacher, self.corpus[order[self.step]], self.params, self.masks, self.opt)
+                self.step += 1
+                done_now += 1
+                bar.update(1)
+                stop = stop_after is not None and done_now >= stop_after
+                if self.step % save_every == 0 or stop:
+                    self.state.save(self.params, self.opt, self.epoch, self.step)
+                if stop:
+                    return False
+            if self.evaluate:
+                self._record(self.epoch + 1)
+            self.epoch, self.step = self.epoch + 1, 0
+            self.state.save(self.params, self.opt, self.epoch, self.step)
+        return True
+
+
+def _train_step(student, teacher, ids, params, masks, opt) -> float:
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        t_logits = teacher(input_ids=x, use_cache=False).logits
+    loss = kd_loss(student(input_ids=x, use_cache=False).logits, t_logits)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for p, m in zip(params, masks):
+            p.mul_(m)  # pruned weights stay exactly zero
+    return float(loss.detach())
+
+
+def _load(cfg: DistillConfig):
+    from capsense.core.models import load_model
+
+    student, tokenizer = load_model(cfg.student)
+    teacher, _ = load_model(cfg.teacher)
+    return student, teacher, tokenizer
+
+
+def _check_pruned(student: str) -> None:
+    meta_path = Path(student) / "capsense.json"
+    if not meta_path.is_file():
+        return  # an in-memory or foreign student: the masks are its zeros
+    meta = json.loads(meta_path.read_text())
+    from capsense.compress.methods import METHODS
+
+    bad = {m["method"] for m in meta.get("matrices", []) if m["method"] != "none" and METHODS[m["method"]].family != "prune"}
+    if bad:
+        raise DistillError(f"distillation keeps pruning masks only; {student} also holds {', '.join(sorted(bad))} matrices")
+
+
+def _corpus(work: Path, teacher, tokenizer, cfg: DistillConfig) -> list[list[int]]:
+    """The fixed token set, built once and kept with the run (a resumed run trains on the same tokens)."""
+    from capsense.core.files import atomic_write_json
+
+    path = work / "corpus.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    corpus = build_corpus(teacher, tokenizer, cfg)
+    atomic_write_json(path, corpus)
+    return corpus
+
+
+def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite: bool) -> None:
+    import shutil
+
+    from capsense.core.files import atomic_output_dir
+
+    work = out.parent / (out.name + ".partial")
+    meta_in = Path(cfg.student) / "capsense.json"
+    meta = json.loads(meta_in.read_text()) if meta_in.is_file() else {}
+    meta["distill"] = {"config": asdict(cfg), "epochs": records}
+    with atomic_output_dir(out, overwrite=overwrite) as tmp:
+        student.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def capability_evaluator(teacher: nn.Module, tokenizer, capabilities, n_probes: int = 32, batch_size: int = 16):
+    """``evaluate(student) -> {capability: dL}``, dL against the teacher on the first ``n_probes`` documents."""
+    from capsense.compress.measure import build_probes, measure
+
+    probes = build_probes(tokenizer, capabilities, n_probes)
+    base = {c: m.nll for c, m in measure(teacher, probes, batch_size).items()}
+
+    def evaluate(student: nn.Module) -> dict[str, float]:
+        with torch.no_grad():
+            return {c: m.nll - base[c] for c, m in measure(student, probes, batch_size).items()}
+
+    return evaluate
+
+
+def epoch_fits(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per capability, the fit ``dL(E) = d0 + a log(1 + E)`` over the epoch records."""
+    caps = list(records[0]["dL"]) if records else []
+    return {c: fit_log_epochs([r["epoch"] for r in records], [r["dL"][c] for r in records]) for c in caps}

@@ -1,0 +1,210 @@
+"""Capability-guided compression: keep the named capabilities, shrink the rest, at a given size.
+
+Design (why it is built this way):
+
+* **Size to match.** The uniform setting (``wanda`` at density 0.5, ``rtn`` at 3 bits, ...) names
+  the size: its exact bits over the target matrices (or a model size ratio, when given) are the
+  budget the allocation may not exceed. The allocation fills it to within one level step.
+* **Sensitivity from gradients.** One backward pass per calibration text of the kept
+  capabilities (their last documents, never the probe documents that measure them) gives the
+  Fisher diagonal ``F`` of their loss for every weight, so every matrix, layer and head gets a
+  sensitivity from the same few seconds of compute, for any capability and model. A grid could
+  give measured per-layer dL too, but needs one measured compression per layer and level.
+* **Whole heads protected.** The kept capability's most important heads (by the same Fisher
+  estimate, or a located heads file) keep their query rows, their KV group's key/value rows
+  and their output-projection columns dense and at full precision; their cost counts in the
+  size.
+* **Allocation.** Each matrix takes one level of the method (density, bits or ratio) chosen by
+  :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget.
+
+The result is an ordinary :class:`~capsense.compress.budget.Budget` (per-matrix overrides plus
+whole-head protection), written as a budget file that reproduces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from capsense.compress import accounting as acc
+from capsense.compress.allocate import Candidate, allocate, matrix_candidates
+from capsense.compress.budget import Budget, BudgetError, Override, protections
+from capsense.compress.methods import Setting, parse_setting
+from capsense.compress.targets import find_targets
+
+SENSITIVITIES = ("kept", "generic", "flat")
+
+
+@dataclass
+class Guide:
+    """How to guide an allocation.
+
+    ``keep``: capabilities to keep. ``sensitivity``: ``kept`` (Fisher of the kept capabilities'
+    loss), ``generic`` (Fisher on the generic calibration text: a capability-agnostic control) or
+    ``flat`` (``F = 1`` and only the uniform level and the one below it: protection's cost spread
+    as evenly as the levels allow). ``protect_top_k``: heads protected per kept capability
+    (0: none; None: the method's default); ``heads`` overrides the gradient's choice with given heads.
+    """
+
+    keep: list[str]
+    sensitivity: str = "kept"
+    protect_top_k: int | None = None  # None: the method's default (8 for pruning and low-rank, 0 for RTN)
+    heads: Any = None
+    samples: int = 32
+    size_ratio: float | None = None  # model size to match; None: the uniform setting's size
+    generic: str = "prose"
+    spread: tuple[float, float] = (0.4, 2.0)  # levels' size per parameter within these factors of the uniform's
+
+    def __post_init__(self) -> None:
+        from capsense.compress.measure import parse_capabilities
+
+        self.keep = parse_capabilities(self.keep)
+        if self.sensitivity not in SENSITIVITIES:
+            raise BudgetError(f"unknown sensitivity {self.sensitivity!r}: valid are {', '.join(SENSITIVITIES)}")
+        if self.protect_top_k is not None and self.protect_top_k < 0:
+            raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
+        if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
+            raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
+
+
+@dataclass
+class Allocation:
+    """A guided budget and what chose it."""
+
+    budget: Budget
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None) -> dict[str, torch.Tensor]:
+    from capsense.compress.calibration import calibration_samples
+    from capsense.compress.sensitivity import fisher_diagonal
+
+    key = (source, n, tuple(t.name for t in targets))
+    if cache is not None and key in cache:
+        return cache[key]
+    samples, _ = calibration_samples(source, tokenizer, n, max_tokens=256)
+    log(f"sensitivity: {len(samples)} backward passes on {source}")
+    fisher = fisher_diagonal(model, targets, samples)
+    if cache is not None:
+        cache[key] = fisher
+    return fisher
+
+
+def _protected_heads(model, targets, guide: Guide, top_k: int, fisher_by_cap: Mapping[str, Mapping[str, torch.Tensor]]):
+    from capsense.core.heads import HeadSet, HeadSpecError
+    from capsense.compress.sensitivity import head_scores, top_heads
+
+    if top_k == 0 and guide.heads is None:
+        return None
+    if guide.heads is not None:
+        try:
+            return HeadSet.parse(guide.heads)
+        except HeadSpecError as e:
+            raise BudgetError(f"protect: {e}") from None
+    picked: list = []
+    for cap in guide.keep:
+        picked += list(top_heads(head_scores(model, targets, fisher_by_cap[cap]), top_k))
+    return HeadSet(tuple(picked))
+
+
+def target_bits(model: nn.Module, base: Setting, targets, size_ratio: float | None, base_bits: int = acc.BASE_BITS) -> int:
+    """Bits the compressed matrices may use: the uniform setting's exact size, or what ``size_ratio`` leaves."""
+    if size_ratio is None:
+        return sum(base.size(t.shape, None, base_bits)[1] for t in targets)
+    n_model = acc.model_param_count(model)
+    rest = n_model - sum(t.n_params for t in targets)
+    bits = int(size_ratio * n_model * base_bits) - rest * base_bits
+    if bits <= 0:
+        raise BudgetError(
+            f"size ratio {size_ratio} is below what the uncompressed embeddings and norms alone take "
+            f"({rest / n_model:.4f} of the model)"
+        )
+    return bits
+
+
+def _levels(base: Setting, flat: bool, spread: tuple[float, float]) -> list[Setting]:
+    """Candidate levels: size per parameter within ``spread`` of ``base`` (the second-order cost
+    estimate is trusted only near it), or for ``flat`` just ``base`` and the level below it."""
+    ref = (512, 1536)  # a typical matrix: the sizes of group-size levels differ there
+
+    def bits(s: Setting) -> int:
+        return s.size(ref, None, acc.BASE_BITS)[1]
+
+    b0 = bits(base)
+    if flat:
+        lower = [s for s in base.levels() if bits(s) < b0]
+        return ([max(lower, key=bits)] if lower else []) + [base]
+    return [s for s in base.levels() if spread[0] * b0 <= bits(s) <= spread[1] * b0]
+
+
+def guided_budget(
+    model: nn.Module, tokenizer, base_budget: Budget, stats, guide: Guide, log: Callable[[str], None] | None = None,
+    fisher_cache: dict | None = None,
+) -> Allocation:
+    """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
+
+    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities across calls on the same weights.
+    """
+    log = log or (lambda _m: None)
+    base = parse_setting(base_budget.default)
+    if base is None or getattr(base, "scope", "row") == "global":
+        raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
+    targets = find_targets(model, base_budget.targets)
+    goal = target_bits(model, base, targets, guide.size_ratio)
+    top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
+    fisher_by_cap: dict[str, dict[str, torch.Tensor]] = {}
+    if guide.sensitivity == "kept" or (top_k and guide.heads is None):
+        fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache) for c in guide.keep}
+    heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
+    budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
+    prot = protections(model, budget, targets)
+    if guide.sensitivity == "kept":
+        fisher = {t.name: sum(f[t.name] for f in fisher_by_cap.values()) for t in targets}
+    elif guide.sensitivity == "generic":
+        fisher = _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, fisher_cache)
+    else:
+        fisher = {t.name: torch.ones(t.shape) for t in targets}
+    levels = _levels(base, guide.sensitivity == "flat", guide.spread)
+    cache: dict = {}
+    cands: dict[str, list[Candidate]] = {}
+    for t in targets:
+        st = stats.get(t.name) if base.calibrated else None
+        cands[t.name] = matrix_candidates(
+            t.name, t.get(), fisher[t.name], levels, st, prot.get(t.name), acc.BASE_BITS, cache, dense=False
+        )
+    chosen = allocate(cands, goal)
+    budget.overrides = [
+        Override(match=name, setting=(c.setting.to_dict() if c.setting is not None else {"skip": True}))
+        for name, c in chosen.items()
+        if c.setting != base
+    ]
+    info = {
+        "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": base.to_dict(), "spread": list(guide.spread),
+        "protected_heads": str(heads) if heads is not None else None, "target_bits": goal,
+        "allocated_bits": sum(c.bits for c in chosen.values()),
+        "estimated_cost": sum(c.cost for c in chosen.values()),
+        "per_matrix": {name: (c.setting.label if c.setting is not None else "dense") for name, c in chosen.items()},
+    }
+    return Allocation(budget, info)
+
+
+def budget_document(budget: Budget) -> dict[str, Any]:
+    """A budget file's content (YAML/JSON mapping) that reproduces ``budget``."""
+    doc: dict[str, Any] = {**budget.default, "targets": ",".join(budget.targets)}
+    doc["overrides"] = [{"match": o.match, **o.setting} for o in budget.overrides]
+    if budget.protect_heads is not None:
+        doc["protect"] = {"heads": str(budget.protect_heads), "whole": bool(budget.whole_heads)}
+    return doc
+
+
+def write_budget_file(path, budget: Budget) -> None:
+    """Write ``budget`` as a YAML budget file (``capsense compress --budget`` reproduces it)."""
+    import yaml
+
+    from capsense.core.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(budget_document(budget), sort_keys=False))

@@ -1,0 +1,202 @@
+"""Whole-head protection (exact, under GQA and fused projections) and capability-guided allocation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from conftest import HEAD_DIM, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
+
+from capsense.cli import main
+from capsense.compress.allocate import Candidate, allocate
+from capsense.compress.apply import calibrate, compress_model
+from capsense.compress.budget import Budget, BudgetError, Override, load_budget, uniform_budget
+from capsense.compress.guided import Guide, guided_budget, write_budget_file
+from capsense.compress.measure import MeasureError
+from capsense.compress.targets import find_targets, out_projection_name
+from capsense.core.arch import out_projections
+from capsense.core.heads import HeadSet
+
+SETTINGS = [{"method": "magnitude", "density": 0.3}, {"method": "rtn", "bits": 2, "group_size": 16},
+            {"method": "svd", "ratio": 0.3}]
+
+
+def _budget(setting, heads, only_layer=None):
+    b = uniform_budget(setting)
+    b.protect_heads, b.whole_heads = HeadSet.parse(heads), True
+    if only_layer is not None:
+        b.overrides = [Override(layers={i for i in range(3) if i != only_layer}, setting={"skip": True})]
+    return b
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s["method"])
+def test_whole_head_protection_under_gqa_is_exact(setting):
+    # tiny llama: 4 query heads, 2 KV heads (group of 2), head_dim 16; protect L1H3 -> q rows 48:64,
+    # k/v rows 16:32 (group 1), o_proj columns 48:64
+    model = make_tiny_model("llama")
+    before = {t.name: t.get().clone() for t in find_targets(model)}
+    res = compress_model(model, _budget(setting, "L1H3"))
+    attn = "model.layers.1.self_attn"
+    after = {t.name: t.get() for t in find_targets(model)}
+    hd = HEAD_DIM
+    assert torch.equal(after[f"{attn}.q_proj"][3 * hd:], before[f"{attn}.q_proj"][3 * hd:])
+    for kv in ("k_proj", "v_proj"):
+        assert torch.equal(after[f"{attn}.{kv}"][hd:2 * hd], before[f"{attn}.{kv}"][hd:2 * hd])
+        assert not torch.equal(after[f"{attn}.{kv}"][:hd], before[f"{attn}.{kv}"][:hd])
+    assert torch.equal(after[f"{attn}.o_proj"][:, 3 * hd:], before[f"{attn}.o_proj"][:, 3 * hd:])
+    assert not torch.equal(after[f"{attn}.q_proj"][:3 * hd], before[f"{attn}.q_proj"][:3 * hd])
+    by = {a.name: a for a in res.accounts}
+    assert by[f"{attn}.q_proj"].protected_rows == hd and by[f"{attn}.k_proj"].protected_rows == hd
+    assert by[f"{attn}.o_proj"].protected_cols == hd
+    for t in find_targets(model):
+        a, w = by[t.name], t.get()
+        prot = {"q_proj": hd * 64, "k_proj": hd * 64, "v_proj": hd * 64, "o_proj": 64 * hd}.get(t.short, 0) if t.layer == 1 else 0
+        m, n = t.shape
+        if setting["method"] == "magnitude":  # stored parameters are the nonzeros actually left
+            assert a.stored_params == int((w != 0).sum()) == a.nonzero
+            assert a.bits == 16 * a.stored_params
+        elif setting["method"] == "rtn":  # 2-bit codes + one fp16 scale per 16 columns; protected at 16 bits
+            fr, fc = (m - hd, n) if prot and t.short != "o_proj" else ((m, n - hd) if prot else (m, n))
+            assert a.bits == fr * fc * 2 + fr * -(-fc // 16) * 16 + (m * n - fr * fc) * 16
+            q = w.clone()
+            free_vals = q[:fr] if prot and t.short == "q_proj" else None
+            if free_vals is not None:  # the quantized block takes at most 3 levels per group of 16
+                assert all(len(torch.unique(g)) <= 3 for g in free_vals[:, :16])
+        else:
+            fr, fc = (m - hd, n) if prot and t.short != "o_proj" else ((m, n - hd) if prot else (m, n))
+            r = int(0.3 * fr * fc / (fr + fc))
+            assert a.stored_params == r * (fr + fc) + m * n - fr * fc
+    assert res.summary["target_bits_per_param"] == sum(a.bits for a in res.accounts) / res.summary["target_params"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gpt2", "gpt_neox", "qwen2"])
+def test_protected_head_output_is_bit_identical(arch):
+    """With only layer 1 compressed (2-bit RTN), the protected head's attention output is unchanged."""
+    model = make_tiny_model(arch)
+    x = tiny_inputs()
+    seen = {}
+    o_proj = out_projections(model)[1]
+    hook = o_proj.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
+    with torch.no_grad():
+        model(input_ids=x)
+    ref = seen["x"]
+    compress_model(model, _budget({"method": "rtn", "bits": 2, "group_size": 0}, "L1H2", only_layer=1))
+    with torch.no_grad():
+        model(input_ids=x)
+    hook.remove()
+    h = slice(2 * HEAD_DIM, 3 * HEAD_DIM)
+    assert torch.equal(seen["x"][..., h], ref[..., h])
+    assert not torch.allclose(seen["x"][..., :HEAD_DIM], ref[..., :HEAD_DIM], atol=1e-6)
+
+
+def test_allocation_meets_the_size_and_prefers_cheap_cost():
+    cands = {
+        "a": [Candidate(None, 100, 0.0), Candidate(object(), 50, 1.0), Candidate(object(), 25, 9.0)],
+        "b": [Candidate(None, 100, 0.0), Candidate(object(), 50, 0.1), Candidate(object(), 25, 0.2)],
+    }
+    chosen = allocate(cands, 75)
+    assert (chosen["a"].bits, chosen["b"].bits) == (50, 25)  # sensitive "a" keeps more
+    chosen = allocate(cands, 110)  # the slack left by the Lagrangian step goes to the best upgrade
+    assert (chosen["a"].bits, chosen["b"].bits) == (50, 50)
+    with pytest.raises(BudgetError, match="below what the protected weights alone need"):
+        allocate(cands, 49)
+
+
+@pytest.fixture(scope="module")
+def guided_case():
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    base = uniform_budget({"method": "wanda", "density": 0.5})
+    stats, _ = calibrate(model, tok, base, "math", 6)
+    orig = {k: v.clone() for k, v in model.state_dict().items()}
+    al = guided_budget(model, tok, base, stats, Guide(["math"], protect_top_k=2, samples=4))
+    return model, tok, base, stats, orig, al
+
+
+def test_guided_allocation_has_the_uniform_size_and_protects_whole_heads(guided_case):
+    model, _, base, stats, orig, al = guided_case
+    model.load_state_dict(orig)
+    uni = compress_model(model, base, stats).summary
+    model.load_state_dict(orig)
+    res = compress_model(model, al.budget, stats)
+    bits = sum(a.bits for a in res.accounts)
+    assert bits == al.info["allocated_bits"] <= al.info["target_bits"] == sum(a.bits for a in compress_model(
+        make_tiny_model("llama"), base, stats).accounts)
+    assert abs(res.summary["size_ratio"] - uni["size_ratio"]) / uni["size_ratio"] < 0.005
+    assert len(al.budget.protect_heads) == 2 and al.budget.whole_heads
+    for a in res.accounts:  # counted parameters are the nonzeros actually stored
+        assert a.stored_params == a.nonzero
+    assert {a.setting.get("density") for a in res.accounts} != {0.5}  # really non-uniform
+
+
+def test_budget_file_reproduces_the_allocation(guided_case, tmp_path):
+    model, _, _, stats, orig, al = guided_case
+    model.load_state_dict(orig)
+    compress_model(model, al.budget, stats)
+    w1 = {t.name: t.get().clone() for t in find_targets(model)}
+    write_budget_file(tmp_path / "budget.yaml", al.budget)
+    again = load_budget(tmp_path / "budget.yaml")
+    assert again.whole_heads and str(again.protect_heads) == str(al.budget.protect_heads)
+    model.load_state_dict(orig)
+    compress_model(model, again, stats)
+    assert all(torch.equal(t.get(), w1[t.name]) for t in find_targets(model))
+
+
+def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path):
+    with pytest.raises(MeasureError, match="valid capabilities are"):
+        Guide(["poetry"])
+    tiny = save_tiny_folder("llama", tmp_path / "tiny")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "poetry",
+                                  "--out", str(out)])
+    assert r.exit_code == 1 and "valid capabilities are" in r.output and not out.exists()
+    # every head protected whole at 16 bits cannot fit in half the dense model
+    heads = "+".join(f"L{layer}H{h}" for layer in range(3) for h in range(4))
+    r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "math",
+                                  "--calibration-samples", "4", "--protect-heads", heads, "--budget-size", "0.5", "--out", str(out)])
+    assert r.exit_code == 1 and "protected weights alone need" in r.output, r.output
+    assert r.output.count("Error") == 1 and not out.exists()
+
+
+def test_keep_writes_allocation_and_budget_file(tmp_path):
+    tiny = save_tiny_folder("llama", tmp_path / "tiny")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
+                                  "--calibration-samples", "4", "--protect-top-k", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["allocation"]["keep"] == ["math"] and meta["allocation"]["allocated_bits"] <= meta["allocation"]["target_bits"]
+    doc = yaml.safe_load((out / "budget.yaml").read_text())
+    assert doc["method"] == "rtn" and doc["protect"]["whole"] is True
+    assert sum(a["bits"] for a in meta["matrices"]) == meta["allocation"]["allocated_bits"]
+
+
+@pytest.mark.parametrize("prot", [None, "rows", "cols"])
+def test_fast_pruning_level_costs_equal_applying_each_level(prot):
+    from capsense.compress.methods import PruneSetting, Setting
+    from capsense.compress.protect import Protection
+
+    g = torch.Generator().manual_seed(0)
+    w, f = torch.randn(32, 48, generator=g), torch.rand(32, 48, generator=g)
+
+    class Stats:
+        input_norm = torch.rand(48, generator=g) + 0.5
+
+    p = {None: None, "rows": Protection(rows=torch.arange(32) < 8), "cols": Protection(cols=torch.arange(48) >= 40)}[prot]
+    base = PruneSetting("wanda", 0.5)
+    fast = base.level_costs(base.levels(), "m", w, f, Stats, p, 16)
+    slow = Setting.level_costs(base, base.levels(), "m", w, f, Stats, p, 16)
+    assert [(s, b) for s, b, _ in fast] == [(s, b) for s, b, _ in slow]
+    assert [c for *_, c in fast] == pytest.approx([c for *_, c in slow], rel=1e-5, abs=1e-4)
+
+
+def test_rtn_protects_no_heads_by_default_and_pruning_does(guided_case):
+    model, tok, _, stats, orig, al = guided_case
+    model.load_state_dict(orig)
+    rtn = guided_budget(model, tok, uniform_budget({"method": "rtn", "bits": 3}), stats, Guide(["math"], samples=2))
+    assert rtn.budget.protect_heads is None and not rtn.budget.whole_heads
+    assert rtn.info["allocated_bits"] <= rtn.info["target_bits"]
+    wanda = guided_budget(model, tok, uniform_budget({"method": "wanda", "density": 0.5}), stats, Guide(["math"], samples=2))
+    assert len(wanda.budget.protect_heads) == 8 and wanda.budget.whole_heads

@@ -100,10 +100,18 @@ def load_model(
     device: str = "cpu",
     attn_implementation: str | None = None,
     revision: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer (embedded name, Hub id or local folder), eval mode."""
+    """Load a causal LM and its tokenizer (embedded name, Hub id or local folder), eval mode.
+
+    ``device_map`` (``auto``, ``balanced``, ``sequential``, a JSON map of module names to
+    devices or its file; see :mod:`capsense.core.placement`) spreads a model larger than one
+    device over several (GPUs, then CPU, then disk); ``device`` is then ignored.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capsense.core.placement import check_device, placement_kwargs
 
     path = resolve_pretrained(name)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
@@ -112,7 +120,11 @@ def load_model(
         kwargs["revision"] = revision
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    if device_map not in (None, ""):
+        kwargs.update(placement_kwargs(device_map))
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(check_device(device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 

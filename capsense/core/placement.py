@@ -151,3 +151,35 @@ def input_device(model) -> "Any":
         return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
     w = emb.weight
     return torch.device("cpu") if w.device.type == "meta" else w.device
+
+
+MAX_MASKS_PER_FORWARD = 64
+
+
+def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction: float = 0.5) -> int:
+    """How many masks to pack in one forward pass: 1 on CPUs (compute-bound there: packing
+    does not pay), on a GPU the most (a power of two, at most 64) whose activations for
+    ``batch_size`` requests of up to ``longest`` tokens fit in ``memory_fraction`` of its free memory."""
+    import torch
+
+    dev = input_device(model)
+    if dev.type != "cuda":
+        return 1
+    free = torch.cuda.mem_get_info(dev)[0]
+    return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)
+
+
+def masks_that_fit(config, batch_size: int, longest: int, budget_bytes: float, dtype_bytes: int = 2) -> int:
+    """The packing :func:`auto_masks_per_forward` picks for ``budget_bytes`` (pure arithmetic, testable)."""
+    get = lambda *names: next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)  # noqa: E731
+    hidden = get("hidden_size", "n_embd")
+    inter = get("intermediate_size", "n_inner") or 4 * hidden
+    heads = get("num_attention_heads", "n_head")
+    # one (mask, request) row at its peak layer: residual stream, q/k/v/o, the MLP's activations
+    # and (eager attention) the score matrix, twice over for temporaries
+    per_row = 2 * longest * dtype_bytes * (6 * hidden + 3 * inter + heads * longest)
+    fit = int(budget_bytes // max(1, per_row * batch_size))
+    mpf = 1
+    while mpf * 2 <= min(fit, MAX_MASKS_PER_FORWARD):
+        mpf *= 2
+    return mpf

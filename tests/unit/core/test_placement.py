@@ -85,3 +85,19 @@ def test_bad_device_map_loads_nothing(folder):
         load_model(str(folder), "float32", device_map='{"": "cuda:1"}')
     with pytest.raises(DeviceError, match="'cuda:2' does not exist"):
         load_model(str(folder), "float32", device="cuda:2")
+
+
+def test_masks_per_forward_from_memory(folder):
+    from transformers import AutoConfig
+
+    from capsense.core.placement import MAX_MASKS_PER_FORWARD, auto_masks_per_forward, masks_that_fit
+
+    model, _ = load_model(str(folder), "float32")
+    assert auto_masks_per_forward(model, 16, 512) == 1  # CPU: always 1
+    cfg = AutoConfig.from_pretrained(folder)
+    one = masks_that_fit(cfg, 16, 100, 0)
+    assert one == 1  # never below 1
+    sizes = [masks_that_fit(cfg, 16, 100, b) for b in (1e6, 1e7, 1e8, 1e12)]
+    assert sizes == sorted(sizes) and sizes[-1] == MAX_MASKS_PER_FORWARD
+    assert all(s & (s - 1) == 0 for s in sizes)  # powers of two
+    assert masks_that_fit(cfg, 16, 400, 1e8) < masks_that_fit(cfg, 16, 100, 1e8)  # longer requests, fewer masks

@@ -44,10 +44,16 @@ def _csv(value: str | None) -> list[str]:
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Requests per forward pass.")
-@click.option("--masks-per-forward", type=int, default=1, show_default=True,
-              help="Masks packed in one forward pass (pays on GPUs; 1 is best on a few CPU cores).")
+@click.option("--masks-per-forward", default="auto", show_default=True,
+              help="Masks packed in one forward pass: auto (1 on CPUs, where packing does not pay; on a GPU the most "
+                   "that fit in half its free memory) or a number.")
 @click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer); multiple-choice contexts are still shared across choices.")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu, cuda, cuda:N, mps. Under accelerate launch each process takes its own GPU.")
+@click.option("--device-map",
+              help="Spread a model larger than one device: auto (GPUs, then CPU, then disk; = lm-eval's "
+                   "parallelize=True), balanced, sequential, or a JSON map of module -> device (text or .json file).")
+@click.option("--parallelize", is_flag=True, help="lm-eval's spelling of --device-map auto.")
 @click.option("--dtype", default="auto", show_default=True,
               help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
 @click.option("--revision", help="Revision of a Hub model.")
@@ -56,7 +62,8 @@ def _csv(value: str | None) -> list[str]:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, top_k: int, refine: int | None, tolerance: float,
-           seed: int, batch_size: int, masks_per_forward: int, no_prefix_reuse: bool, device: str, dtype: str,
+           seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str, device_map: str | None,
+           parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
     """Rank MODEL's attention heads by how much --task depends on them.
 
@@ -67,21 +74,33 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     from capsense.scoring.probe import ProbeError
     from capsense.localize.store import RunStoreError
 
+    from capsense.core.distributed import context
+
     if sparsity is not None and heads_per_mask is not None:
         raise CapsenseError("give --sparsity or --heads-per-mask, not both")
+    if parallelize and device_map not in (None, "auto"):
+        raise CapsenseError("give --parallelize or --device-map, not both")
+    if masks_per_forward != "auto" and not masks_per_forward.isdigit():
+        raise CapsenseError(f"--masks-per-forward must be auto or a number of masks, got {masks_per_forward!r}")
     cfg = LocateConfig(
         model=model, task=task, out=str(out), controls=_csv(controls), metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, seed=seed, batch_size=batch_size,
-        masks_per_forward=masks_per_forward, device=device, dtype=dtype, include_path=list(include_path),
-        revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+        masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
+        device_map="auto" if parallelize else device_map, dtype=dtype, include_path=list(include_path),
+        revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse,
+        progress=not quiet and context().is_main,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
     try:
         cfg.check()
         result, heads_path = run_locate(cfg, log=lambda m: click.echo(m, err=True))
     except (LocateError, ProbeError, RunStoreError, ValueError, FileNotFoundError, OSError) as e:
+        if not context().is_main:
+            raise SystemExit(1) from None  # every process meets the same error: the main process says it once
         raise CapsenseError(str(e)) from None
+    if not context().is_main:
+        return  # the main process reports
     from capsense.core.heads import load_heads_file
 
     hf = load_heads_file(heads_path)

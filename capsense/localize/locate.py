@@ -36,7 +36,10 @@ from capsense.errors import CapsenseError
 from capsense.localize.designs import ADAPTIVE_ROUND, DESIGNS, adaptive_round, balanced_design, bernoulli_design, heads_per_mask
 from capsense.localize.refine import DEFAULT_BUDGET, DEFAULT_TOLERANCE, Refinement, head_set_masks, refine
 from capsense.localize.solvers import SOLVERS, HeadScores, make_solver, residualize, ridge_effects, standardize
-from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, RunStoreError
+from capsense.core.placement import auto_masks_per_forward
+from capsense.localize.lock import RunFolderLock
+from capsense.localize.runner import MaskRunner
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 
 METHODS = ("cs", "exhaustive", "greedy", "thompson")
 METRICS = ("nll", "acc")
@@ -66,8 +69,9 @@ class LocateConfig:
     method: str = "cs"
     seed: int = 0
     batch_size: int = 16
-    masks_per_forward: int = 1
+    masks_per_forward: int | None = None  # None: automatic (1 on CPUs, from free memory on GPUs)
     device: str = "cpu"
+    device_map: str | None = None  # spread the model over devices (capsense.core.placement): auto, or a map
     dtype: str = "auto"
     include_path: list[str] = field(default_factory=list)
     revision: str | None = None
@@ -116,6 +120,15 @@ class LocateConfig:
             raise LocateError("--refine does not apply to --method greedy, which measures its own top-K set")
         if not self.tolerance >= 0:
             raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
+        if self.masks_per_forward is not None and self.masks_per_forward < 1:
+            raise LocateError(f"--masks-per-forward must be at least 1 (or auto), got {self.masks_per_forward}")
+        from capsense.core.placement import check_device, parse_device_map
+
+        parse_device_map(self.device_map) if self.device_map else check_device(self.device)
+
+    def design_masks(self, n: int) -> int:
+        """Masks in the method's largest block (what several processes can share)."""
+        return n if self.method in ("exhaustive", "greedy") else self.masks
 
     def metric_for(self, task: str) -> str:
         """The metric ``task`` is scored by: ``metric`` for the target, and for controls too
@@ -245,54 +258,6 @@ class MaskEvaluator:
         return [
             {name: {k: float(v[i]) for k, v in r.items()} for name, r in per_task.items()} for i in range(len(masks))
         ]
-
-
-class MaskRunner:
-    """Evaluates masks in order, reusing what the run folder already holds (resume)."""
-
-    def __init__(self, store: RunStore, evaluate: Callable[[np.ndarray], list], n_total: int, masks_per_forward: int, bar) -> None:
-        self.store, self.evaluate, self.n_total = store, evaluate, n_total
-        self.mpf = max(1, masks_per_forward)
-        self.cursor = 0
-        self.bar = bar
-
-    def __call__(self, masks: np.ndarray, round_index: int = 0) -> list[Evaluation]:
-        out: list[Evaluation] = []
-        masks = np.atleast_2d(np.asarray(masks, dtype=bool))
-        pending: list[np.ndarray] = []
-        for mask in masks:
-            heads = [int(h) for h in np.flatnonzero(mask)]
-            if self.cursor + len(pending) < len(self.store.evaluations):
-                ev = self.store.evaluations[self.cursor]
-                if ev.heads != heads:
-                    raise RunStoreError(
-                        f"mask {ev.index} in {self.store.path} knocks out other heads than this run's mask "
-                        f"{ev.index}: the settings or capsense changed; choose another --out"
-                    )
-                out.append(ev)
-                self.cursor += 1
-                continue
-            pending.append(mask)
-            if len(pending) == self.mpf:
-                out.extend(self._flush(pending, round_index))
-                pending = []
-        if pending:
-            out.extend(self._flush(pending, round_index))
-        return out
-
-    def _flush(self, masks: list[np.ndarray], round_index: int) -> list[Evaluation]:
-        t0 = time.perf_counter()
-        scores = self.evaluate(np.stack(masks))
-        dt = (time.perf_counter() - t0) / len(masks)
-        out = []
-        for mask, sc in zip(masks, scores):
-            ev = Evaluation(self.cursor, [int(h) for h in np.flatnonzero(mask)], sc, dt, round_index)
-            self.store.append(ev)
-            self.cursor += 1
-            out.append(ev)
-            if self.bar is not None:
-                self.bar.update(1)
-        return out
 
 
 # -- scores and fits ---------------------------------------------------------------------
@@ -552,17 +517,24 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     import torch
 
     from capsense.core.arch import head_layout
+    from capsense.core.distributed import context
     from capsense.core.models import load_model, model_fingerprint
 
+    ctx = context()
     cfg.check()
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise LocateError(f"--out {str(out)!r} is a file, not a run folder")
-    dtype = resolve_dtype(cfg.dtype, cfg.device)
+    ctx.on_main(lambda: check_free(out))  # a busy or foreign folder is refused before the slow load
+    device = ctx.device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, "cuda" if cfg.device_map and torch.cuda.is_available() else device)
     t_load = time.perf_counter()
-    model, tokenizer = load_model(cfg.model, dtype, cfg.device, revision=cfg.revision)
+    model, tokenizer = load_model(cfg.model, dtype, device, revision=cfg.revision, device_map=cfg.device_map)
     layout = head_layout(model)
     n = layout.n_total
+    if ctx.world > cfg.design_masks(n):
+        raise LocateError(
+            f"{ctx.world} processes for {cfg.design_masks(n)} masks: at most one process per mask can have work; "
+            f"launch at most {cfg.design_masks(n)} processes (accelerate launch --num_processes)"
+        )
     k = 1
     if cfg.method in ("cs", "thompson"):
         if cfg.heads_per_mask is not None and cfg.heads_per_mask > n:
@@ -575,6 +547,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     for t in [cfg.task, *cfg.controls]:
         probes[t] = build_probe(t, tokenizer, cfg.limit, cfg.seed, cfg.include_path)
     extra = task_metric_scorers(cfg, model, tokenizer, probes)
+    mpf = cfg.masks_per_forward or auto_masks_per_forward(model, cfg.batch_size, longest_request(probes))
     fingerprint = model_fingerprint(cfg.model, cfg.revision)
     ident = {
         "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
@@ -604,7 +577,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
         "controls": list(cfg.controls),
         "metric": cfg.metric,
         "heads_per_mask": k,
-        "args": {**asdict(cfg), "dtype_resolved": dtype},
+        "args": {**asdict(cfg), "dtype_resolved": dtype, "masks_per_forward_resolved": mpf},
         "probes": {
             t: {"doc_ids": [int(d) for d in p.doc_ids], "n_requests": p.n_requests, "kind": p.kind, **p.meta}
             for t, p in probes.items()
@@ -616,17 +589,47 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
             for t, sc in extra.items()
         },
         "versions": library_versions(),
-        "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": cfg.device},
+        "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": device,
+                 "device_map": cfg.device_map, "processes": ctx.world},
     }
-    store = RunStore.open(out, manifest, identity_keys(cfg), layout.n_heads)
-    load_s = time.perf_counter() - t_load
-    done = len(store.evaluations)
-    if done:
+    lock = RunFolderLock(out)
+    try:
+        store = open_store(ctx, lock, manifest, identity_keys(cfg), layout.n_heads)
+        result = _run(cfg, ctx, store, model, probes, extra, mpf, n, k, layout, log, time.perf_counter() - t_load)
+    finally:
+        lock.release()
+    return result
+
+
+def check_free(out: Path) -> None:
+    """Refuse a file, a foreign folder or a folder another run is writing, creating nothing."""
+    check_run_folder(out)
+    if out.is_dir():
+        RunFolderLock(out).acquire().release()
+
+
+def open_store(ctx, lock: RunFolderLock, manifest: dict, keys: list[str], n_heads: int) -> RunStore:
+    """The run folder, opened (locked, compacted) by the main process, then attached by the others."""
+    opened: dict[str, RunStore] = {}
+
+    def main() -> None:
+        lock.acquire()
+        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads)
+
+    ctx.on_main(main)
+    return opened["store"] if ctx.is_main else RunStore.attach(lock.folder, n_heads, ctx.rank)
+
+
+def _run(cfg: LocateConfig, ctx, store: RunStore, model, probes, extra, mpf: int, n: int, k: int, layout, log,
+         load_s: float) -> tuple[LocateResult, Path]:
+    out = store.path
+    done = len(store.done)
+    if done and ctx.is_main:
         log(f"Resuming {out}: {done} masks already evaluated")
-    evaluator = MaskEvaluator(model, probes, cfg.batch_size, cfg.masks_per_forward, cfg.prefix_reuse, extra)
+    evaluator = MaskEvaluator(model, probes, cfg.batch_size, mpf, cfg.prefix_reuse, extra)
     total = expected_evaluations(cfg, n)
-    bar = _bar(cfg, total - cfg.refine_budget, done, f"locate {cfg.task}")
-    runner = MaskRunner(store, evaluator, total, cfg.masks_per_forward, bar)
+    bar = _bar(cfg, total - cfg.refine_budget, done, f"locate {cfg.task}") if ctx.is_main else None
+    runner = MaskRunner(store, evaluator, mpf, bar, ctx)
     t0 = time.perf_counter()
     chosen: list[int] | None = None
     try:
@@ -650,7 +653,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
         result.scores = put_first(result.scores, chosen)
     spent: list[Evaluation] = []
     if cfg.refine_budget:
-        runner.bar = bar = _bar(cfg, cfg.refine_budget, max(0, done - len(evals)), f"refine top-{cfg.top_k}")
+        runner.bar = bar = _bar(cfg, cfg.refine_budget, max(0, done - len(evals)), f"refine top-{cfg.top_k}") if ctx.is_main else None
         try:
             result.refinement, spent = run_refine(runner, cfg, n, evals[0], result.scores.rank)
         finally:
@@ -658,7 +661,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
                 bar.close()
         result.scores = put_first(result.scores, result.refinement.heads)
         result.n_evaluations += len(spent)
-        log(
+        (log if ctx.is_main else _quiet)(
             f"refine: {len(spent)} sets measured; chosen "
             + ", ".join(f"L{h // layout.n_heads}H{h % layout.n_heads}" for h in result.refinement.heads)
             + f" (target {100 * result.refinement.quality.target:+.1f}%, worst control "
@@ -670,9 +673,25 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     store.manifest["timing"] = {
         "load_s": round(load_s, 2),
         "evaluate_s_this_attempt": round(wall, 2),
-        "new_evaluations_this_attempt": max(0, len(evals) + len(spent) - done),
+        "new_evaluations_this_attempt": runner.new,
         "seconds_per_mask": round(result.seconds_per_mask, 4),
+        "processes": ctx.world,
     }
-    store.write_manifest()
-    heads_path = write_outputs(out, cfg, result, layout, store.manifest)
+    ctx.barrier()  # every process's shard is complete
+
+    def finish() -> Path:
+        store.compact()
+        store.write_manifest()
+        return write_outputs(out, cfg, result, layout, store.manifest)
+
+    heads_path = ctx.on_main(finish)
     return result, heads_path
+
+
+def _quiet(message: str) -> None:
+    """The log of processes other than the main one."""
+
+
+def longest_request(probes: dict) -> int:
+    """Tokens in the longest request of any probe."""
+    return max((len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)), default=1)

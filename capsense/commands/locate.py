@@ -74,7 +74,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     from capsense.scoring.probe import ProbeError
     from capsense.localize.store import RunStoreError
 
-    from capsense.core.distributed import context
+    from capsense.core.distributed import context, quiet_exit
 
     if sparsity is not None and heads_per_mask is not None:
         raise CapsenseError("give --sparsity or --heads-per-mask, not both")
@@ -97,7 +97,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
         result, heads_path = run_locate(cfg, log=lambda m: click.echo(m, err=True))
     except (LocateError, ProbeError, RunStoreError, ValueError, FileNotFoundError, OSError) as e:
         if not context().is_main:
-            raise SystemExit(1) from None  # every process meets the same error: the main process says it once
+            quiet_exit(str(e))
         raise CapsenseError(str(e)) from None
     if not context().is_main:
         return  # the main process reports

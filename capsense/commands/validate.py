@@ -21,14 +21,16 @@ from capsense.cli import CapsenseError
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--device-map", help="Spread the model over devices: auto (= lm-eval's parallelize=True), or a JSON map.")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--include-path", multiple=True, type=click.Path(exists=True, file_okay=False), help="Extra lm-eval task folder.")
 @click.option("--confirm-run-unsafe-code", is_flag=True,
               help="Allow tasks that execute model-written code (HumanEval, MBPP), as lm-eval requires.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for validation.json/.md/.png.")
 def validate(model: str, heads_path: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
-             batch_size: int, device: str, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool, out: Path) -> None:
+             batch_size: int, device: str, device_map: str | None, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool, out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
+    from capsense.core.distributed import is_main_process
     from capsense.core.heads import HeadSpecError
     from capsense.evaluation.validate import ValidateError, format_validation, validate as run_validate, write_validation
 
@@ -38,11 +40,13 @@ def validate(model: str, heads_path: Path, top_k: int, tasks: str, n_random: int
     try:
         rows, info = run_validate(
             model, heads_path, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
-            device=device, dtype=dtype, include_path=list(include_path),
+            device=device, dtype=dtype, include_path=list(include_path), device_map=device_map,
             confirm_run_unsafe_code=confirm_run_unsafe_code, log=lambda m: click.echo(m, err=True),
         )
     except (ValidateError, HeadSpecError, ValueError, FileNotFoundError) as e:
         raise CapsenseError(str(e)) from None
+    if not is_main_process():
+        return  # several processes (accelerate launch): the main one writes and prints
     write_validation(out, rows, info)
     click.echo(format_validation(rows))
     click.echo(f"Wrote validation.json, validation.md and validation.png in {out}")

@@ -144,3 +144,24 @@ def split(items: list[T], ctx: DistContext) -> list[list[T]]:
     n, w = len(items), ctx.world
     bounds = [r * n // w for r in range(w + 1)]
     return [items[bounds[r] : bounds[r + 1]] for r in range(w)]
+
+
+def quiet_exit(message: str, grace_s: float = 10.0) -> None:
+    """End a process other than the main one after an error, leaving the message to the main process.
+
+    Bad input fails the same way on every process; the main process says so once and exits,
+    and the launcher then stops the others. Should the main process carry on (an error of
+    this process alone), this one says it after ``grace_s`` and exits.
+    """
+    import sys
+    import time
+
+    time.sleep(grace_s)
+    print(f"Error (process {context().rank}): {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def is_main_process() -> bool:
+    """Whether this is the main process of a launch (rank 0), read from the environment without
+    joining any process group (lm-eval's own data parallel does that)."""
+    return _env_int("RANK", 0) == 0

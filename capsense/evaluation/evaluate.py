@@ -22,10 +22,18 @@ class MetricRow:
     values: dict[str, float]  # label (e.g. "base", "ablated") -> value
 
 
-def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32", **kwargs: Any):
-    """Build a ``capsense-masked`` LM once (no heads yet)."""
+def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32",
+            device_map: str | None = None, **kwargs: Any):
+    """Build a ``capsense-masked`` LM once (no heads yet); ``device_map`` spreads it over devices
+    (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`)."""
+    from capsense.core.placement import check_device, placement_kwargs
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
+    if device_map:
+        placed = placement_kwargs(device_map)
+        kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
+    else:
+        check_device(device)
     return CapsenseMaskedLM(
         pretrained=model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, **kwargs
     )
@@ -51,6 +59,7 @@ def evaluate_head_sets(
 
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
     results: dict[str, dict[str, dict[str, float]]] = {}
+    elsewhere = False  # lm-eval's data parallel (accelerate launch on GPUs) hands results to the main process only
     for label, heads in head_sets.items():
         lm.set_heads(heads)
         out = lm_eval.simple_evaluate(
@@ -63,8 +72,13 @@ def evaluate_head_sets(
             verbosity="WARNING",
             confirm_run_unsafe_code=confirm_run_unsafe_code,
         )
+        if out is None:
+            elsewhere = True
+            continue
         results[label] = out["results"]
     lm.set_heads(HeadSet())
+    if elsewhere:
+        return []
     rows = []
     for task in tasks:
         base = results[next(iter(head_sets))][task]

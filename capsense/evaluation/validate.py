@@ -81,8 +81,12 @@ def validate(
     include_path: Sequence[str] = (),
     confirm_run_unsafe_code: bool = False,
     log=print,
+    device_map: str | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
-    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs."""
+    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs.
+
+    Under ``accelerate launch`` on GPUs lm-eval splits the documents across processes and
+    only the main process gets rows (the others get ``[]``)."""
     from capsense.core.arch import head_layout
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
     from capsense.scoring.probe import load_task
@@ -99,7 +103,7 @@ def validate(
     task_manager(include_path, tasks)  # unknown tasks fail before the model loads
     top = hf.head_set.top(top_k)
     used = used_documents(heads_path)
-    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype)
+    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map)
     layout = head_layout(lm.model)
     top.validate(layout)
     samples = {}

@@ -22,13 +22,16 @@ def run(recipe: Path, out: str | None, dry_run: bool) -> None:
         steps = recipe_steps(data, out)
     except (RecipeError, TypeError) as e:
         raise CapsenseError(str(e)) from None
-    click.echo(f"Recipe {data.get('name', recipe.stem)}: {len(steps)} target(s); expects "
+    from capsense.core.distributed import is_main_process
+
+    say = click.echo if is_main_process() else (lambda *a, **k: None)  # under accelerate launch: the main process
+    say(f"Recipe {data.get('name', recipe.stem)}: {len(steps)} target(s); expects "
                f"{data.get('hardware', 'unspecified hardware')}, {data.get('expected_time', 'unspecified time')}")
     for cfg, val in steps:
-        click.echo(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
+        say(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
                    f"--masks {cfg.masks} --limit {cfg.limit} --out {cfg.out}")
         if val:
-            click.echo(f"  validate --top-k {val.get('top_k', 5)} --tasks {','.join(val['tasks'])} --out {val['out']}")
+            say(f"  validate --top-k {val.get('top_k', 5)} --tasks {','.join(val['tasks'])} --out {val['out']}")
     if dry_run:
         return
     from capsense.localize.locate import LocateError, locate
@@ -44,11 +47,13 @@ def run(recipe: Path, out: str | None, dry_run: bool) -> None:
                     cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"], n_random=int(val.get("random", 3)),
                     limit=val.get("limit", 100), seed=int(val.get("seed", 0)), batch_size=int(val.get("batch_size", 16)),
                     device=val.get("device", cfg.device), dtype=val.get("dtype", "float32"),
+                    device_map=val.get("device_map", cfg.device_map),
                     include_path=val.get("include_path", cfg.include_path),
                     confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
                     log=lambda m: click.echo(m, err=True),
                 )
-                write_validation(Path(val["out"]), rows, info)
-                click.echo(f"\n{cfg.task}: top-{info['top_k']} = {info['heads']}\n" + format_validation(rows))
+                if is_main_process():  # under accelerate launch every process evaluates, the main one writes
+                    write_validation(Path(val["out"]), rows, info)
+                    click.echo(f"\n{cfg.task}: top-{info['top_k']} = {info['heads']}\n" + format_validation(rows))
         except (LocateError, ProbeError, RunStoreError, ValidateError, ValueError, FileNotFoundError) as e:
             raise CapsenseError(f"{cfg.task}: {e}") from None

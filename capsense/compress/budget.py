@@ -303,7 +303,7 @@ def protected_columns(model, budget: Budget, targets: Sequence[Target]) -> dict[
 
     layout = head_layout(model)
     try:
-        budget.protect_heads.validate(layout)
+        budget.protect_heads.check_fits(layout)
     except HeadSpecError as e:
         raise BudgetError(f"protect: {e}") from None
     by_name = {t.name: t for t in targets}

@@ -62,7 +62,7 @@ class HeadAblator:
 
     def knockouts(self, heads: HeadsLike) -> torch.Tensor:
         """A one-row knockout tensor ``[1, n_layers, n_heads]`` for a head set."""
-        hs = HeadSet.parse(heads).validate(self.layout)
+        hs = HeadSet.parse(heads).check_fits(self.layout)
         ko = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
         for h in hs:
             ko[0, h.layer, h.head] = True
@@ -196,7 +196,7 @@ def zero_heads_in_weights(model: nn.Module, heads: HeadsLike) -> None:
     """
     spec = arch_spec(model)
     layout = head_layout(model)
-    hs = HeadSet.parse(heads).validate(layout)
+    hs = HeadSet.parse(heads).check_fits(layout)
     projections = out_projections(model)
     from capsense.core.arch import projection_weight
 

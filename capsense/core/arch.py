@@ -88,11 +88,16 @@ def out_projections(model: nn.Module) -> list[nn.Module]:
     return [layer.get_submodule(spec.out_proj) for layer in layers]
 
 
-def projection_weight(module: nn.Module) -> "nn.Parameter":
-    """The weight of an output projection, unwrapping PEFT layers (``base_layer``)."""
+def base_layer(module: nn.Module) -> nn.Module:
+    """The plain layer under PEFT wrappers (``base_layer``), or ``module`` itself."""
     while hasattr(module, "base_layer"):
         module = module.base_layer
-    return module.weight
+    return module
+
+
+def projection_weight(module: nn.Module) -> "nn.Parameter":
+    """The weight of an output projection, unwrapping PEFT layers (``base_layer``)."""
+    return base_layer(module).weight
 
 
 def head_layout(model: nn.Module) -> HeadLayout:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, NamedTuple, Union
 
 from capsense.errors import CapsenseError
 from capsense.core.arch import HeadLayout
+from capsense.core.files import atomic_write_json
 
 
 class HeadSpecError(CapsenseError):
@@ -41,6 +41,10 @@ class Head(NamedTuple):
     def from_index(cls, index: int, n_heads: int) -> Head:
         """The head at flat position ``index`` (layer-major: ``layer * n_heads + head``)."""
         return cls(int(index) // n_heads, int(index) % n_heads)
+
+    def flat_index(self, n_heads: int) -> int:
+        """This head's flat position (layer-major), the inverse of :meth:`from_index`."""
+        return self.layer * n_heads + self.head
 
 
 _HEAD_RE = re.compile(r"^[Ll](\d+)[Hh](\d+)$")
@@ -146,7 +150,7 @@ class HeadSet(Sequence):
             out.setdefault(h.layer, []).append(h.head)
         return out
 
-    def validate(self, layout: HeadLayout) -> HeadSet:
+    def check_fits(self, layout: HeadLayout) -> HeadSet:
         """Raise :class:`HeadSpecError` naming the valid range if a head does not fit."""
         for h in self.heads:
             if not 0 <= h.layer < layout.n_layers:
@@ -219,11 +223,4 @@ def load_heads_file(path: str | os.PathLike) -> HeadsFile:
 
 def write_heads_file(path: str | os.PathLike, heads_file: HeadsFile) -> Path:
     """Write a heads file atomically (temporary file in the same folder, then rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".heads-", suffix=".json", dir=p.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(heads_file.to_dict(), f, indent=2)
-        f.write("\n")
-    os.replace(tmp, p)
-    return p
+    return atomic_write_json(path, heads_file.to_dict())

@@ -29,6 +29,23 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+#: Weight dtypes a model can be loaded (or saved) in; ``auto`` is resolved by :func:`resolve_dtype`.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto``: bfloat16 on accelerators and on CPUs with native bf16 (AVX-512 BF16, AMX), else float32."""
+    if dtype != "auto":
+        return dtype
+    if not device.startswith("cpu"):
+        return "bfloat16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+
+
 def cache_dir() -> Path:
     """Where capsense keeps converted models and other derived files."""
     return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))

@@ -89,7 +89,7 @@ class CapsenseMaskedLM(HFLM):
         """
         head_set = HeadSet.parse(heads)
         if head_set:
-            head_set.validate(head_layout(self.model))
+            head_set.check_fits(head_layout(self.model))
             if self._ablator is None:
                 means = None
                 if self.ablation == "mean":

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from capsense.errors import CapsenseError
-from capsense.localize.locate import LocateConfig
+from capsense.localize.config import LocateConfig
 
 
 class RecipeError(CapsenseError):

@@ -105,7 +105,7 @@ def validate(
     used = used_documents(heads_path)
     lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map)
     layout = head_layout(lm.model)
-    top.validate(layout)
+    top.check_fits(layout)
     samples = {}
     for t in tasks:
         n_docs = len(load_task(t, include_path, lm.tokenizer).eval_docs)
@@ -157,7 +157,7 @@ def format_validation(rows: Sequence[ValidationRow]) -> str:
 
 def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, Any]) -> list[Path]:
     """validation.json, validation.md and validation.png in ``out``."""
-    from capsense.localize.report import validation_chart
+    from capsense.evaluation.validation_chart import validation_chart
 
     out.mkdir(parents=True, exist_ok=True)
     clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]

@@ -9,15 +9,19 @@ A design is a boolean matrix ``[n_masks, n_heads]`` over the flattened heads
 * :func:`adaptive_round`: later rounds spend half their masks on the heads a fit so far
   ranks high or is unsure about, and half on a balanced design over all heads.
 
+Designs are registered by name in :data:`DESIGNS`; :func:`run_design` draws any of them
+round by round (a fixed design is one round).
+
 Every design is prefix-stable: the first ``m`` masks of a design of ``m' > m`` masks are the
 design of ``m`` masks, so a run can be extended with more masks and resumed.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
+from dataclasses import dataclass
 
-DESIGNS = ("balanced", "bernoulli", "adaptive")
+import numpy as np
 
 #: Masks per adaptive round (fixed, so that extending a run keeps earlier rounds).
 ADAPTIVE_ROUND = 25
@@ -101,3 +105,65 @@ def adaptive_round(
     focus = balanced_design(n_focus, n_heads, max(1, min(k, len(pool) // 4)), seed_r, counts, pool)
     rest = balanced_design(n_masks - n_focus, n_heads, k, seed_r + 1, counts + focus.sum(0))
     return np.concatenate([focus, rest])
+
+
+#: ``(round, n_masks, n_heads, k, seed, history, importance, confidence) -> masks``:
+#: ``history`` holds the masks drawn so far; ``importance``/``confidence`` a fit of them (or None).
+DrawRound = Callable[[int, int, int, int, int, np.ndarray, "np.ndarray | None", "np.ndarray | None"], np.ndarray]
+#: ``(masks, round)``: score one round of masks.
+Evaluate = Callable[[np.ndarray, int], object]
+#: ``() -> (importance, confidence)`` from every mask scored so far.
+Fit = Callable[[], "tuple[np.ndarray, np.ndarray]"]
+
+
+@dataclass(frozen=True)
+class Design:
+    """A knockout design: how each round's masks are drawn, and how many masks a round holds."""
+
+    name: str
+    draw: DrawRound
+    round_size: int | None = None  # None: every mask in one round (a fixed design)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether later rounds depend on a fit of the earlier ones."""
+        return self.round_size is not None
+
+
+def _balanced(r, m, n, k, seed, history, importance, confidence) -> np.ndarray:
+    return balanced_design(m, n, k, seed)
+
+
+def _bernoulli(r, m, n, k, seed, history, importance, confidence) -> np.ndarray:
+    return bernoulli_design(m, n, k / n, seed)
+
+
+#: Name -> design. To add one, register a :class:`Design` here (``--design`` lists these names).
+DESIGNS: dict[str, Design] = {
+    d.name: d
+    for d in (
+        Design("balanced", _balanced),
+        Design("bernoulli", _bernoulli),
+        Design("adaptive", adaptive_round, ADAPTIVE_ROUND),
+    )
+}
+
+
+def run_design(name: str, n_masks: int, n_heads: int, k: int, seed: int, evaluate: Evaluate, fit: Fit | None = None) -> np.ndarray:
+    """Draw ``n_masks`` masks of the design ``name`` and ``evaluate`` them round by round.
+
+    An adaptive design calls ``fit`` between rounds. Returns every mask drawn, in order.
+    """
+    design = DESIGNS[name]
+    size = design.round_size or n_masks
+    history = np.zeros((0, n_heads), dtype=bool)
+    importance = confidence = None
+    r = 0
+    while len(history) < n_masks:
+        masks = design.draw(r, min(size, n_masks - len(history)), n_heads, k, seed, history, importance, confidence)
+        evaluate(masks, r)
+        history = np.concatenate([history, masks])
+        r += 1
+        if design.adaptive and fit is not None and len(history) < n_masks:
+            importance, confidence = fit()
+    return history

@@ -30,6 +30,9 @@ DEFAULT_TOLERANCE = 0.03  # relative control worsening allowed on the run's docu
 DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked
 SWAPS_PER_ROUND = 3
 
+#: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
+Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
+
 
 @dataclass
 class SetQuality:
@@ -81,10 +84,63 @@ class Refinement:
         }
 
 
+class _Measured:
+    """The sets measured so far (each once, never more than ``budget``), by set and in order."""
+
+    def __init__(self, measure: Measure, budget: int, tolerance: float) -> None:
+        self.measure, self.budget, self.tolerance = measure, budget, tolerance
+        self.seen: dict[frozenset, SetQuality] = {}
+        self.order: list[SetQuality] = []
+
+    def get(self, heads: Sequence[int]) -> SetQuality | None:
+        return self.seen.get(frozenset(heads))
+
+    def run(self, sets: list[tuple[int, ...]]) -> None:
+        """Measure the sets not measured yet, as many as the budget allows."""
+        new: list[tuple[int, ...]] = []
+        for s in sets:
+            if frozenset(s) not in self.seen and frozenset(s) not in {frozenset(x) for x in new}:
+                new.append(tuple(s))
+        new = new[: max(0, self.budget - len(self.order))]
+        if not new:
+            return
+        for s, (t, c) in zip(new, self.measure(new)):
+            q = SetQuality(s, float(t), {n: float(v) for n, v in c.items()}, self.tolerance)
+            self.seen[frozenset(s)] = q
+            self.order.append(q)
+
+
+def _head_to_swap(current: tuple[int, ...], measured: _Measured) -> int | None:
+    """The head to swap out of ``current`` (None when the budget ran out before deciding):
+    the one whose removal helps the controls most while the set breaks the tolerance, else
+    the one the target misses least."""
+    if len(current) == 1:
+        return current[0]
+    loo = {h: tuple(x for x in current if x != h) for h in current}
+    measured.run(list(loo.values()))
+    without = {h: measured.get(s) for h, s in loo.items()}
+    if any(q is None for q in without.values()):
+        return None
+    if measured.get(current).feasible:
+        return max(current, key=lambda h: (without[h].target, -without[h].control))
+    return min(current, key=lambda h: (without[h].control, -without[h].target))
+
+
+def _by_loss(chosen: SetQuality, ranking: list[int], measured: _Measured) -> list[int]:
+    """The chosen heads by how much the target misses each (when every leave-one-out set was
+    measured), else in ranking order."""
+    pos = {h: i for i, h in enumerate(ranking)}
+    heads = sorted(chosen.heads, key=lambda h: pos.get(h, len(pos)))
+    without = {h: measured.get([x for x in heads if x != h]) for h in heads}
+    if len(heads) > 1 and all(q is not None for q in without.values()):
+        heads = sorted(heads, key=lambda h: -(chosen.target - without[h].target))
+    return heads
+
+
 def refine(
     ranking: Sequence[int],
     k: int,
-    measure: Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]],
+    measure: Measure,
     budget: int = DEFAULT_BUDGET,
     tolerance: float = DEFAULT_TOLERANCE,
     pool: int | None = None,
@@ -100,62 +156,33 @@ def refine(
         raise ValueError(f"cannot choose {k} heads from a ranking of {len(ranking)}")
     ranking = [int(h) for h in ranking]
     pool = pool if pool is not None else 4 * k
-    seen: dict[frozenset, SetQuality] = {}
-    order: list[SetQuality] = []
-
-    def run(sets: list[tuple[int, ...]]) -> None:
-        new: list[tuple[int, ...]] = []
-        for s in sets:
-            if frozenset(s) not in seen and frozenset(s) not in {frozenset(x) for x in new}:
-                new.append(tuple(s))
-        new = new[: max(0, budget - len(order))]
-        if not new:
-            return
-        for s, (t, c) in zip(new, measure(new)):
-            q = SetQuality(s, float(t), {n: float(v) for n, v in c.items()}, tolerance)
-            seen[frozenset(s)] = q
-            order.append(q)
-
+    measured = _Measured(measure, budget, tolerance)
     current = tuple(ranking[:k])
-    run([current])
-    if frozenset(current) not in seen:
+    measured.run([current])
+    start = measured.get(current)
+    if start is None:
         raise ValueError("refine needs a budget of at least 1 evaluation")
-    start = seen[frozenset(current)]
     queue = [h for h in ranking[k : k + pool] if h not in current]
     tried: dict[int, set[int]] = {}
-    while len(order) < budget and queue:
-        cur = seen[frozenset(current)]
-        if k > 1:
-            loo = {h: tuple(x for x in current if x != h) for h in current}
-            run(list(loo.values()))
-            if any(frozenset(s) not in seen for s in loo.values()):
-                break
-            without = {h: seen[frozenset(s)] for h, s in loo.items()}
-            if cur.feasible:
-                out = max(current, key=lambda h: (without[h].target, -without[h].control))
-            else:
-                out = min(current, key=lambda h: (without[h].control, -without[h].target))
-        else:
-            out = current[0]
+    while len(measured.order) < budget and queue:
+        cur = measured.get(current)
+        out = _head_to_swap(current, measured)
+        if out is None:
+            break
         done = tried.setdefault(out, set())
         cands = [c for c in queue if c not in done][:SWAPS_PER_ROUND]
         if not cands:
             break
         done.update(cands)
         swaps = [tuple(c if h == out else h for h in current) for c in cands]
-        run(swaps)
-        best = max([cur, *(seen[frozenset(s)] for s in swaps if frozenset(s) in seen)], key=SetQuality.key)
+        measured.run(swaps)
+        best = max([cur, *(q for q in map(measured.get, swaps) if q is not None)], key=SetQuality.key)
         if best is not cur:
             queue = [h for h in queue if h not in best.heads] + [out]
             current = best.heads
             tried = {}
-    chosen = choose([q for q in order if len(q.heads) == k], target_slack)
-    pos = {h: i for i, h in enumerate(ranking)}
-    heads = sorted(chosen.heads, key=lambda h: pos.get(h, len(pos)))
-    if k > 1 and all(frozenset(x for x in heads if x != h) in seen for h in heads):
-        loss = {h: chosen.target - seen[frozenset(x for x in heads if x != h)].target for h in heads}
-        heads = sorted(heads, key=lambda h: -loss[h])
-    return Refinement(heads, chosen, start, order)
+    chosen = choose([q for q in measured.order if len(q.heads) == k], target_slack)
+    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order)
 
 
 def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_SLACK) -> SetQuality:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capsense.localize.designs import adaptive_round, balanced_design, bernoulli_design, heads_per_mask, ADAPTIVE_ROUND
+from capsense.localize.designs import heads_per_mask, run_design
 from capsense.localize.solvers import make_solver
 
 PLANTED_EFFECTS = (1.0, 0.7, 0.5, 0.35, 0.25)
@@ -43,21 +43,17 @@ def recovered(sim: Simulation, design: str, solver: str, n_masks: int, sparsity:
     """How many planted heads the solver's top ``len(planted)`` contains after ``n_masks`` masks."""
     top = top or len(sim.planted)
     k = heads_per_mask(sim.n_heads, sparsity)
-    if design == "adaptive":
-        X = np.zeros((0, sim.n_heads), dtype=bool)
-        y = np.zeros(0)
-        imp = conf = None
-        r = 0
-        while len(X) < n_masks:
-            n = min(ADAPTIVE_ROUND, n_masks - len(X))
-            new = adaptive_round(r, n, sim.n_heads, k, sim.seed, X, imp, conf)
-            X, y = np.concatenate([X, new]), np.concatenate([y, sim.score(new)])
-            if len(X) >= 2:
-                s = make_solver(solver, seed=sim.seed, confidence=True).fit(X, y).scores_
-                imp, conf = s.importance, s.confidence
-            r += 1
-    else:
-        X = balanced_design(n_masks, sim.n_heads, k, sim.seed) if design == "balanced" else bernoulli_design(n_masks, sim.n_heads, k / sim.n_heads, sim.seed)
-        y = sim.score(X)
+    X = np.zeros((0, sim.n_heads), dtype=bool)
+    y = np.zeros(0)
+
+    def evaluate(masks: np.ndarray, r: int) -> None:
+        nonlocal X, y
+        X, y = np.concatenate([X, masks]), np.concatenate([y, sim.score(masks)])
+
+    def fit() -> tuple[np.ndarray, np.ndarray]:
+        s = make_solver(solver, seed=sim.seed, confidence=True).fit(X, y).scores_
+        return s.importance, s.confidence
+
+    run_design(design, n_masks, sim.n_heads, k, sim.seed, evaluate, fit)
     scores = make_solver(solver, seed=sim.seed, confidence=True).fit(X, y).scores_
     return len(set(scores.top(top)) & set(int(i) for i in sim.planted))

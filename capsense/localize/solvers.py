@@ -14,11 +14,11 @@ marginal effect (mean score without the head minus mean score with it knocked ou
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 DEFAULT_ALPHA = 0.01  # the paper's Lasso penalty on the standardized score
 
 
@@ -69,12 +69,12 @@ def _lasso_coef(X: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
         return Lasso(alpha=alpha, max_iter=20000, tol=1e-6).fit(X, y).coef_
 
 
-class _Solver:
-    """Shared fit: standardize, call :meth:`_fit`, attach marginal effects."""
+class Solver:
+    """Base of every solver: ``fit`` standardizes, calls :meth:`_fit`, attaches marginal effects."""
 
     scores_: HeadScores
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "_Solver":
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "Solver":
         X = np.asarray(X, dtype=float)
         z = standardize(y)
         if len(X) < 2:
@@ -96,7 +96,7 @@ class _Solver:
         return hits / n_boot
 
 
-class LassoSolver(_Solver):
+class LassoSolver(Solver):
     """Lasso at a fixed ``alpha``; confidence = bootstrap selection frequency."""
 
     def __init__(self, alpha: float = DEFAULT_ALPHA, n_boot: int = 20, seed: int = 0) -> None:
@@ -108,7 +108,7 @@ class LassoSolver(_Solver):
         return imp, conf
 
 
-class LassoCVSolver(_Solver):
+class LassoCVSolver(Solver):
     """Lasso with alpha chosen by 5-fold cross-validation; ``alpha_`` holds the choice."""
 
     def __init__(self, n_boot: int = 20, seed: int = 0, cv: int = 5) -> None:
@@ -127,7 +127,7 @@ class LassoCVSolver(_Solver):
         return imp, conf
 
 
-class OMPSolver(_Solver):
+class OMPSolver(Solver):
     """Orthogonal matching pursuit with ``n_nonzero`` heads (default: masks / 4, at most 30).
 
     Confidence = fraction of bootstrap refits that select the head with a negative coefficient.
@@ -155,7 +155,7 @@ class OMPSolver(_Solver):
         return imp, hits / max(self.n_boot, 1)
 
 
-class StabilitySolver(_Solver):
+class StabilitySolver(Solver):
     """Stability selection: randomized Lasso on random halves of the masks.
 
     Each of ``n_resamples`` fits uses half the masks and rescales every head's column by a
@@ -192,23 +192,27 @@ class _FrequencyFirst(HeadScores):
         return np.lexsort((-self.marginal, -self.importance, -self.confidence))
 
 
-def make_solver(name: str, alpha: float | None = None, seed: int = 0, confidence: bool = True) -> _Solver:
+#: ``(alpha, seed, n_boot) -> solver``: ``n_boot`` = 0 skips the bootstrap confidence refits.
+SolverFactory = Callable[[float, int, int], "Solver"]
+
+#: Name -> solver factory. To add a solver, subclass :class:`Solver` and register it here.
+SOLVERS: dict[str, SolverFactory] = {
+    "lasso": lambda alpha, seed, n_boot: LassoSolver(alpha, n_boot=n_boot, seed=seed),
+    "lasso-cv": lambda alpha, seed, n_boot: LassoCVSolver(n_boot=n_boot, seed=seed),
+    "omp": lambda alpha, seed, n_boot: OMPSolver(n_boot=n_boot, seed=seed),
+    "stability": lambda alpha, seed, n_boot: StabilitySolver(alpha, seed=seed),
+}
+
+
+def make_solver(name: str, alpha: float | None = None, seed: int = 0, confidence: bool = True) -> Solver:
     """A solver by name; ``alpha`` for lasso and stability (default 0.01).
 
     ``confidence=False`` skips the bootstrap refits (lasso, lasso-cv, omp) when only the
     ranking is needed.
     """
-    a = DEFAULT_ALPHA if alpha is None else float(alpha)
-    n_boot = 20 if confidence else 0
-    if name == "lasso":
-        return LassoSolver(a, n_boot=n_boot, seed=seed)
-    if name == "lasso-cv":
-        return LassoCVSolver(n_boot=n_boot, seed=seed)
-    if name == "omp":
-        return OMPSolver(n_boot=n_boot, seed=seed)
-    if name == "stability":
-        return StabilitySolver(a, seed=seed)
-    raise ValueError(f"unknown solver {name!r}: valid solvers are {', '.join(SOLVERS)}")
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver {name!r}: valid solvers are {', '.join(SOLVERS)}")
+    return SOLVERS[name](DEFAULT_ALPHA if alpha is None else float(alpha), seed, 20 if confidence else 0)
 
 
 def residualize(target: np.ndarray, controls: np.ndarray) -> np.ndarray:

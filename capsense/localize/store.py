@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capsense.core.files import append_jsonl, atomic_write_json, atomic_write_text
+from capsense.core.files import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl_tail
+from capsense.core.heads import Head, HeadSet
 from capsense.errors import CapsenseError
 from capsense.localize.lock import LOCK_FILE
 
@@ -57,41 +58,25 @@ class Evaluation:
     round: int = 0
 
     def to_json(self, n_heads: int) -> str:
-        names = [f"L{h // n_heads}H{h % n_heads}" for h in self.heads]
+        names = [str(Head.from_index(h, n_heads)) for h in self.heads]
         return json.dumps(
             {"i": self.index, "round": self.round, "heads": names, "scores": self.scores, "seconds": round(self.seconds, 4)}
         )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], n_heads: int) -> "Evaluation":
-        heads = []
-        for name in d["heads"]:
-            layer, head = name[1:].split("H")
-            heads.append(int(layer) * n_heads + int(head))
+        heads = [h.flat_index(n_heads) for h in HeadSet.from_pairs(d["heads"])]
         return cls(int(d["i"]), heads, d["scores"], float(d.get("seconds", 0.0)), int(d.get("round", 0)))
 
 
 def _read_log(path: Path, n_heads: int, repair: bool) -> list[Evaluation]:
-    """The evaluations in one log; a torn tail (killed writer) is skipped, and cut off if ``repair``."""
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    out, good = [], 0
-    for line in data.split(b"\n"):
-        if not line.endswith(b"}"):
-            break
-        try:
-            out.append(Evaluation.from_dict(json.loads(line), n_heads))
-        except (json.JSONDecodeError, KeyError, ValueError):
-            break
-        good += len(line) + 1
-    rest = data[good:]
-    if rest.strip() and rest.count(b"\n") > 1:
-        raise RunStoreError(f"{path}: line {len(out) + 1} is not an evaluation, and it is not the last line: the file is damaged")
-    if repair and good != len(data):
-        with path.open("r+b") as f:
-            f.truncate(good)
-    return out
+    """The evaluations in one log; a torn last line (killed writer) is skipped, and cut off if ``repair``."""
+    if repair:
+        repair_jsonl_tail(path)
+    try:
+        return [Evaluation.from_dict(d, n_heads) for d in read_jsonl(path)]
+    except (CapsenseError, KeyError, TypeError, ValueError) as e:  # CorruptFileError, HeadSpecError among them
+        raise RunStoreError(f"{path} holds a line that is not an evaluation ({e}); the file is damaged") from None
 
 
 def merge(logs: Iterable[list[Evaluation]], where: Path) -> dict[int, Evaluation]:

@@ -1,8 +1,8 @@
 """Capability probes: (context, continuation) requests tokenized once, scored under knockouts.
 
 A :class:`Probe` holds the requests of a task, built from an lm-eval task (its own
-requests: log-likelihood or multiple choice) or from a JSONL file of
-``{"context": ..., "continuation": ...}`` lines. :class:`ProbeScorer` scores it under many
+requests: log-likelihood or multiple choice; for a generation task, its reference answers:
+:func:`build_probe`) or from (context, continuation) pairs. :class:`ProbeScorer` scores it under many
 knockout masks: per mask, ``nll`` (nats/token of the reference continuation,
 token-weighted over documents) and ``acc`` (greedy exact match of the continuation, or
 multiple-choice accuracy). Logits are computed only at the scored positions.
@@ -13,11 +13,9 @@ continuation, ``context + continuation`` is encoded whole and split at the conte
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -79,23 +77,6 @@ class Probe:
         )
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike, tokenizer) -> Probe:
-        """A probe from a JSONL file with ``context`` and ``continuation`` per line."""
-        p = Path(path)
-        pairs = []
-        for i, line in enumerate(p.read_text().splitlines()):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                pairs.append((rec["context"], rec["continuation"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ProbeError(
-                    f"{p}:{i + 1}: expected a JSON object with 'context' and 'continuation'"
-                ) from None
-        return cls.from_pairs(p.stem, pairs, tokenizer)
-
-    @classmethod
     def from_task(
         cls,
         task: str,
@@ -112,17 +93,38 @@ class Probe:
         ``exclude``; ``doc_ids`` picks documents explicitly.
         """
         task_obj = load_task(task, include_path, tokenizer)
-        docs = task_obj.eval_docs
-        n_total = len(docs)
+        n_total = len(task_obj.eval_docs)
         if doc_ids is None:
-            order = [int(i) for i in np.random.default_rng(seed).permutation(n_total)]
-            excluded = set(int(i) for i in exclude)
-            order = [i for i in order if i not in excluded]
-            if not order:
-                raise ProbeError(f"task {task!r}: no documents left after excluding {len(excluded)}")
-            doc_ids = order[:limit] if limit else order
+            doc_ids = sample_doc_ids(task, n_total, limit, seed, exclude)
+        return cls.from_loaded_task(task, task_obj, list(doc_ids), tokenizer)
+
+    @classmethod
+    def from_loaded_task(cls, name: str, task_obj, doc_ids: list[int], tokenizer) -> Probe:
+        """A probe of the documents ``doc_ids`` of an already loaded lm-eval task."""
         task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
-        return cls.from_instances(task, task_obj, list(doc_ids), tokenizer, n_total)
+        return cls.from_instances(name, task_obj, list(doc_ids), tokenizer, len(task_obj.eval_docs))
+
+    @classmethod
+    def from_reference_answers(
+        cls, task: str, task_obj, tokenizer, limit: int | None = None, seed: int = 0, exclude: Sequence[int] = ()
+    ) -> Probe:
+        """A log-likelihood probe of a generation task: each request's prompt paired with the
+        document's reference target (``acc`` is then greedy exact match of the reference)."""
+        docs = task_obj.eval_docs
+        doc_ids = sample_doc_ids(task, len(docs), limit, seed, exclude)
+        task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
+        by_rank = sorted(doc_ids)  # lm-eval 0.4.13 numbers sampled docs 0..n-1 in dataset order
+        delim = task_obj.config.target_delimiter or ""
+        pairs, ids = [], []
+        for inst in task_obj.instances:
+            d = by_rank[inst.doc_id] if inst.doc_id < len(by_rank) else inst.doc_id
+            target = task_obj.doc_to_target(docs[d])
+            target = target[0] if isinstance(target, list) else target
+            pairs.append((inst.args[0], delim + str(target)))
+            ids.append(d)
+        probe = cls.from_pairs(task, pairs, tokenizer, doc_ids=ids)
+        probe.meta = {"n_task_docs": len(docs), "proxy": "reference answer of a generation task"}
+        return probe
 
     @classmethod
     def from_instances(cls, name: str, task_obj, doc_ids: list[int], tokenizer, n_total: int) -> Probe:
@@ -165,6 +167,29 @@ class Probe:
             choice_of=np.array(choice_of) if multiple else None,
             meta={"n_task_docs": n_total},
         )
+
+
+def sample_doc_ids(task: str, n_docs: int, limit: int | None, seed: int, exclude: Sequence[int] = ()) -> list[int]:
+    """``limit`` document ids (all with None) in a ``seed``-determined order, skipping ``exclude``."""
+    excluded = set(int(i) for i in exclude)
+    order = [int(i) for i in np.random.default_rng(seed).permutation(n_docs) if int(i) not in excluded]
+    if not order:
+        raise ProbeError(f"task {task!r}: no documents left after excluding {len(excluded)}")
+    return order[:limit] if limit else order
+
+
+def build_probe(
+    task: str, tokenizer, limit: int | None, seed: int, include_path: Sequence[str | os.PathLike] = (),
+    exclude: Sequence[int] = (),
+) -> Probe:
+    """A probe for any lm-eval task: its own requests, or for a generation task
+    (``output_type: generate_until``, GSM8K-style) the reference answer's nats/token, a fast
+    proxy for the task's own generated metric (see :meth:`Probe.from_reference_answers`)."""
+    task_obj = load_task(task, include_path, tokenizer)
+    if task_obj.OUTPUT_TYPE == "generate_until":
+        return Probe.from_reference_answers(task, task_obj, tokenizer, limit, seed, exclude)
+    doc_ids = sample_doc_ids(task, len(task_obj.eval_docs), limit, seed, exclude)
+    return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer)
 
 
 def _gold_index(task_obj, doc) -> int:

@@ -30,16 +30,15 @@ import torch
 from capsense.errors import CapsenseError
 from capsense import __version__
 from capsense.core.ablation import check_ablation_mode, compute_head_means, zero_heads_in_weights
-from capsense.core.arch import arch_spec, head_layout, out_projections, projection_weight
+from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections, projection_weight
 from capsense.core.files import atomic_output_dir, check_output_dir
 from capsense.core.heads import HeadSet, HeadSpecError, HeadsFile, HeadsLike, looks_like_heads_file, load_heads_file
-from capsense.core.models import is_embedded, load_model, model_fingerprint, resolve_pretrained
+from capsense.core.models import DTYPES, is_embedded, load_model, model_fingerprint, resolve_pretrained
 
 if TYPE_CHECKING:
     from torch import nn
 
 FORMATS = ("checkpoint", "adapter")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 METADATA_FILE = "capsense.json"
 
 # Where mean ablation can be folded into a bias that stock transformers loads (5.x
@@ -138,16 +137,10 @@ def meta_model(model: str, revision: str | None = None) -> nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
-def _projection_module(proj: nn.Module) -> nn.Module:
-    while hasattr(proj, "base_layer"):
-        proj = proj.base_layer
-    return proj
-
-
 def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
     """Raise :class:`ExportError` if some edited layer's output projection has no bias."""
     projections = out_projections(model)
-    missing = [l for l in heads.layers() if getattr(_projection_module(projections[l]), "bias", None) is None]
+    missing = [l for l in heads.layers() if getattr(base_layer(projections[l]), "bias", None) is None]
     if missing:
         model_type = model.config.model_type
         support = MEAN_FOLD_SUPPORT.get(model_type, "unknown")
@@ -174,13 +167,13 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
 
     ``S`` are the ablated heads' input slices (rows of GPT-2's transposed Conv1D weight).
     """
-    hs = HeadSet.parse(heads).validate(head_layout(model))
+    hs = HeadSet.parse(heads).check_fits(head_layout(model))
     check_mean_foldable(model, hs)
     spec = arch_spec(model)
     layout = head_layout(model)
     projections = out_projections(model)
     for layer, head_ids in hs.by_layer().items():
-        proj = _projection_module(projections[layer])
+        proj = base_layer(projections[layer])
         w = projection_weight(proj)
         idx = _head_indices(head_ids, layout.head_dim).to(w.device)
         mean = means[layer].to(device=w.device, dtype=torch.float64)[idx]
@@ -193,7 +186,7 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
 def ia3_vectors(model: nn.Module, heads: HeadsLike) -> dict[int, torch.Tensor]:
     """``{layer: vector}`` over the projection input: 0 on ablated heads' slices, 1 elsewhere."""
     layout = head_layout(model)
-    hs = HeadSet.parse(heads).validate(layout)
+    hs = HeadSet.parse(heads).check_fits(layout)
     width = layout.n_heads * layout.head_dim
     out = {}
     for layer, head_ids in sorted(hs.by_layer().items()):
@@ -327,7 +320,7 @@ def _preflight(
     hs, heads_file, source = resolve_heads(heads, top_k)
     meta = meta_model(model, revision)
     arch_spec(meta)  # unsupported architecture: a clear error now
-    hs.validate(head_layout(meta))
+    hs.check_fits(head_layout(meta))
     return out_path, hs, heads_file, source, meta
 
 

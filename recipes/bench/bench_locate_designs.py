@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from capsense.localize.locate import LocateConfig, _single_head_scores, design_matrix, fit_target, locate
+from capsense.localize.config import LocateConfig
+from capsense.localize.fit import design_matrix, fit_target, single_head_scores
+from capsense.localize.run import locate
 from capsense.localize.solvers import SOLVERS, make_solver
 from capsense.localize.store import read_evaluations
 
@@ -42,7 +44,7 @@ def main() -> None:
     ex_cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "exhaustive"), method="exhaustive",
                           limit=args.limit, dtype="float32")
     ex = read_evaluations(root / "exhaustive")
-    imp, _ = _single_head_scores(ex, fit_target(ex, ex_cfg, n), n)
+    imp, _ = single_head_scores(ex, fit_target(ex, ex_cfg, n), n)
     ex_top = set(int(i) for i in np.argsort(-imp, kind="stable")[:5])
     rows, timing = [], {}
     for design, k in CONFIGS:

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from capsense.localize.locate import LocateConfig, design_matrix, fit_target, locate, _single_head_scores
+from capsense.localize.config import LocateConfig
+from capsense.localize.fit import design_matrix, fit_target, single_head_scores
+from capsense.localize.run import locate
 from capsense.localize.solvers import SOLVERS, make_solver
 from capsense.localize.store import read_evaluations
 
@@ -50,7 +52,7 @@ def main() -> None:
         locate(cs_cfg)
     n_heads, n = 9, 270
     ex = read_evaluations(root / "exhaustive")
-    imp, _ = _single_head_scores(ex, fit_target(ex, ex_cfg, n), n)
+    imp, _ = single_head_scores(ex, fit_target(ex, ex_cfg, n), n)
     ex_top = [int(i) for i in np.argsort(-imp, kind="stable")[:5]]
     cs = read_evaluations(root / "cs", design_only=True)
     name = lambda i: f"L{i // n_heads}H{i % n_heads}"  # noqa: E731

@@ -43,7 +43,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from capsense.core.heads import HeadSet
-    from capsense.localize.locate import MaskEvaluator, build_probe
+    from capsense.localize.evaluator import MaskEvaluator
+    from capsense.scoring.probe import build_probe
     from capsense.core.models import load_model, resolve_pretrained
     from capsense.scoring.prefix import PrefixReuseScorer
     from capsense.scoring.probe import ProbeScorer

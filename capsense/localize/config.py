@@ -1,0 +1,119 @@
+"""The settings of a localization run (:class:`LocateConfig`) and their checks.
+
+The method-dependent settings (which method, which settings identify its masks, whether
+measure-and-choose follows) live with the methods in :mod:`capsense.localize.methods`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from capsense.core.models import DTYPES
+from capsense.errors import CapsenseError
+from capsense.localize.designs import DESIGNS
+from capsense.localize.refine import DEFAULT_TOLERANCE
+from capsense.localize.solvers import SOLVERS
+from capsense.scoring.probe import METRICS
+
+
+class LocateError(CapsenseError):
+    """Bad settings for a localization run."""
+
+
+@dataclass
+class LocateConfig:
+    """Every setting of a localization run (defaults follow the paper where they fit)."""
+
+    model: str
+    task: str
+    out: str
+    controls: list[str] = field(default_factory=list)
+    metric: str = "nll"
+    limit: int | None = 100  # paper: 100 samples per mask
+    masks: int = 100  # paper: 100 masks
+    sparsity: float | None = 0.02  # paper: ~2% of heads per mask
+    heads_per_mask: int | None = None
+    design: str = "balanced"
+    solver: str = "lasso"
+    alpha: float | None = None  # paper: 0.01
+    method: str = "cs"
+    seed: int = 0
+    batch_size: int = 16
+    masks_per_forward: int | None = None  # None: automatic (1 on CPUs, from free memory on GPUs)
+    device: str = "cpu"
+    device_map: str | None = None  # spread the model over devices (capsense.core.placement): auto, or a map
+    dtype: str = "auto"
+    include_path: list[str] = field(default_factory=list)
+    revision: str | None = None
+    top_k: int = 5  # heads in the set the run hands on (greedy's rounds, refine's set)
+    refine: int | None = None  # measure-and-choose budget; None = refine.DEFAULT_BUDGET with controls, else 0
+    tolerance: float = DEFAULT_TOLERANCE
+    prefix_reuse: bool = True
+    progress: bool = True
+    confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
+    task_metric_higher_is_better: bool = True  # set by locate from the task when --metric is the task's own
+
+    def check(self) -> None:
+        """Raise :class:`LocateError` for settings that are wrong before any model is loaded.
+
+        The method and its own settings are checked by :func:`capsense.localize.methods.get_method`.
+        """
+        choice("design", self.design, DESIGNS)
+        choice("solver", self.solver, SOLVERS)
+        choice("dtype", self.dtype, DTYPES)
+        if not self.metric or not isinstance(self.metric, str):
+            raise LocateError(
+                "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "
+                "exact match, or multiple-choice accuracy) or one of the target task's own lm-eval metrics"
+            )
+        self._check_numbers()
+        if self.task in self.controls:
+            raise LocateError(f"the target task {self.task!r} is also listed as a control")
+        if len(set(self.controls)) != len(self.controls):
+            raise LocateError(f"duplicate control tasks in {self.controls}")
+        from capsense.core.placement import check_device, parse_device_map
+
+        parse_device_map(self.device_map) if self.device_map else check_device(self.device)
+
+    def _check_numbers(self) -> None:
+        if self.heads_per_mask is None and (self.sparsity is None or not 0 < self.sparsity < 1):
+            raise LocateError(f"--sparsity must be strictly between 0 and 1, got {self.sparsity}")
+        if self.heads_per_mask is not None and self.heads_per_mask < 1:
+            raise LocateError(f"--heads-per-mask must be at least 1, got {self.heads_per_mask}")
+        if self.masks < 2:
+            raise LocateError(f"--masks must be at least 2, got {self.masks}")
+        if self.limit is not None and self.limit < 1:
+            raise LocateError(f"--limit must be at least 1, got {self.limit}")
+        if self.alpha is not None and self.alpha <= 0:
+            raise LocateError(f"--alpha must be positive, got {self.alpha}")
+        if self.top_k < 1:
+            raise LocateError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.refine is not None and self.refine < 0:
+            raise LocateError(f"--refine must be 0 (off) or a number of evaluations, got {self.refine}")
+        if not self.tolerance >= 0:
+            raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
+        if self.masks_per_forward is not None and self.masks_per_forward < 1:
+            raise LocateError(f"--masks-per-forward must be at least 1 (or auto), got {self.masks_per_forward}")
+
+    @property
+    def tasks(self) -> list[str]:
+        """The target, then the controls."""
+        return [self.task, *self.controls]
+
+    def metric_for(self, task: str) -> str:
+        """The metric ``task`` is scored by: ``metric`` for the target, and for controls too
+        when it is a probe metric (nll, acc); a task's own metric (``exact_match``) is the
+        target's, so controls then use nll."""
+        return self.metric if task == self.task or self.metric in METRICS else "nll"
+
+    def higher_is_better(self, task: str) -> bool:
+        """Whether a larger value of ``task``'s metric is better."""
+        m = self.metric_for(task)
+        return {"nll": False, "acc": True}.get(m, self.task_metric_higher_is_better)
+
+
+def choice(name: str, value: str, valid: Sequence[str]) -> None:
+    """Raise :class:`LocateError` naming the valid values unless ``value`` is one of them."""
+    if value not in valid:
+        raise LocateError(f"unknown {name} {value!r}: valid values are {', '.join(valid)}")

@@ -1,0 +1,163 @@
+"""Evaluating knockout masks: scores on every probe (:class:`MaskEvaluator`), kept in the
+run folder in order, replayed on resume and split across processes (:class:`MaskRunner`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from capsense.core.distributed import DistContext, split
+from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.store import Evaluation, RunStore, RunStoreError
+from capsense.scoring.probe import METRICS, load_task
+
+#: Scores of one mask: task -> metric -> value.
+MaskScores = dict[str, dict[str, float]]
+
+
+class MaskEvaluator:
+    """Scores masks (flat head index sets) on every probe with one loaded model."""
+
+    def __init__(self, model, probes: dict, batch_size: int, masks_per_forward: int, prefix_reuse: bool,
+                 extra: dict | None = None) -> None:
+        from capsense.core.arch import head_layout
+
+        self.layout = head_layout(model)
+        self.scorers = {
+            name: scorer_class(probe, masks_per_forward, prefix_reuse)(
+                model, probe, batch_size=batch_size, masks_per_forward=masks_per_forward)
+            for name, probe in probes.items()
+        }
+        self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
+
+    def knockouts(self, masks: np.ndarray):
+        """``masks`` [m, layers * heads] as a boolean tensor [m, layers, heads]."""
+        import torch
+
+        return torch.from_numpy(np.asarray(masks, dtype=bool).reshape(-1, self.layout.n_layers, self.layout.n_heads).copy())
+
+    def __call__(self, masks: np.ndarray) -> list[MaskScores]:
+        ko = self.knockouts(masks)
+        per_task = {name: s.score(ko) for name, s in self.scorers.items()}
+        for name, s in self.extra.items():
+            per_task[name] = {**per_task.get(name, {}), **s.score(ko)}
+        return [
+            {name: {k: float(v[i]) for k, v in r.items()} for name, r in per_task.items()} for i in range(len(masks))
+        ]
+
+
+def scorer_class(probe, masks_per_forward: int, prefix_reuse: bool) -> type:
+    """The fastest exact scorer for ``probe``: shared context for multiple choice, else prefix reuse."""
+    from capsense.scoring.prefix import PrefixReuseScorer
+    from capsense.scoring.probe import ProbeScorer
+    from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
+
+    if masks_per_forward > 1:
+        return ProbeScorer
+    if shared_context_groups(probe) is not None:  # multiple choice: each context once per mask
+        return SharedContextScorer
+    return PrefixReuseScorer if prefix_reuse else ProbeScorer
+
+
+class MaskRunner:
+    """Evaluates blocks of masks (``[m, heads]`` booleans) in order into ``store``, reusing what it holds.
+
+    A method calls the runner with a block of masks (a design, a refine round, one Thompson
+    draw). Every process computes the same blocks in the same order (the masks follow from
+    the seed and from earlier scores, which every process holds), so a mask's *index* in the
+    run is the same everywhere. The runner reuses every index the folder already holds
+    (checking its heads), cuts the rest into one contiguous share per process, evaluates this
+    process's share (``masks_per_forward`` at a time, each logged durably as it finishes) and
+    exchanges the new evaluations, so that every process returns the whole block. With one
+    process it is a plain resumable loop.
+    """
+
+    def __init__(self, store: RunStore, evaluate: Callable[[np.ndarray], list[MaskScores]], masks_per_forward: int, bar=None,
+                 ctx: DistContext | None = None) -> None:
+        self.store, self.evaluate = store, evaluate
+        self.mpf = max(1, masks_per_forward)
+        self.ctx = ctx or DistContext()
+        self.cursor = 0
+        self.bar = bar
+        self.new = 0  # evaluations this attempt added (all processes)
+
+    def __call__(self, masks: np.ndarray, round_index: int = 0) -> list[Evaluation]:
+        masks = np.atleast_2d(np.asarray(masks, dtype=bool))
+        first, self.cursor = self.cursor, self.cursor + len(masks)
+        todo = []
+        for i, mask in enumerate(masks):
+            idx = first + i
+            heads = [int(h) for h in np.flatnonzero(mask)]
+            ev = self.store.done.get(idx)
+            if ev is None:
+                todo.append(idx)
+            elif ev.heads != heads:
+                raise RunStoreError(
+                    f"mask {idx} in {self.store.path} knocks out other heads than this run's mask {idx}: "
+                    "the settings or capsense changed; choose another --out"
+                )
+        mine = split(todo, self.ctx)[self.ctx.rank]
+        local = self._evaluate([(i, masks[i - first]) for i in mine], round_index)
+        if self.ctx.distributed:
+            others = [e for r, evs in enumerate(self.ctx.gather(local)) if r != self.ctx.rank for e in evs]
+            self.store.record(others)
+            if self.bar is not None:
+                self.bar.update(len(others))
+        self.new += len(todo)
+        return [self.store.done[first + i] for i in range(len(masks))]
+
+    def _evaluate(self, items: list[tuple[int, np.ndarray]], round_index: int) -> list[Evaluation]:
+        out = []
+        for g in range(0, len(items), self.mpf):
+            group = items[g : g + self.mpf]
+            t0 = time.perf_counter()
+            scores = self.evaluate(np.stack([m for _, m in group]))
+            dt = (time.perf_counter() - t0) / len(group)
+            for (idx, mask), sc in zip(group, scores):
+                ev = Evaluation(idx, [int(h) for h in np.flatnonzero(mask)], sc, dt, round_index)
+                self.store.append(ev)
+                out.append(ev)
+                if self.bar is not None:
+                    self.bar.update(1)
+        return out
+
+
+def progress_bar(cfg: LocateConfig, total: int, done: int, desc: str):
+    """A tqdm bar over masks, or None when the run is quiet (and on all but the main process)."""
+    from capsense.core.distributed import context
+
+    if not cfg.progress or not context().is_main:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=min(done, total), unit="mask", desc=desc, dynamic_ncols=True)
+
+
+def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> dict:
+    """With ``metric`` one of the target task's own lm-eval metrics (not nll/acc): a scorer that
+    runs the task through lm-eval under each mask on the probe's documents (faithful, slow).
+
+    Sets ``cfg.task_metric_higher_is_better`` from the task.
+    """
+    from capsense.scoring.task_metric import TaskMetricScorer, resolve_task_metric
+
+    if cfg.metric in METRICS:
+        return {}
+    task_obj = load_task(cfg.task, cfg.include_path, tokenizer)
+    scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, None, cfg.metric,
+                              batch_size=cfg.batch_size, include_path=cfg.include_path,
+                              confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
+    try:
+        try:
+            tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
+        except ValueError:  # maybe a name a metric function reports at run time: run the clean model once
+            tm = resolve_task_metric(cfg.task, task_obj, cfg.metric, reported=scorer.reported())
+    except ValueError as e:
+        raise LocateError(str(e)) from None
+    scorer.metric = tm
+    cfg.task_metric_higher_is_better = tm.higher_is_better
+    return {cfg.task: scorer}

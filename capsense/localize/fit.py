@@ -1,0 +1,132 @@
+"""From evaluated masks to a ranking: scores per mask, damage, and the fits a method hands on.
+
+* :func:`fit_target`: the vector a solver fits (the target score, residualized on the
+  controls in selective mode);
+* :func:`fit_regression`: a sparse regression over random masks (cs, thompson's effects);
+* :func:`fit_single_heads`: measured single-head knockouts (exhaustive, greedy).
+
+Both fits return a :class:`LocateResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from capsense.core.tables import relative_change
+from capsense.localize.config import LocateConfig
+from capsense.localize.refine import Refinement
+from capsense.localize.solvers import HeadScores, make_solver, residualize, ridge_effects, standardize
+from capsense.localize.store import Evaluation
+
+
+@dataclass
+class LocateResult:
+    """What a run found: ranked head scores (fitted), raw-target scores and per-task damage."""
+
+    scores: HeadScores
+    raw_scores: HeadScores | None
+    target_effect: np.ndarray
+    control_effects: dict[str, np.ndarray]
+    n_evaluations: int
+    base: dict[str, dict[str, float]]
+    seconds_per_mask: float
+    refinement: Refinement | None = None
+
+
+def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:
+    """The 0/1 knockout matrix ``[len(evals), n]`` of the evaluated masks."""
+    X = np.zeros((len(evals), n), dtype=bool)
+    for i, e in enumerate(evals):
+        X[i, e.heads] = True
+    return X
+
+
+def task_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig) -> np.ndarray:
+    """Score per mask of ``task`` by its metric, signed so that higher = better (``-nll``, ``acc``)."""
+    v = np.array([e.scores[task][cfg.metric_for(task)] for e in evals], dtype=float)
+    return v if cfg.higher_is_better(task) else -v
+
+
+def damage(evals: Sequence[Evaluation], task: str, cfg: LocateConfig, base: Evaluation) -> np.ndarray:
+    """Relative worsening of ``task``'s metric per mask vs the clean model (+0.2 = 20% worse).
+
+    Where the relative change is undefined (a clean score of 0) it is the plain drop.
+    """
+    s, s0 = task_scores(evals, task, cfg), float(task_scores([base], task, cfg)[0])
+    # signed scores: a drop is damage whichever way the metric points
+    rel = [relative_change(s0, float(x)) for x in s]
+    return np.array([s0 - x if r is None else -r for x, r in zip(s, rel)], dtype=float)
+
+
+def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective: bool = True) -> np.ndarray:
+    """The vector the solver fits: the target score, residualized on the controls when selective."""
+    y = task_scores(evals, cfg.task, cfg)
+    if selective and cfg.controls:
+        C = np.column_stack([task_scores(evals, c, cfg) for c in cfg.controls])
+        y = residualize(y, C)
+    return y
+
+
+def single_head_scores(evals: Sequence[Evaluation], y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Importance from single-head evaluations: standardized score drop vs the clean model
+    (``evals[0]``); heads never knocked out alone rank last with confidence 0."""
+    z = standardize(y)
+    imp = np.full(n, np.nan)
+    for e, zi in zip(evals, z):
+        if len(e.heads) == 1:
+            imp[e.heads[0]] = z[0] - zi
+    seen = ~np.isnan(imp)
+    imp[~seen] = (np.nanmin(imp) - 1) if seen.any() else 0.0
+    return imp, seen.astype(float)
+
+
+def fit_regression(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
+    """Rank heads by a sparse regression (``cfg.solver``) over every evaluated mask; per-head
+    effects by ridge regression of each task's damage."""
+    X = design_matrix(evals, n)
+    scores = make_solver(cfg.solver, cfg.alpha, cfg.seed).fit(X, fit_target(evals, cfg, n)).scores_
+    raw = make_solver(cfg.solver, cfg.alpha, cfg.seed).fit(X, fit_target(evals, cfg, n, False)).scores_ if cfg.controls else None
+    effects = {t: ridge_effects(X, damage(evals, t, cfg, evals[0])) for t in cfg.tasks}
+    return _result(evals, cfg, scores, raw, effects)
+
+
+def fit_single_heads(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
+    """Rank heads by their measured single-head knockouts (``evals[0]`` is the clean model)."""
+    base = evals[0]
+    sel = [base, *(e for e in evals if len(e.heads) == 1)]
+    effects = {t: np.zeros(n) for t in cfg.tasks}
+    for t in cfg.tasks:
+        for e, v in zip(sel[1:], damage(sel, t, cfg, base)[1:]):
+            effects[t][e.heads[0]] = v
+    imp, conf = single_head_scores(sel, fit_target(sel, cfg, n), n)
+    raw = None
+    if cfg.controls:
+        r_imp, r_conf = single_head_scores(sel, fit_target(sel, cfg, n, selective=False), n)
+        raw = HeadScores(r_imp, r_conf, r_imp.copy())
+    return _result(evals, cfg, HeadScores(imp, conf, imp.copy()), raw, effects)
+
+
+def _result(evals: list[Evaluation], cfg: LocateConfig, scores: HeadScores, raw: HeadScores | None,
+            effects: dict[str, np.ndarray]) -> LocateResult:
+    secs = [e.seconds for e in evals if e.seconds > 0]
+    return LocateResult(
+        scores=scores,
+        raw_scores=raw,
+        target_effect=effects[cfg.task],
+        control_effects={c: effects[c] for c in cfg.controls},
+        n_evaluations=len(evals),
+        base=evals[0].scores,
+        seconds_per_mask=float(np.mean(secs)) if secs else 0.0,
+    )
+
+
+def put_first(scores: HeadScores, chosen: Sequence[int]) -> HeadScores:
+    """The same scores, re-ranked so that ``chosen`` (in its order) leads."""
+    imp = scores.importance
+    top = np.nanmax(np.abs(imp[np.isfinite(imp)])) if np.isfinite(imp).any() else 0.0
+    boost = np.zeros(len(imp))
+    boost[list(chosen)] = np.arange(len(chosen), 0, -1) + top
+    return HeadScores(imp + boost, scores.confidence, scores.marginal)

@@ -1,0 +1,241 @@
+"""Localization methods, registered by name in :data:`METHODS`.
+
+* ``cs`` (default): random masks from a design (balanced, Bernoulli or adaptive), each
+  scored on every probe, and a sparse regression (:mod:`capsense.localize.solvers`) of the
+  score on the 0/1 knockout matrix. This follows "compressed sensing" localization of LLM
+  capabilities (knock out ~2% of heads per mask, 100 masks, 100 samples, Lasso alpha 0.01).
+* ``exhaustive``: every head knocked out alone (with prefix reuse: the forward starts at
+  the ablated layer from cached clean activations);
+* ``greedy``: the exhaustive sweep, then heads added one at a time to the knocked-out set,
+  each round choosing the candidate whose addition hurts most;
+* ``thompson``: Thompson sampling on a Bayesian linear model of head effects: each mask
+  knocks out the heads a posterior draw ranks most damaging.
+
+**Adding a method** is one registration::
+
+    def search_mine(s: Search) -> Found:
+        evals = s.run(no_knockout(s.n))          # the clean model first, always
+        evals += s.run(my_masks(s.n, s.cfg.seed))  # any masks; s.run stores and resumes them
+        return Found(evals)
+
+    register(Method("mine", search_mine, fit=fit_regression,
+                    n_evaluations=lambda cfg, n: ..., identity_keys=("seed-dependent settings",)))
+
+``search`` decides which masks to evaluate (only through ``s.run``, so a killed run resumes
+and replays the same masks), ``fit`` turns the evaluations into a :class:`LocateResult`,
+``n_evaluations`` says how many masks the search evaluates (for the progress bar), and
+``identity_keys`` names the settings that change which masks it evaluates (a run folder made
+with other values is refused). ``--method`` accepts every registered name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from capsense.localize.config import LocateConfig, LocateError, choice
+from capsense.localize.designs import balanced_design, run_design
+from capsense.localize.evaluator import MaskRunner
+from capsense.localize.fit import (
+    LocateResult, design_matrix, fit_regression, fit_single_heads, fit_target, single_head_scores,
+)
+from capsense.localize.refine import DEFAULT_BUDGET
+from capsense.localize.solvers import HeadScores, make_solver, standardize
+from capsense.localize.store import Evaluation
+
+
+@dataclass
+class Search:
+    """What a method's search works with.
+
+    ``run(masks, round)`` evaluates 0/1 masks ``[m, n]`` (or returns their stored evaluations
+    on resume); ``n`` heads in all, ``k`` heads per random mask (from ``sparsity`` or
+    ``heads_per_mask``; 1 for methods without random masks). The loaded ``model``,
+    ``tokenizer`` and ``probes`` are there for methods that need more than knockouts.
+    """
+
+    run: MaskRunner
+    cfg: LocateConfig
+    n: int
+    k: int = 1
+    model: Any = None
+    tokenizer: Any = None
+    probes: dict[str, Any] = field(default_factory=dict)
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Found:
+    """A search's evaluations (the clean model first) and, optionally, a head set it chose
+    itself, which then leads the ranking."""
+
+    evals: list[Evaluation]
+    chosen: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A localization method: how it searches, how it fits, and what identifies its masks."""
+
+    name: str
+    search: Callable[[Search], Found]
+    fit: Callable[[list[Evaluation], LocateConfig, int], LocateResult]
+    n_evaluations: Callable[[LocateConfig, int], int]
+    identity_keys: tuple[str, ...] = ()
+    random_masks: bool = False  # masks of k heads (``sparsity`` / ``heads_per_mask`` apply)
+    refines: bool = True  # measure-and-choose may follow (by default in selective mode)
+
+
+#: Name -> method; ``--method`` accepts these names.
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` under its name."""
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(cfg: LocateConfig) -> Method:
+    """The method ``cfg`` names, after checking that its settings apply to it."""
+    choice("method", cfg.method, list(METHODS))
+    method = METHODS[cfg.method]
+    if cfg.refine and not method.refines:
+        raise LocateError(f"--refine does not apply to --method {cfg.method}, which measures its own top-K set")
+    return method
+
+
+def refine_budget(cfg: LocateConfig) -> int:
+    """Evaluations for measure-and-choose: ``refine``, or by default 24 in selective mode."""
+    if cfg.refine is not None:
+        return cfg.refine
+    return DEFAULT_BUDGET if cfg.controls and METHODS[cfg.method].refines else 0
+
+
+def no_knockout(n: int) -> np.ndarray:
+    """The clean model's mask: nothing knocked out (every search evaluates it first)."""
+    return np.zeros((1, n), dtype=bool)
+
+
+def single_head_masks(n: int) -> np.ndarray:
+    """Every head alone, in layer order (prefix reuse then shares each layer's cached input)."""
+    return np.eye(n, dtype=bool)
+
+
+# -- cs ----------------------------------------------------------------------------------
+def search_cs(s: Search) -> Found:
+    """The clean model, then ``masks`` masks of the design (adaptive: refit between rounds)."""
+    cfg = s.cfg
+    evals = s.run(no_knockout(s.n))
+
+    def evaluate(masks: np.ndarray, r: int) -> None:
+        evals.extend(s.run(masks, r))
+
+    def fit() -> tuple[np.ndarray, np.ndarray]:
+        scores = make_solver(cfg.solver, cfg.alpha, cfg.seed).fit(design_matrix(evals, s.n), fit_target(evals, cfg, s.n)).scores_
+        return scores.importance, scores.confidence
+
+    run_design(cfg.design, cfg.masks, s.n, s.k, cfg.seed, evaluate, fit)
+    return Found(evals)
+
+
+register(Method("cs", search_cs, fit_regression, lambda cfg, n: cfg.masks + 1,
+                identity_keys=("design", "heads_per_mask"), random_masks=True))
+
+
+# -- exhaustive --------------------------------------------------------------------------
+def search_exhaustive(s: Search) -> Found:
+    """The clean model, then every head alone."""
+    return Found(s.run(no_knockout(s.n)) + s.run(single_head_masks(s.n)))
+
+
+register(Method("exhaustive", search_exhaustive, fit_single_heads, lambda cfg, n: n + 1))
+
+
+# -- greedy ------------------------------------------------------------------------------
+def greedy_candidates(cfg: LocateConfig, n: int) -> int:
+    """Candidates tried per greedy round: the best-ranked ones not chosen yet."""
+    return min(n - 1, max(20, 4 * cfg.top_k))
+
+
+def search_greedy(s: Search) -> Found:
+    """Exhaustive sweep, then grow the knocked-out set one head per round (top candidates only)."""
+    cfg, n = s.cfg, s.n
+    evals = search_exhaustive(s).evals
+    imp, _ = single_head_scores(evals, fit_target(evals, cfg, n), n)
+    order = [int(i) for i in np.argsort(-imp, kind="stable")]
+    chosen = [order[0]]
+    n_cand = greedy_candidates(cfg, n)
+    for r in range(1, cfg.top_k):
+        cands = [h for h in order if h not in chosen][:n_cand]
+        masks = np.zeros((len(cands), n), dtype=bool)
+        masks[:, chosen] = True
+        for i, h in enumerate(cands):
+            masks[i, h] = True
+        evals += s.run(masks, r)
+        y = fit_target(evals, cfg, n)[-len(cands):]
+        chosen.append(cands[int(np.argmin(y))])
+    return Found(evals, chosen)
+
+
+def greedy_evaluations(cfg: LocateConfig, n: int) -> int:
+    """The sweep (clean model + every head) plus one round of candidates per further head."""
+    return n + 1 + sum(min(n - r, greedy_candidates(cfg, n)) for r in range(1, cfg.top_k))
+
+
+register(Method("greedy", search_greedy, fit_single_heads, greedy_evaluations,
+                identity_keys=("top_k", "metric"), refines=False))
+
+
+# -- thompson ----------------------------------------------------------------------------
+def search_thompson(s: Search) -> Found:
+    """Warm-up balanced masks, then each mask = the k heads a posterior draw finds most damaging."""
+    cfg, n = s.cfg, s.n
+    evals = s.run(no_knockout(n))
+    warm = min(cfg.masks, max(10, cfg.masks // 5))
+    evals += s.run(balanced_design(warm, n, s.k, cfg.seed))
+    while len(evals) - 1 < cfg.masks:
+        mean, cov = posterior(design_matrix(evals, n), fit_target(evals, cfg, n))
+        rng = np.random.default_rng([cfg.seed, 7, len(evals)])
+        draw = mean + np.linalg.cholesky(cov + 1e-9 * np.eye(n)) @ rng.standard_normal(n)
+        mask = np.zeros((1, n), dtype=bool)
+        mask[0, np.argsort(draw, kind="stable")[: s.k]] = True  # most negative effect = most damaging
+        evals += s.run(mask, len(evals))
+    return Found(evals)
+
+
+def posterior(X: np.ndarray, y: np.ndarray, prior_sd: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior of additive effects ``beta`` in ``z(y) = c + X beta + noise`` (Gaussian prior)."""
+    X = X.astype(float)
+    z = standardize(y)
+    Xc, zc = X - X.mean(0), z - z.mean()
+    noise = max(float(np.var(zc)) * 0.5, 1e-3)
+    prec = Xc.T @ Xc / noise + np.eye(X.shape[1]) / prior_sd**2
+    cov = np.linalg.inv(prec)
+    cov = (cov + cov.T) / 2
+    return cov @ (Xc.T @ zc) / noise, cov
+
+
+def thompson_scores(evals: Sequence[Evaluation], y: np.ndarray, n: int) -> HeadScores:
+    """Posterior mean importance (= -effect) and P(effect < 0) as confidence."""
+    from scipy.stats import norm
+
+    mean, cov = posterior(design_matrix(evals, n), y)
+    sd = np.sqrt(np.clip(np.diag(cov), 1e-12, None))
+    return HeadScores(-mean, norm.cdf(-mean / sd), -mean)
+
+
+def fit_thompson(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
+    """Effects as :func:`fit_regression`; the ranking from the posterior."""
+    result = fit_regression(evals, cfg, n)
+    result.scores = thompson_scores(evals, fit_target(evals, cfg, n), n)
+    if cfg.controls:
+        result.raw_scores = thompson_scores(evals, fit_target(evals, cfg, n, False), n)
+    return result
+
+
+register(Method("thompson", search_thompson, fit_thompson, lambda cfg, n: cfg.masks + 1,
+                identity_keys=("design", "heads_per_mask", "metric", "solver", "alpha"), random_masks=True))

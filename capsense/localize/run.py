@@ -1,0 +1,275 @@
+"""A localization run: ``locate(config)`` loads the model once, turns the target task (and
+control tasks) into probes, evaluates the method's knockout masks (resumably, into a run
+folder), fits a ranking, measures and chooses the top-K set, and writes the outputs.
+
+**Selective mode** (``controls``): every mask is also scored on the control tasks and the
+solver fits the target score *residualized on the control scores* (OLS over the same
+masks), so heads that hurt everything (early generic heads) drop out of the ranking.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from capsense.core.arch import HeadLayout
+from capsense.core.distributed import DistContext
+from capsense.core.heads import Head
+from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.designs import heads_per_mask
+from capsense.localize.evaluator import MaskEvaluator, MaskRunner, progress_bar, task_metric_scorers
+from capsense.localize.fit import LocateResult, damage, put_first
+from capsense.localize.methods import Method, Search, get_method, refine_budget
+from capsense.localize.outputs import write_outputs
+from capsense.localize.refine import Refinement, head_set_masks, refine
+from capsense.localize.lock import RunFolderLock
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
+from capsense.scoring.probe import METRICS, build_probe
+
+#: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
+BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")
+
+
+def identity_keys(cfg: LocateConfig) -> list[str]:
+    """The settings that must match for a run folder to be resumed by ``cfg``."""
+    keys = [*BASE_IDENTITY, *get_method(cfg).identity_keys]
+    if cfg.design == "adaptive":  # its rounds follow from fits of the earlier masks
+        keys += ["metric", "solver", "alpha"]
+    if cfg.metric not in METRICS:  # the task's own metric is stored beside nll and acc
+        keys.append("metric")
+    if refine_budget(cfg):  # refine's sets follow from the fit of every earlier mask
+        keys += ["masks", "metric", "solver", "alpha", "top_k", "refine", "tolerance"]
+    return list(dict.fromkeys(keys))
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and the libraries a run's numbers depend on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("capsense", "torch", "transformers", "lm_eval", "scikit-learn", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> int:
+    """Heads per random mask (1 for methods without random masks)."""
+    n = layout.n_total
+    if not method.random_masks:
+        return 1
+    if cfg.heads_per_mask is not None and cfg.heads_per_mask > n:
+        raise LocateError(
+            f"--heads-per-mask {cfg.heads_per_mask} is more than the model's {n} heads "
+            f"({layout.n_layers} layers x {layout.n_heads} heads)"
+        )
+    return heads_per_mask(n, cfg.sparsity, cfg.heads_per_mask)
+
+
+def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probes: dict) -> dict[str, Any]:
+    """Every setting that may identify a run folder (:func:`identity_keys` picks the ones compared)."""
+    return {
+        "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
+        "task": cfg.task,
+        "controls": list(cfg.controls),
+        "limit": cfg.limit,
+        "seed": cfg.seed,
+        "method": cfg.method,
+        "dtype": dtype,
+        "design": cfg.design,
+        "heads_per_mask": k,
+        "top_k": cfg.top_k,
+        "masks": cfg.masks,
+        "refine": refine_budget(cfg),
+        "tolerance": cfg.tolerance,
+        "metric": cfg.metric,
+        "solver": cfg.solver,
+        "alpha": cfg.alpha,
+        "doc_ids": {t: [int(d) for d in p.doc_ids] for t, p in probes.items()},
+    }
+
+
+def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layout: HeadLayout, probes: dict, extra: dict,
+                 placed: dict[str, Any]) -> dict[str, Any]:
+    """``manifest.json``: what ran, on what, with which versions."""
+    import torch
+
+    return {
+        "capsense_run": "locate",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": fingerprint,
+        "layout": {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "head_dim": layout.head_dim},
+        "task": cfg.task,
+        "controls": list(cfg.controls),
+        "metric": cfg.metric,
+        "heads_per_mask": k,
+        "args": {**asdict(cfg), "dtype_resolved": dtype, "masks_per_forward_resolved": placed["masks_per_forward"]},
+        "probes": {
+            t: {"doc_ids": [int(d) for d in p.doc_ids], "n_requests": p.n_requests, "kind": p.kind, **p.meta}
+            for t, p in probes.items()
+        },
+        "identity": run_identity(cfg, fingerprint, dtype, k, probes),
+        "task_metric": {
+            t: {"metric": cfg.metric, "label": sc.metric.label, "higher_is_better": sc.metric.higher_is_better,
+                "scored_by": "lm-eval under each mask (capsense-masked)"}
+            for t, sc in extra.items()
+        },
+        "versions": library_versions(),
+        "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": placed["device"],
+                 "device_map": cfg.device_map, "processes": placed["processes"]},
+    }
+
+
+def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, ranking: Sequence[int]) -> tuple[Refinement, list[Evaluation]]:
+    """Measure and choose the top-K set on the run's documents (see :mod:`capsense.localize.refine`)."""
+    spent: list[Evaluation] = []
+
+    def measure(sets: list[tuple[int, ...]]) -> list[tuple[float, dict[str, float]]]:
+        evs = run(head_set_masks(sets, n), REFINE_ROUND)
+        spent.extend(evs)
+        return [
+            (float(damage([e], cfg.task, cfg, base)[0]),
+             {c: float(damage([e], c, cfg, base)[0]) for c in cfg.controls})
+            for e in evs
+        ]
+
+    found = refine(ranking, min(cfg.top_k, n), measure, budget=refine_budget(cfg), tolerance=cfg.tolerance)
+    return found, spent
+
+
+def _with_bar(runner: MaskRunner, bar, work: Callable[[], Any]) -> Any:
+    runner.bar = bar
+    try:
+        return work()
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, result: LocateResult,
+                 evals: list[Evaluation], done: int, log: Callable[[str], None]) -> list[Evaluation]:
+    """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
+    bar = progress_bar(cfg, refine_budget(cfg), max(0, done - len(evals)), f"refine top-{cfg.top_k}")
+    n = layout.n_total
+    result.refinement, spent = _with_bar(runner, bar, lambda: refine_ranking(runner, cfg, n, evals[0], result.scores.rank))
+    result.scores = put_first(result.scores, result.refinement.heads)
+    result.n_evaluations += len(spent)
+    q = result.refinement.quality
+    log(
+        f"refine: {len(spent)} sets measured; chosen "
+        + ", ".join(str(Head.from_index(h, layout.n_heads)) for h in result.refinement.heads)
+        + f" (target {100 * q.target:+.1f}%, worst control {100 * q.control:+.1f}%, tolerance {100 * cfg.tolerance:.1f}%)"
+    )
+    return spent
+
+
+def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[LocateResult, Path]:
+    """Run (or resume) a localization and write the run folder; returns the result and heads.json.
+
+    Launched as several processes (``accelerate launch``), each loads the model on its own
+    device and evaluates its share of every block of masks; the main process holds the
+    folder's lock, merges the shards, and writes the outputs (see :class:`MaskRunner`).
+    """
+    import torch
+
+    from capsense.core.arch import head_layout
+    from capsense.core.distributed import context
+    from capsense.core.models import load_model, model_fingerprint, resolve_dtype
+    from capsense.core.placement import auto_masks_per_forward
+
+    ctx = context()
+    cfg.check()
+    method = get_method(cfg)
+    out = Path(cfg.out)
+    ctx.on_main(lambda: check_free(out))  # a file, a foreign or a busy folder: refused before the slow load
+    device = ctx.device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, "cuda" if cfg.device_map and torch.cuda.is_available() else device)
+    t_load = time.perf_counter()
+    model, tokenizer = load_model(cfg.model, dtype, device, revision=cfg.revision, device_map=cfg.device_map)
+    layout = head_layout(model)
+    n = layout.n_total
+    check_processes(ctx.world, method.n_evaluations(cfg, n) - 1)
+    k = random_mask_size(cfg, method, layout)
+    probes = {t: build_probe(t, tokenizer, cfg.limit, cfg.seed, cfg.include_path) for t in cfg.tasks}
+    extra = task_metric_scorers(cfg, model, tokenizer, probes)
+    mpf = cfg.masks_per_forward or auto_masks_per_forward(model, cfg.batch_size, longest_request(probes))
+    placed = {"device": device, "masks_per_forward": mpf, "processes": ctx.world}
+    manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra, placed)
+    lock = RunFolderLock(out)
+    try:
+        store = open_store(ctx, lock, manifest, identity_keys(cfg), layout.n_heads)
+        load_s = time.perf_counter() - t_load
+        done = len(store.done)
+        if done and ctx.is_main:
+            log(f"Resuming {out}: {done} masks already evaluated")
+        runner = MaskRunner(store, MaskEvaluator(model, probes, cfg.batch_size, mpf, cfg.prefix_reuse, extra), mpf, ctx=ctx)
+        search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet)
+        t0 = time.perf_counter()
+        found = _with_bar(runner, progress_bar(cfg, method.n_evaluations(cfg, n), done, f"locate {cfg.task}"),
+                          lambda: method.search(search))
+        result = method.fit(found.evals, cfg, n)
+        if found.chosen is not None:
+            result.scores = put_first(result.scores, found.chosen)
+        if refine_budget(cfg):
+            _refine_step(runner, cfg, layout, result, found.evals, done, log if ctx.is_main else _quiet)
+        store.manifest["timing"] = {
+            "load_s": round(load_s, 2),
+            "evaluate_s_this_attempt": round(time.perf_counter() - t0, 2),
+            "new_evaluations_this_attempt": runner.new,
+            "seconds_per_mask": round(result.seconds_per_mask, 4),
+            "processes": ctx.world,
+        }
+        ctx.barrier()  # every process's shard is complete
+        return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
+    finally:
+        lock.release()
+
+
+def _finish(store: RunStore, cfg: LocateConfig, result: LocateResult, layout: HeadLayout) -> Path:
+    """Main process: one evaluations.jsonl in index order, the manifest, the outputs."""
+    store.compact()
+    store.write_manifest()
+    return write_outputs(store.path, cfg, result, layout, store.manifest)
+
+
+def check_free(out: Path) -> None:
+    """Refuse a file, a foreign folder or a folder another run is writing, creating nothing."""
+    check_run_folder(out)
+    if out.is_dir():
+        RunFolderLock(out).acquire().release()
+
+
+def check_processes(world: int, masks: int) -> None:
+    """Refuse more processes than the run has masks to share."""
+    if world > masks:
+        raise LocateError(
+            f"{world} processes for {masks} masks: at most one process per mask can have work; "
+            f"launch at most {masks} processes (accelerate launch --num_processes)"
+        )
+
+
+def open_store(ctx: DistContext, lock: RunFolderLock, manifest: dict, keys: list[str], n_heads: int) -> RunStore:
+    """The run folder, opened (locked, compacted) by the main process, then attached by the others."""
+    opened: dict[str, RunStore] = {}
+
+    def main() -> None:
+        lock.acquire()
+        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads)
+
+    ctx.on_main(main)
+    return opened["store"] if ctx.is_main else RunStore.attach(lock.folder, n_heads, ctx.rank)
+
+
+def longest_request(probes: dict) -> int:
+    """Tokens in the longest request of any probe."""
+    return max((len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)), default=1)
+
+
+def _quiet(message: str) -> None:
+    """The log of processes other than the main one."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
-from capsense.cli import CapsenseError
+from capsense.commands.options import dtype_option, out_option, overwrite_option
+from capsense.commands.output import echo_written, log
 
 
 @click.command("compress")
@@ -24,12 +24,10 @@ from capsense.cli import CapsenseError
 @click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated), a text/JSONL file, or text. "
               "Default: prose,math,code,qa (their last documents, disjoint from the probes).")
 @click.option("--calibration-samples", type=int, default=64, show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
-              help="Dtype to load and compress in.")
-@click.option("--save-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
-              help="Dtype of the saved weights (auto: as compressed).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output folder (written atomically).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing non-empty output folder.")
+@dtype_option(help="Dtype to load and compress in.")
+@dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed).")
+@out_option("Output folder (written atomically).")
+@overwrite_option()
 def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
              calibration_samples, dtype, save_dtype, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
@@ -38,31 +36,32 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     reconstructed products; capsense.json records the method, settings, achieved density,
     bits per parameter, parameter ratio and calibration data.
     """
-    from capsense.core.arch import UnsupportedArchitectureError
-    from capsense.compress.apply import CompressionError, compress_checkpoint
-    from capsense.compress.budget import BudgetError, load_budget, uniform_budget
-    from capsense.compress.calibration import DEFAULT_CALIBRATION, CalibrationError
-    from capsense.core.files import OutputExistsError, check_output_dir
+    from capsense.core.files import check_output_dir
+    from capsense.core.models import check_model
+    from capsense.errors import CapsenseError
+
+    check_output_dir(out, overwrite)  # before any heavy import
+    check_model(model)
+    if not budget_file and method is None:
+        raise CapsenseError("give `method` (magnitude, wanda, rtn, svd, asvd, svd-llm) or `budget_file` FILE")
+    from capsense.compress.apply import compress_checkpoint
+    from capsense.compress.budget import load_budget, uniform_budget
+    from capsense.compress.calibration import DEFAULT_CALIBRATION
 
     cli_setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
                    "ratio": ratio, "alpha": alpha}
-    try:
-        check_output_dir(out, overwrite)
-        if budget_file:
-            budget = load_budget(budget_file, cli_setting, targets)
-        else:
-            if method is None:
-                raise CapsenseError("give --method (magnitude, wanda, rtn, svd, asvd, svd-llm) or --budget FILE")
-            budget = uniform_budget({k: v for k, v in cli_setting.items() if v is not None}, targets)
-        result = compress_checkpoint(
-            model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
-            dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=lambda m: click.echo(m, err=True),
-        )
-    except (BudgetError, CompressionError, CalibrationError, OutputExistsError, UnsupportedArchitectureError) as e:
-        raise CapsenseError(str(e)) from None
+    if budget_file:
+        budget = load_budget(budget_file, cli_setting, targets)
+    else:
+        budget = uniform_budget({k: v for k, v in cli_setting.items() if v is not None}, targets)
+    result = compress_checkpoint(
+        model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
+        dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+    )
     s = result.summary
     click.echo(
-        f"Wrote {out}: {s['label']} on {', '.join(budget.targets)}; target density {s['target_density']:.4f}, "
+        f"{s['label']} on {', '.join(budget.targets)}; target density {s['target_density']:.4f}, "
         f"bits/param {s['target_bits_per_param']:.3f}, param ratio {s['target_param_ratio']:.4f}; "
         f"model size ratio {s['size_ratio']:.4f}"
     )
+    echo_written([out])

@@ -6,55 +6,7 @@ from pathlib import Path
 
 import click
 
-from capsense.cli import CapsenseError
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def echo_files(folder: Path, files: list[str]) -> None:
-    """Print ``files`` of ``folder`` with their sizes, one per line."""
-    width = max((len(f) for f in files), default=0)
-    for f in files:
-        click.echo(f"  {f:<{width}}  {human_size((folder / f).stat().st_size):>10}")
-
-
-def run_push(
-    folder: Path, repo_id: str, *, private: bool, revision: str | None, commit_message: str | None,
-    create_pr: bool, dry_run: bool,
-) -> None:
-    """Push (or dry-run) ``folder`` and report it; :class:`CapsenseError` on failure."""
-    from capsense.ship.hub import HubError, push_folder
-
-    try:
-        result = push_folder(
-            folder, repo_id, private=private, revision=revision, commit_message=commit_message,
-            create_pr=create_pr, dry_run=dry_run,
-        )
-    except HubError as e:
-        raise CapsenseError(str(e)) from None
-    total = sum((folder / f).stat().st_size for f in result.files)
-    where = f"https://huggingface.co/{repo_id}" + (f" (branch {revision})" if revision else "")
-    flags = ", ".join(
-        x for x in ("private" if private else "public if new", "as a pull request" if create_pr else "") if x
-    )
-    if dry_run:
-        click.echo(f"Dry run: would upload {len(result.files)} files ({human_size(total)}) to {where} [{flags}]")
-        click.echo(f"Commit message: {result.commit_message}")
-    else:
-        click.echo(f"Uploaded {len(result.files)} files ({human_size(total)}) to {where} [{flags}]")
-    echo_files(folder, result.files)
-    for note in result.notes:
-        click.echo(note)
-    if result.card_rendered:
-        click.echo(f"README.md now loads from {repo_id}")
-    if result.url:
-        click.echo(f"Done: {result.url}")
+from capsense.commands.output import echo_push
 
 
 @click.command("push")
@@ -74,7 +26,8 @@ def push(
     The token comes from HF_TOKEN or `hf auth login` and is never printed. A model card
     written by `capsense export` is re-rendered to load from REPO_ID.
     """
-    run_push(
-        folder, repo_id, private=private, revision=revision, commit_message=commit_message,
-        create_pr=create_pr, dry_run=dry_run,
-    )
+    from capsense.ship.push import push_folder
+
+    result = push_folder(folder, repo_id, private=private, revision=revision, commit_message=commit_message,
+                         create_pr=create_pr, dry_run=dry_run)
+    echo_push(folder, result)

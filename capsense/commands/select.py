@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from capsense.cli import CapsenseError
-
 
 @click.command("select")
 @click.argument("grid_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -21,24 +19,23 @@ def select(grid_file, budget, size_key, capabilities, weights):
     """Pick from GRID_FILE by prediction, and report regret against the best measured setting."""
     from capsense.compress.study.analysis import fit_grid
     from capsense.compress.study.grid import read_records
-    from capsense.compress.study.predictors import FitError
     from capsense.compress.study.select import SelectError, select as run_select
 
-    try:
-        w = {}
-        for part in (weights or "").split(","):
-            if part.strip():
-                k, _, v = part.partition("=")
+    w = {}
+    for part in (weights or "").split(","):
+        if part.strip():
+            k, _, v = part.partition("=")
+            try:
                 w[k.strip()] = float(v)
-        records = read_records(grid_file)
-        caps = [c.strip() for c in capabilities.split(",")] if capabilities else None
-        known = {r["capability"] for r in records}
-        bad = [c for c in (caps or []) + list(w) if c not in known]
-        if bad:
-            raise SelectError(f"capability {', '.join(bad)} is not in the grid: it has {', '.join(sorted(known))}")
-        s = run_select(records, fit_grid(records), budget, caps, w, size_key)
-    except (SelectError, FitError, ValueError) as e:
-        raise CapsenseError(str(e)) from None
+            except ValueError:
+                raise SelectError(f"`weights` must look like math=2,code=1, got {part!r}") from None
+    records = read_records(grid_file)
+    caps = [c.strip() for c in capabilities.split(",")] if capabilities else None
+    known = {r["capability"] for r in records}
+    bad = [c for c in (caps or []) + list(w) if c not in known]
+    if bad:
+        raise SelectError(f"capability {', '.join(bad)} is not in the grid: it has {', '.join(sorted(known))}")
+    s = run_select(records, fit_grid(records), budget, caps, w, size_key)
     c, b = s["chosen"], s["best_measured"]
     click.echo(f"budget {size_key} <= {budget:g}: {s['n_feasible']} settings fit, {s['n_predictable']} predictable")
     click.echo(f"chosen: {c['label']} ({c['targets']}) size {c['size']:.3f}, predicted dL {c['predicted']:+.4f}, measured {c['measured']:+.4f}")

@@ -6,47 +6,54 @@ from pathlib import Path
 
 import click
 
-from capsense.cli import CapsenseError
+from capsense.commands.options import (
+    batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
+    limit_option, out_option,
+    top_k_option, unsafe_code_option,
+)
+from capsense.commands.output import echo_written
 
 
 @click.command("validate")
 @click.argument("model")
-@click.option("--heads", "heads_path", required=True, type=click.Path(path_type=Path),
+@click.option("--heads", "heads", required=True, type=click.Path(path_type=Path),
               help="heads.json of a locate run (its manifest.json says which documents to hold out).")
-@click.option("--top-k", type=int, default=5, show_default=True, help="Ablate the first K heads.")
+@top_k_option(5, "Ablate the first K heads.")
 @click.option("--tasks", required=True, help="Comma-separated lm-eval tasks: the target and the controls.")
 @click.option("--random", "n_random", type=click.IntRange(min=0), default=3, show_default=True,
               help="Random K-head ablations to compare with.")
-@click.option("--limit", type=int, default=100, show_default=True, help="Held-out documents per task.")
+@limit_option(100, "Held-out documents per task.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=int, default=16, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--device-map", help="Spread the model over devices: auto (= lm-eval's parallelize=True), or a JSON map.")
-@click.option("--dtype", default="float32", show_default=True)
-@click.option("--include-path", multiple=True, type=click.Path(exists=True, file_okay=False), help="Extra lm-eval task folder.")
-@click.option("--confirm-run-unsafe-code", is_flag=True,
-              help="Allow tasks that execute model-written code (HumanEval, MBPP), as lm-eval requires.")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for validation.json/.md/.png.")
-def validate(model: str, heads_path: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
-             batch_size: int, device: str, device_map: str | None, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool, out: Path) -> None:
+@batch_size_option()
+@device_option()
+@device_map_option()
+@dtype_option()
+@include_path_option()
+@unsafe_code_option()
+@out_option("Folder for validation.json/.md/.png.")
+def validate(model: str, heads: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
+             batch_size: int, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
+             out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
-    from capsense.core.distributed import is_main_process
-    from capsense.core.heads import HeadSpecError
-    from capsense.evaluation.validate import ValidateError, format_validation, validate as run_validate, write_validation
+    from capsense.evaluation.validate import check_validate
 
-    task_list = [t.strip() for t in tasks.split(",") if t.strip()]
-    if limit is not None and limit < 1:
-        raise CapsenseError(f"--limit must be at least 1, got {limit}")
-    try:
+    task_list = csv_list(tasks)
+    check_validate(model, heads, top_k, task_list, limit, include_path, out)  # before any heavy import
+    from capsense.core.progress import Phase, RunProgress
+    from capsense.evaluation.validate import format_validation, validate as run_validate, write_validation
+
+    progress = RunProgress([Phase("validate", 2 + n_random, "conditions")])
+    with progress.phase("validate") as phase:
         rows, info = run_validate(
-            model, heads_path, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
-            device=device, dtype=dtype, include_path=list(include_path), device_map=device_map,
-            confirm_run_unsafe_code=confirm_run_unsafe_code, log=lambda m: click.echo(m, err=True),
+            model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
+            device=device, dtype=dtype, include_path=list(include_path), device_map=device_map_from(device_map, parallelize),
+            confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase,
         )
-    except (ValidateError, HeadSpecError, ValueError, FileNotFoundError) as e:
-        raise CapsenseError(str(e)) from None
+    progress.close()
+    from capsense.core.distributed import is_main_process
+
     if not is_main_process():
-        return  # several processes (accelerate launch): the main one writes and prints
-    write_validation(out, rows, info)
+        return  # under accelerate launch the main process writes and prints
+    written = write_validation(out, rows, info)
     click.echo(format_validation(rows))
-    click.echo(f"Wrote validation.json, validation.md and validation.png in {out}")
+    echo_written(written)

@@ -222,5 +222,5 @@ def load_heads_file(path: str | os.PathLike) -> HeadsFile:
 
 
 def write_heads_file(path: str | os.PathLike, heads_file: HeadsFile) -> Path:
-    """Write a heads file atomically (temporary file in the same folder, then rename)."""
+    """Write a heads file atomically, with the umask's mode like the rest of its run folder (0644 usually)."""
     return atomic_write_json(path, heads_file.to_dict())

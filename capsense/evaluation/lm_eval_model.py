@@ -29,14 +29,19 @@ from lm_eval.models.huggingface import HFLM
 from capsense.core.ablation import HeadAblator, check_ablation_mode, compute_head_means
 from capsense.core.arch import head_layout
 from capsense.core.heads import HeadSet
-from capsense.core.models import resolve_pretrained
+from capsense.core.models import check_model, model_load_errors, resolve_pretrained
+from capsense.errors import CapsenseError
+
+
+class MaskedModelArgsError(CapsenseError):
+    """Bad ``capsense-masked`` model arguments."""
 
 
 def read_reference_texts(path: str | Path) -> list[str]:
     """Reference texts for mean ablation: plain text (a passage per line) or JSONL (``text``)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"mean_reference file {str(p)!r} not found")
+        raise MaskedModelArgsError(f"mean_reference file {str(p)!r} not found")
     lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
     if p.suffix == ".jsonl":
         return [json.loads(ln)["text"] for ln in lines]
@@ -49,7 +54,7 @@ def _optional_int(value: Any, name: str) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        raise MaskedModelArgsError(f"{name} must be an integer, got {value!r}") from None
 
 
 @register_model("capsense-masked")
@@ -69,16 +74,20 @@ class CapsenseMaskedLM(HFLM):
         # Check everything that needs no model before the (slow) load.
         ablation = check_ablation_mode(str(ablation))
         if heads not in (None, "") and head_file not in (None, ""):
-            raise ValueError("give heads= or head_file=, not both")
+            raise MaskedModelArgsError("give heads= or head_file=, not both")
         spec = heads if heads not in (None, "") else head_file
         k = _optional_int(top_k, "top_k")
         head_set = HeadSet.parse(spec, top_k=k) if spec not in (None, "") else HeadSet()
+        name = pretrained
         if isinstance(pretrained, str):
+            check_model(pretrained, kwargs.get("revision"))
             pretrained = resolve_pretrained(pretrained)
-        super().__init__(pretrained=pretrained, **kwargs)
+        with model_load_errors(str(name)):
+            super().__init__(pretrained=pretrained, **kwargs)
         self.ablation = ablation
         self.mean_reference = mean_reference
         self._ablator: HeadAblator | None = None
+        self.quiet_requests = False  # True while capsense shows its own progress display
         self.heads = HeadSet()
         self.set_heads(head_set)
 
@@ -98,6 +107,15 @@ class CapsenseMaskedLM(HFLM):
                     means = compute_head_means(self.model, self.tokenizer, texts)
                 self._ablator = HeadAblator(self.model, self.ablation, means)
         self.heads = head_set
+
+    def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet_requests)
+
+    def loglikelihood_rolling(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm or self.quiet_requests)
+
+    def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().generate_until(requests, disable_tqdm=disable_tqdm or self.quiet_requests)
 
     def _ablating(self):
         if self._ablator is None or not self.heads:

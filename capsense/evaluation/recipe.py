@@ -42,12 +42,17 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise RecipeError(f"recipe {str(p)!r} not found")
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise RecipeError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {p} must be a mapping with 'model' and 'locate' keys")
     for key in ("model", "locate"):
         if key not in data:
             raise RecipeError(f"recipe {p}: missing '{key}'")
     loc = data["locate"]
-    if "task" not in loc:
+    if not isinstance(loc, dict) or "task" not in loc:
         raise RecipeError(f"recipe {p}: locate needs a 'task' (or a list of targets)")
     bad = set(loc) - _LOCATE_FIELDS - {"task"}
     if bad:
@@ -75,9 +80,24 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
         run_dir = root / t if len(targets) > 1 else root
         kwargs = {k: v for k, v in loc.items() if k not in per_target}
         kwargs.update({k: v[t] for k, v in per_target.items() if t in v})
-        cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **kwargs)
+        try:
+            cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **kwargs)
+        except TypeError as e:
+            raise RecipeError(f"recipe locate section: {e}") from None
         val = data.get("validate")
         if val is not None:
             val = {"tasks": [t, *cfg.controls], **val, "out": str(run_dir / "validate")}
         steps.append((cfg, val))
     return steps
+
+
+def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[str, Any] | None]], default_name: str) -> list[str]:
+    """The lines ``capsense run`` prints before it starts: the recipe, its expectations, each step's commands."""
+    lines = [f"Recipe {data.get('name', default_name)}: {len(steps)} target(s); expects "
+             f"{data.get('hardware', 'unspecified hardware')}, {data.get('expected_time', 'unspecified time')}"]
+    for cfg, val in steps:
+        lines.append(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
+                     f"--masks {cfg.masks} --limit {cfg.limit} --out {cfg.out}")
+        if val:
+            lines.append(f"  validate --top-k {val.get('top_k', 5)} --tasks {','.join(val['tasks'])} --out {val['out']}")
+    return lines

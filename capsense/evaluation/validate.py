@@ -17,8 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from capsense.core.files import atomic_write_json, atomic_write_text
+from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
+from capsense.core.models import check_model, config_head_layout
+from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError
-from capsense.core.heads import HeadSet, load_heads_file
+from capsense.tasks import check_task_names
 
 
 class ValidateError(CapsenseError):
@@ -56,6 +60,23 @@ def held_out_documents(n_docs: int, used: Sequence[int], limit: int | None, seed
     return sorted(order[:limit] if limit else order)
 
 
+def held_out_samples(
+    tasks: Sequence[str], include_path: Sequence[str], tokenizer: Any, used: dict[str, list[int]],
+    limit: int | None, seed: int,
+) -> dict[str, list[int]]:
+    """Per task, ``limit`` documents the locate run did not score."""
+    from capsense.scoring.probe import load_task
+
+    samples = {}
+    for t in tasks:
+        n_docs = len(load_task(t, include_path, tokenizer).eval_docs)
+        docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
+        if not docs:
+            raise ValidateError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
+        samples[t] = docs
+    return samples
+
+
 def random_head_sets(n_layers: int, n_heads: int, k: int, count: int, seed: int, avoid: HeadSet) -> list[HeadSet]:
     """``count`` random sets of ``k`` heads, none containing a head of ``avoid``."""
     rng = np.random.default_rng([seed, 17])
@@ -63,8 +84,29 @@ def random_head_sets(n_layers: int, n_heads: int, k: int, count: int, seed: int,
     return [HeadSet.from_pairs([pool[i] for i in rng.choice(len(pool), size=k, replace=False)]) for _ in range(count)]
 
 
-def _rel(base: float, value: float) -> float | None:
-    return (value - base) / abs(base) if base else None
+def check_validate(
+    model: str, heads: str | Path, top_k: int, tasks: Sequence[str], limit: int | None = 100,
+    include_path: Sequence[str] = (), out: str | Path | None = None,
+) -> HeadsFile:
+    """Every check that needs neither torch nor lm-eval nor the model; returns the heads file."""
+    heads_path = Path(heads)
+    hf = load_heads_file(heads_path)
+    if top_k < 1:
+        raise ValidateError(f"`top_k` must be at least 1, got {top_k}")
+    if top_k > len(hf.heads):
+        raise ValidateError(f"`top_k` {top_k} is more than the {len(hf.heads)} heads in {heads_path}")
+    if limit is not None and limit < 1:
+        raise ValidateError(f"`limit` must be at least 1, got {limit}")
+    if not tasks:
+        raise ValidateError("give at least one task in `tasks`")
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValidateError(f"`out` {str(out)!r} is a file: give a folder for validation.json/.md/.png")
+    check_task_names(tasks, include_path)
+    check_model(model)
+    layout = config_head_layout(model)
+    if layout is not None:
+        hf.head_set.top(top_k).check_fits(layout)  # a heads file of another model, before the model loads
+    return hf
 
 
 def validate(
@@ -81,38 +123,29 @@ def validate(
     include_path: Sequence[str] = (),
     confirm_run_unsafe_code: bool = False,
     log=print,
+    progress: Any = None,
     device_map: str | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
     """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs.
 
-    Under ``accelerate launch`` on GPUs lm-eval splits the documents across processes and
-    only the main process gets rows (the others get ``[]``)."""
+    ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is
+    labelled with each condition (base, top-K, random i) as it runs. Under ``accelerate launch``
+    on GPUs lm-eval splits the documents across processes and only the main process gets rows
+    (the others get ``[]``).
+    """
     from capsense.core.arch import head_layout
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
-    from capsense.scoring.probe import load_task
     from capsense.tasks import task_manager
 
     heads_path = Path(heads)
-    hf = load_heads_file(heads_path)
-    if top_k < 1:
-        raise ValidateError(f"--top-k must be at least 1, got {top_k}")
-    if top_k > len(hf.heads):
-        raise ValidateError(f"--top-k {top_k} is more than the {len(hf.heads)} heads in {heads_path}")
-    if not tasks:
-        raise ValidateError("give at least one task with --tasks")
-    task_manager(include_path, tasks)  # unknown tasks fail before the model loads
+    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path)
+    task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)
     used = used_documents(heads_path)
     lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map)
     layout = head_layout(lm.model)
     top.check_fits(layout)
-    samples = {}
-    for t in tasks:
-        n_docs = len(load_task(t, include_path, lm.tokenizer).eval_docs)
-        docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
-        if not docs:
-            raise ValidateError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
-        samples[t] = docs
+    samples = held_out_samples(tasks, include_path, lm.tokenizer, used, limit, seed)
     sets = {"base": HeadSet(), "ablated": top}
     randoms = random_head_sets(layout.n_layers, layout.n_heads, top_k, n_random, seed, top)
     for i, hs in enumerate(randoms):
@@ -120,18 +153,9 @@ def validate(
     log(f"Validating top-{top_k} ({top}) and {n_random} random {top_k}-head sets on "
         + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
     raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
-                             confirm_run_unsafe_code=confirm_run_unsafe_code)
-    rows = []
-    for r in raw:
-        base, abl = r.values["base"], r.values["ablated"]
-        rv = [r.values[f"random{i + 1}"] for i in range(n_random)]
-        rrel = [x for x in (_rel(base, v) for v in rv) if x is not None]
-        rows.append(ValidationRow(
-            task=r.task, metric=r.metric, base=base, ablated=abl, change=abl - base, change_rel=_rel(base, abl),
-            random_mean=float(np.mean(rv)) if rv else None, random_sd=float(np.std(rv)) if rv else None,
-            random_change_rel_mean=float(np.mean(rrel)) if rrel else None,
-            random_change_rel_sd=float(np.std(rrel)) if rrel else None, random_values=rv,
-        ))
+                             confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
+                             display_names={"ablated": f"top-{top_k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
+    rows = validation_rows(raw, n_random)
     info = {
         "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
         "random_sets": [str(h) for h in randoms], "samples": samples,
@@ -139,6 +163,22 @@ def validate(
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
     }
     return rows, info
+
+
+def validation_rows(raw: Sequence[Any], n_random: int) -> list[ValidationRow]:
+    """One :class:`ValidationRow` per (task, metric) from the labelled lm-eval rows."""
+    rows = []
+    for r in raw:
+        base, abl = r.values["base"], r.values["ablated"]
+        rv = [r.values[f"random{i + 1}"] for i in range(n_random)]
+        rrel = [x for x in (relative_change(base, v) for v in rv) if x is not None]
+        rows.append(ValidationRow(
+            task=r.task, metric=r.metric, base=base, ablated=abl, change=abl - base, change_rel=relative_change(base, abl),
+            random_mean=float(np.mean(rv)) if rv else None, random_sd=float(np.std(rv)) if rv else None,
+            random_change_rel_mean=float(np.mean(rrel)) if rrel else None,
+            random_change_rel_sd=float(np.std(rrel)) if rrel else None, random_values=rv,
+        ))
+    return rows
 
 
 def format_validation(rows: Sequence[ValidationRow]) -> str:
@@ -161,7 +201,7 @@ def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, A
 
     out.mkdir(parents=True, exist_ok=True)
     clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
-    (out / "validation.json").write_text(json.dumps({**info, "rows": clean}, indent=2) + "\n")
+    atomic_write_json(out / "validation.json", {**info, "rows": clean})
     md = [
         f"# capsense validate: top-{info['top_k']} heads of {info.get('locate_task')}",
         "",
@@ -174,6 +214,6 @@ def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, A
         "![validation](validation.png)",
         "",
     ]
-    (out / "validation.md").write_text("\n".join(md))
+    atomic_write_text(out / "validation.md", "\n".join(md))
     validation_chart(out / "validation.png", clean, f"top-{info['top_k']} ({info['heads']}) vs random")
     return [out / "validation.json", out / "validation.md", out / "validation.png"]

@@ -7,8 +7,20 @@ The YAML configs live in the repository's ``lm_eval_tasks/`` (shipped inside the
 
 from __future__ import annotations
 
+import difflib
+import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
+
+from capsense.errors import CapsenseError
+
+PREFIX = "capsense_"
+_TASK_LINE = re.compile(r"^(?:task|tag):\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
+
+
+class UnknownTaskError(CapsenseError):
+    """A task name that neither capsense nor lm-eval (nor an ``include_path`` folder) defines."""
 
 
 def tasks_dir() -> Path:
@@ -20,6 +32,57 @@ def tasks_dir() -> Path:
     raise FileNotFoundError("capsense's lm_eval_tasks folder is missing from this installation")
 
 
+def local_task_names(include_path: Sequence[str] = ()) -> set[str]:
+    """Task and tag names declared in capsense's task YAMLs and the ``include_path`` folders (no lm-eval import)."""
+    names: set[str] = set()
+    for folder in [tasks_dir(), *map(Path, include_path)]:
+        for f in sorted(folder.rglob("*.yaml")) + sorted(folder.rglob("*.yml")):
+            try:
+                names.update(_TASK_LINE.findall(f.read_text(errors="replace")))
+            except OSError:
+                continue
+    return names
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_task_names(tasks: Sequence[str], include_path: Sequence[str] = ()) -> list[str]:
+    """Check ``tasks`` cheaply, before lm-eval is imported; return the names only lm-eval can confirm.
+
+    A name that ``include_path`` or capsense declares is fine; a ``capsense_`` name that capsense
+    does not declare is an error with a close-match suggestion. Other names are returned, for
+    :func:`task_manager` to check against lm-eval's own index (slow to build).
+    """
+    if not tasks:
+        raise UnknownTaskError("no tasks given: name at least one lm-eval task, e.g. capsense_induction")
+    local = local_task_names(include_path)
+    ours = sorted(t for t in local if t.startswith(PREFIX))
+    for t in tasks:
+        if t not in local and (t.startswith(PREFIX) or t.startswith("capsense")):
+            raise UnknownTaskError(
+                f"unknown task {t!r}{_did_you_mean(t, ours)}: it is not a capsense task; capsense's tasks are "
+                + ", ".join(ours)
+            )
+    return [t for t in tasks if t not in local]
+
+
+class _DropCustomKwargsHint:
+    """Drops lm-eval's per-task "Custom kwargs can be passed to `--metadata`" hint: capsense passes metadata itself."""
+
+    def filter(self, record: "logging.LogRecord") -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
+def quiet_lm_eval_hints() -> None:
+    """Silence lm-eval's repeated hint for capsense's own calls (idempotent)."""
+    logger = logging.getLogger("lm_eval.api.task")
+    if not any(isinstance(f, _DropCustomKwargsHint) for f in logger.filters):
+        logger.addFilter(_DropCustomKwargsHint())
+
+
 def task_manager(include_path: Sequence[str] = (), tasks: Sequence[str] = (), metadata: dict | None = None):
     """An lm-eval TaskManager with capsense's tasks; skips indexing lm-eval's own when unneeded.
 
@@ -28,6 +91,7 @@ def task_manager(include_path: Sequence[str] = (), tasks: Sequence[str] = (), me
     """
     from lm_eval.tasks import TaskManager
 
+    quiet_lm_eval_hints()
     paths = [str(tasks_dir()), *map(str, include_path)]
     quick = TaskManager(include_path=paths, include_defaults=False, metadata=metadata)
     if all(t in quick.all_tasks for t in tasks):
@@ -35,9 +99,10 @@ def task_manager(include_path: Sequence[str] = (), tasks: Sequence[str] = (), me
     full = TaskManager(include_path=paths, metadata=metadata)
     missing = [t for t in tasks if t not in full.all_tasks]
     if missing:
-        raise ValueError(
-            f"unknown task(s) {', '.join(missing)}: use lm-eval task names or add YAMLs with "
-            "--include-path; capsense's own tasks are "
-            + ", ".join(sorted(t for t in quick.all_tasks if t.startswith("capsense_")))
+        hints = "".join(_did_you_mean(t, full.all_tasks) for t in missing)
+        raise UnknownTaskError(
+            f"unknown task(s) {', '.join(missing)}{hints}: use lm-eval task names or add YAMLs with "
+            "`include_path`; capsense's own tasks are "
+            + ", ".join(sorted(t for t in quick.all_tasks if t.startswith(PREFIX)))
         )
     return full

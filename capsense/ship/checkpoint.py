@@ -1,0 +1,110 @@
+"""The ``checkpoint`` export: the model with heads ablated in its weights, saved with ``save_pretrained``.
+
+Zero ablation zeroes the heads' input columns of the output projection
+(:func:`~capsense.core.ablation.zero_heads_in_weights`); mean ablation first folds the heads'
+mean contribution into the projection's bias. ``AutoModelForCausalLM.from_pretrained(out)``
+reproduces the ablated logits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from capsense.core.ablation import compute_head_means, zero_heads_in_weights
+from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections, projection_weight
+from capsense.core.files import atomic_output_dir
+from capsense.core.heads import HeadSet, HeadsLike
+from capsense.core.models import load_model
+from capsense.ship.base import ExportError, ExportResult, check_dtype, noop, register_format
+from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
+from capsense.ship.preflight import check_mean_foldable, preflight
+
+
+def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
+    """The input positions of ``heads`` in an output projection whose heads are ``head_dim`` wide."""
+    return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in sorted(heads)])
+
+
+@torch.no_grad()
+def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, torch.Tensor]) -> None:
+    """Mean ablation in weight space, in place: ``b += W[:, S] @ mean[S]``, then ``W[:, S] = 0``.
+
+    ``S`` are the ablated heads' input slices (rows of GPT-2's transposed Conv1D weight).
+    """
+    hs = HeadSet.parse(heads).check_fits(head_layout(model))
+    check_mean_foldable(model, hs)
+    spec = arch_spec(model)
+    layout = head_layout(model)
+    projections = out_projections(model)
+    for layer, head_ids in hs.by_layer().items():
+        proj = base_layer(projections[layer])
+        w = projection_weight(proj)
+        idx = head_indices(head_ids, layout.head_dim).to(w.device)
+        mean = means[layer].to(device=w.device, dtype=torch.float64)[idx]
+        cols = w.index_select(0 if spec.transposed else 1, idx).double()
+        shift = mean @ cols if spec.transposed else cols @ mean
+        proj.bias.copy_((proj.bias.double() + shift).to(proj.bias.dtype))
+    zero_heads_in_weights(model, hs)
+
+
+@register_format("checkpoint")
+def export_checkpoint(
+    model: str,
+    heads: HeadsLike,
+    out: str | os.PathLike,
+    *,
+    top_k: int | None = None,
+    ablation: str = "zero",
+    mean_reference: str | os.PathLike | None = None,
+    dtype: str = "auto",
+    revision: str | None = None,
+    overwrite: bool = False,
+    max_shard_size: str | int = "5GB",
+    repo_id: str | None = None,
+    log: Callable[[str], None] = noop,
+) -> ExportResult:
+    """Save ``model`` with ``heads`` ablated in its weights, as a plain transformers folder.
+
+    Mean ablation needs a projection bias (see :data:`capsense.ship.preflight.MEAN_FOLD_SUPPORT`).
+    The model is loaded once and edited in place.
+    """
+    check_dtype(dtype)
+    if mean_reference and ablation != "mean":
+        raise ExportError("`mean_reference` only applies to `ablation` mean")
+    out_path, hs, heads_file, source, meta = preflight(model, heads, out, top_k, ablation, overwrite, revision)
+    if ablation == "mean":
+        check_mean_foldable(meta, hs)
+    model_type = meta.config.model_type
+    del meta
+    texts = None
+    if ablation == "mean" and mean_reference:
+        from capsense.evaluation.lm_eval_model import read_reference_texts
+
+        texts = read_reference_texts(mean_reference)
+
+    log(f"Loading {model} ...")
+    lm, tokenizer = load_model(model, dtype=dtype, revision=revision)
+    if ablation == "mean":
+        log("Computing head means on the reference texts ...")
+        fold_means_into_bias(lm, hs, compute_head_means(lm, tokenizer, texts))
+    else:
+        zero_heads_in_weights(lm, hs)
+    log(f"Ablated {len(hs)} heads in {len(hs.layers())} layers ({ablation}): {hs}")
+
+    metadata = build_metadata(
+        fmt="checkpoint", model=model, revision=revision, heads=hs, heads_file=heads_file,
+        heads_source=source, top_k=top_k, ablation=ablation, dtype=dtype,
+        mean_reference=str(mean_reference) if mean_reference else None, out=out_path, model_type=model_type,
+    )
+    metadata["torch_dtype"] = str(next(lm.parameters()).dtype).removeprefix("torch.")
+    log(f"Saving checkpoint to {out_path} ...")
+    with atomic_output_dir(out_path, overwrite) as tmp:
+        lm.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        tokenizer.save_pretrained(tmp)
+        write_card_and_metadata(tmp, metadata, repo_id)
+        files = list_files(tmp)
+    return ExportResult(out_path, "checkpoint", hs, files, metadata)

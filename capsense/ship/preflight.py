@@ -1,0 +1,112 @@
+"""Everything an export checks before it loads weights: the heads, the output folder, the architecture.
+
+The model is built on the ``meta`` device from its config (shapes and names, no weights),
+so a bad head, an unsupported architecture or a mean ablation that cannot be folded fails
+in seconds, before the slow load.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections
+from capsense.core.files import check_output_dir
+from capsense.core.heads import HeadSet, HeadSpecError, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
+from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
+from capsense.ship.base import ExportError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# Where mean ablation can be folded into a bias that stock transformers loads (5.x
+# modeling code): the output projection must already have a bias.
+MEAN_FOLD_SUPPORT: dict[str, str] = {
+    "gpt2": "always (Conv1D c_proj has a bias)",
+    "gpt_neox": "when config.attention_bias is true (the default)",
+    "llama": "only when config.attention_bias is true",
+    "qwen3": "only when config.attention_bias is true",
+    "gemma2": "only when config.attention_bias is true",
+    "gemma3_text": "only when config.attention_bias is true",
+    "gemma3": "only when config.attention_bias is true",
+    "olmo2": "only when config.attention_bias is true",
+    "mistral": "never (o_proj is built with bias=False)",
+    "qwen2": "never (o_proj is built with bias=False)",
+    "phi3": "never (o_proj is built with bias=False)",
+}
+
+
+def resolve_heads(heads: HeadsLike, top_k: int | None = None) -> tuple[HeadSet, HeadsFile | None, Path | None]:
+    """The head set to ablate, the heads file it came from (if any) and that file's path."""
+    heads_file = source = None
+    if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
+        source = Path(heads)
+        heads_file = load_heads_file(source)
+        hs = HeadSet.parse(heads_file.head_set, top_k=top_k)
+    else:
+        hs = HeadSet.parse(heads, top_k=top_k)
+    if not hs:
+        raise HeadSpecError("no heads to ablate: give at least one head (e.g. L3H1) or a larger `top_k`")
+    return hs, heads_file, source
+
+
+def meta_model(model: str, revision: str | None = None) -> nn.Module:
+    """The model built from its config on the ``meta`` device: shapes and names, no weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_model(model, revision)
+    path = resolve_pretrained(model)
+    kwargs = {"revision": revision} if revision else {}
+    with model_load_errors(model):
+        try:
+            config = AutoConfig.from_pretrained(path, **kwargs)
+        except ValueError as e:
+            raise ExportError(f"cannot load the config of model {model!r}: {e}") from None
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
+    """Raise :class:`ExportError` if some edited layer's output projection has no bias."""
+    projections = out_projections(model)
+    missing = [l for l in heads.layers() if getattr(base_layer(projections[l]), "bias", None) is None]
+    if missing:
+        model_type = model.config.model_type
+        support = MEAN_FOLD_SUPPORT.get(model_type, "unknown")
+        raise ExportError(
+            f"mean ablation cannot be folded into this {model_type} checkpoint: its attention output "
+            f"projection has no bias to carry the head means (layers {missing}; {model_type}: {support}). "
+            "A checkpoint can carry mean ablation for gpt2 and gpt_neox, and for llama, qwen3, gemma2, "
+            "gemma3 and olmo2 configs with attention_bias=true. Use "
+            "`ablation` zero, or evaluate mean ablation without exporting: "
+            "lm_eval --model capsense-masked --model_args ...,ablation=mean"
+        )
+
+
+def check_export_inputs(
+    model: str, heads: HeadsLike, out: str | os.PathLike, top_k: int | None, ablation: str, overwrite: bool,
+) -> tuple[Path, HeadSet, HeadsFile | None, Path | None]:
+    """The checks that need neither torch nor the model's config (fast: for the CLI before heavy imports)."""
+    if ablation not in ("zero", "mean"):
+        raise ExportError(f"unknown ablation mode {ablation!r}: valid modes are zero, mean")
+    out_path = check_output_dir(out, overwrite)
+    hs, heads_file, source = resolve_heads(heads, top_k)
+    check_model(model)
+    layout = config_head_layout(model)
+    if layout is not None:
+        hs.check_fits(layout)
+    return out_path, hs, heads_file, source
+
+
+def preflight(
+    model: str, heads: HeadsLike, out: str | os.PathLike, top_k: int | None, ablation: str,
+    overwrite: bool, revision: str | None,
+) -> tuple[Path, HeadSet, HeadsFile | None, Path | None, nn.Module]:
+    """Every check that needs no weights, so a bad request fails before the slow load."""
+    out_path, hs, heads_file, source = check_export_inputs(model, heads, out, top_k, ablation, overwrite)
+    meta = meta_model(model, revision)
+    arch_spec(meta)  # unsupported architecture: a clear error now
+    hs.check_fits(head_layout(meta))
+    return out_path, hs, heads_file, source, meta

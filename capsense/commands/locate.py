@@ -66,7 +66,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     """
     from capsense.errors import CapsenseError
     from capsense.evaluation.preflight import check_locate
-    from capsense.localize.locate import LocateConfig
+    from capsense.localize.config import LocateConfig
 
     if sparsity is not None and heads_per_mask is not None:
         raise CapsenseError("give `sparsity` or `heads_per_mask`, not both")
@@ -84,7 +84,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     check_locate(cfg)  # before any heavy import
     from capsense.core.distributed import is_main_process
     from capsense.core.heads import load_heads_file
-    from capsense.localize.locate import locate as run_locate
+    from capsense.localize.run import locate as run_locate
 
     result, heads_path = run_locate(cfg, log=log)
     if not is_main_process():

@@ -14,7 +14,7 @@ from capsense.errors import CapsenseError
 from capsense.tasks import check_task_names
 
 if TYPE_CHECKING:
-    from capsense.localize.locate import LocateConfig
+    from capsense.localize.config import LocateConfig
 
 
 class OutputPathError(CapsenseError):

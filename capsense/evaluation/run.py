@@ -53,7 +53,7 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
     from capsense.core.distributed import is_main_process
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate, write_validation
-    from capsense.localize.locate import locate
+    from capsense.localize.run import locate
 
     results = []
     for i, (cfg, val) in enumerate(steps):

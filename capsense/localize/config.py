@@ -14,7 +14,7 @@ from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
 from capsense.localize.refine import DEFAULT_TOLERANCE
 from capsense.localize.solvers import SOLVERS
-from capsense.scoring.probe import METRICS
+from capsense.scoring import METRICS
 
 
 class LocateError(CapsenseError):

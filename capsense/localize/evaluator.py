@@ -13,7 +13,8 @@ import numpy as np
 from capsense.core.distributed import DistContext, split
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.store import Evaluation, RunStore, RunStoreError
-from capsense.scoring.probe import METRICS, load_task
+from capsense.scoring import METRICS
+from capsense.scoring.probe import load_task
 
 #: Scores of one mask: task -> metric -> value.
 MaskScores = dict[str, dict[str, float]]

@@ -28,7 +28,8 @@ from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, head_set_masks, refine
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
-from capsense.scoring.probe import METRICS, build_probe
+from capsense.scoring import METRICS
+from capsense.scoring.probe import build_probe
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
 BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")

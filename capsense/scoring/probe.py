@@ -29,7 +29,7 @@ from capsense.core.placement import input_device
 if TYPE_CHECKING:
     from torch import nn
 
-METRICS = ("nll", "acc")
+from capsense.scoring import METRICS
 ProbeKind = Literal["loglikelihood", "multiple_choice"]
 
 

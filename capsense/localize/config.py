@@ -72,9 +72,6 @@ class LocateConfig:
             raise LocateError(f"the target task {self.task!r} is also listed as a control")
         if len(set(self.controls)) != len(self.controls):
             raise LocateError(f"duplicate control tasks in {self.controls}")
-        from capsense.core.placement import check_device, parse_device_map
-
-        parse_device_map(self.device_map) if self.device_map else check_device(self.device)
 
     def _check_numbers(self) -> None:
         if self.heads_per_mask is None and (self.sparsity is None or not 0 < self.sparsity < 1):

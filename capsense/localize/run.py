@@ -182,10 +182,11 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     from capsense.core.arch import head_layout
     from capsense.core.distributed import context
     from capsense.core.models import load_model, model_fingerprint, resolve_dtype
-    from capsense.core.placement import auto_masks_per_forward
+    from capsense.core.placement import auto_masks_per_forward, check_device, parse_device_map
 
     ctx = context()
     cfg.check()
+    parse_device_map(cfg.device_map) if cfg.device_map else check_device(cfg.device)  # exists on this machine
     method = get_method(cfg)
     out = Path(cfg.out)
     ctx.on_main(lambda: check_free(out))  # a file, a foreign or a busy folder: refused before the slow load

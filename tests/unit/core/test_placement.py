@@ -101,3 +101,24 @@ def test_masks_per_forward_from_memory(folder):
     assert sizes == sorted(sizes) and sizes[-1] == MAX_MASKS_PER_FORWARD
     assert all(s & (s - 1) == 0 for s in sizes)  # powers of two
     assert masks_that_fit(cfg, 16, 400, 1e8) < masks_that_fit(cfg, 16, 100, 1e8)  # longer requests, fewer masks
+
+
+def test_checkpoint_export_with_a_device_map(folder, tmp_path):
+    """Export loads through a device map; a map that offloads an edited layer is refused, nothing written."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from capsense.cli import main
+
+    on_cpu = json.dumps({k: "cpu" for k in SPLIT})
+    plain, mapped, refused = tmp_path / "plain", tmp_path / "mapped", tmp_path / "refused"
+    for out, extra in ((plain, []), (mapped, ["--device-map", on_cpu])):
+        r = CliRunner().invoke(main, ["export", str(folder), "--heads", "L1H2+L2H0", "--format", "checkpoint",
+                                      "--out", str(out), *extra])
+        assert r.exit_code == 0, r.output
+    a, b = load_file(plain / "model.safetensors"), load_file(mapped / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    r = CliRunner().invoke(main, ["export", str(folder), "--heads", "L1H2", "--format", "checkpoint",
+                                  "--out", str(refused), "--device-map", json.dumps(SPLIT)])
+    assert r.exit_code != 0 and "layers [1] were offloaded by the device map" in r.output
+    assert not refused.exists()

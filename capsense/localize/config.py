@@ -91,7 +91,7 @@ class LocateConfig:
         if not self.tolerance >= 0:
             raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
         if self.masks_per_forward is not None and self.masks_per_forward < 1:
-            raise LocateError(f"--masks-per-forward must be at least 1 (or auto), got {self.masks_per_forward}")
+            raise LocateError(f"`masks_per_forward` must be at least 1 (or None: automatic), got {self.masks_per_forward}")
 
     @property
     def tasks(self) -> list[str]:

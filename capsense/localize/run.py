@@ -220,17 +220,21 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
             result.scores = put_first(result.scores, found.chosen)
         if refine_budget(cfg):
             _refine_step(runner, cfg, layout, result, found.evals, done, log if ctx.is_main else _quiet)
-        store.manifest["timing"] = {
-            "load_s": round(load_s, 2),
-            "evaluate_s_this_attempt": round(time.perf_counter() - t0, 2),
-            "new_evaluations_this_attempt": runner.new,
-            "seconds_per_mask": round(result.seconds_per_mask, 4),
-            "processes": ctx.world,
-        }
+        store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
         return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
     finally:
         lock.release()
+
+
+def _timing(load_s: float, evaluate_s: float, new: int, result: LocateResult, processes: int) -> dict[str, Any]:
+    return {
+        "load_s": round(load_s, 2),
+        "evaluate_s_this_attempt": round(evaluate_s, 2),
+        "new_evaluations_this_attempt": new,
+        "seconds_per_mask": round(result.seconds_per_mask, 4),
+        "processes": processes,
+    }
 
 
 def _finish(store: RunStore, cfg: LocateConfig, result: LocateResult, layout: HeadLayout) -> Path:

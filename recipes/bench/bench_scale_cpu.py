@@ -38,7 +38,8 @@ def _port() -> int:
 
 def _locate_args(args, out: Path) -> list[str]:
     return ["locate", args.model, "--task", args.task, "--limit", str(args.limit), "--masks", str(args.masks),
-            "--refine", "0", "--dtype", "float32", "--quiet", "--out", str(out)]
+            "--refine", "0", "--dtype", "float32", "--quiet", "--out", str(out),
+            *(["--include-path", args.include_path] if args.include_path else [])]
 
 
 def _run(cmd: list[str], threads: int, out: Path) -> dict:
@@ -64,6 +65,7 @@ def main() -> None:
     ap.add_argument("--task", default="capsense_induction")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--masks", type=int, default=24)
+    ap.add_argument("--include-path", help="Extra lm-eval task folder (for a smoke run on a toy task).")
     ap.add_argument("--out", default="recipes/results/bench_scale_cpu.json")
     args = ap.parse_args()
     accelerate = Path(sys.executable).parent / "accelerate"

@@ -53,13 +53,14 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
     from capsense.core.distributed import is_main_process
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate, write_validation
+    from capsense.localize.methods import refine_budget
     from capsense.localize.run import locate
 
     results = []
     for i, (cfg, val) in enumerate(steps):
         tag = f"{cfg.task}: " if len(steps) > 1 else ""
         # the clean (unablated) pass is an evaluation too: masks + 1, as the run folder counts them
-        phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", cfg.refine_budget, "sets")]
+        phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", refine_budget(cfg), "sets")]
         if val:
             phases.append(Phase("validate", 2 + int(val.get("random", 3)), "conditions"))
         display = RunProgress(phases, enabled=progress)

@@ -39,7 +39,12 @@ class CapsenseGroup(click.Group):
         except CapsenseError as e:
             name = ctx.invoked_subcommand
             command = self.get_command(ctx, name) if name else None
-            raise click.ClickException(cli_message(str(e), command)) from None
+            message = cli_message(str(e), command)
+            from capsense.core.distributed import is_main_process, quiet_exit
+
+            if not is_main_process():  # accelerate launch: every process meets bad input; the main one says it
+                quiet_exit(message)
+            raise click.ClickException(message) from None
 
 
 @click.group(cls=CapsenseGroup, context_settings={"help_option_names": ["-h", "--help"]})

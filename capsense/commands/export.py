@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
-from capsense.commands.options import dtype_option, heads_option, out_option, overwrite_option, revision_option
+from capsense.commands.options import (
+    device_map_from, device_map_option, dtype_option, heads_option, out_option, overwrite_option, revision_option,
+)
 from capsense.commands.output import echo_files, echo_push, human_size, log
 
 
@@ -30,13 +32,14 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
 )
 @dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter vector dtype (auto: float32).")
 @revision_option()
+@device_map_option()
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")
 @overwrite_option()
 @click.option("--push-to-hub", "push_repo", metavar="REPO_ID", help="Push the result to this Hub model repo.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo as private.")
 def export(
     model: str, heads: str, top_k: int | None, format: str, out: Path, ablation: str, mean_reference: str | None,
-    dtype: str, revision: str | None, max_shard_size: str, overwrite: bool, push_repo: str | None, private: bool,
+    dtype: str, revision: str | None, device_map: str | None, parallelize: bool, max_shard_size: str, overwrite: bool, push_repo: str | None, private: bool,
 ) -> None:
     """Export MODEL (Hub id, local folder or smollm2-135m) with --heads ablated.
 
@@ -48,6 +51,9 @@ def export(
 
     if private and not push_repo:
         raise CapsenseError("`private` only applies with `push_repo` REPO_ID")
+    placed = device_map_from(device_map, parallelize)
+    if placed and format != "checkpoint":
+        raise CapsenseError("`device_map` applies to `format` checkpoint (an adapter is built without loading weights)")
     check_export_inputs(model, heads, out, top_k, ablation, overwrite)  # before any heavy import
     if push_repo:
         from capsense.ship.push import check_push_ready
@@ -58,7 +64,7 @@ def export(
     result = export_model(
         model, heads, out, format=format, top_k=top_k, ablation=ablation, mean_reference=mean_reference,
         dtype=dtype, revision=revision, overwrite=overwrite, max_shard_size=max_shard_size,
-        repo_id=push_repo, log=log,
+        repo_id=push_repo, log=log, **({"device_map": placed} if placed else {}),
     )
     total = sum((result.out / f).stat().st_size for f in result.files)
     click.echo(f"Exported {format} to {result.out} ({len(result.files)} files, {human_size(total)}): {result.heads}")

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from capsense.commands.options import (
-    batch_size_option, csv_list, device_option, dtype_option, include_path_option, limit_option, out_option,
+    batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
+    limit_option, out_option,
     revision_option, top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written, log
@@ -52,10 +53,12 @@ _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @batch_size_option()
-@click.option("--masks-per-forward", type=int, default=1, show_default=True,
-              help="Masks packed in one forward pass (pays on GPUs; 1 is best on a few CPU cores).")
+@click.option("--masks-per-forward", default="auto", show_default=True,
+              help="Masks packed in one forward pass: auto (1 on CPUs, where packing does not pay; on a GPU the most "
+                   "that fit in half its free memory) or a number.")
 @click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer); multiple-choice contexts are still shared across choices.")
 @device_option()
+@device_map_option()
 @dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
 @revision_option()
 @include_path_option()
@@ -64,7 +67,8 @@ _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, top_k: int, refine: int | None, tolerance: float,
-           seed: int, batch_size: int, masks_per_forward: int, no_prefix_reuse: bool, device: str, dtype: str,
+           seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str,
+           device_map: str | None, parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
     """Rank MODEL's attention heads by how much --task depends on them.
 
@@ -77,19 +81,26 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
 
     if sparsity is not None and heads_per_mask is not None:
         raise CapsenseError("give `sparsity` or `heads_per_mask`, not both")
+    if masks_per_forward != "auto" and not masks_per_forward.isdigit():
+        raise CapsenseError(f"--masks-per-forward must be auto or a number of masks, got {masks_per_forward!r}")
     cfg = LocateConfig(
         model=model, task=task, out=str(out), controls=csv_list(controls), metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
-        design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size, seed=seed, batch_size=batch_size,
-        masks_per_forward=masks_per_forward, device=device, dtype=dtype, include_path=list(include_path),
+        design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
+        seed=seed, batch_size=batch_size,
+        masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
+        device_map=device_map_from(device_map, parallelize), dtype=dtype, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
     check_locate(cfg)  # before any heavy import
+    from capsense.core.distributed import is_main_process
     from capsense.core.heads import load_heads_file
     from capsense.localize.run import locate as run_locate
 
     result, heads_path = run_locate(cfg, log=log)
+    if not is_main_process():
+        return  # under accelerate launch the main process reports
     hf = load_heads_file(heads_path)
     top = ", ".join(str(h) for h in hf.head_set.top(min(10, len(hf.heads))))
     click.echo(f"{result.n_evaluations} masks evaluated ({result.seconds_per_mask:.2f} s each, "

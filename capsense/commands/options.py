@@ -33,6 +33,27 @@ def device_option(default: str = "cpu") -> Decorator:
     return click.option("--device", default=default, show_default=True, help="Torch device: cpu, cuda, cuda:1, mps.")
 
 
+def device_map_option() -> Decorator:
+    """``--device-map`` and ``--parallelize`` (lm-eval's spelling of ``--device-map auto``); read both
+    with :func:`device_map_from`."""
+    def decorate(f):
+        f = click.option("--parallelize", is_flag=True, help="lm-eval's spelling of --device-map auto.")(f)
+        return click.option(
+            "--device-map", default=None,
+            help="Spread a model larger than one device: auto (GPUs, then CPU, then disk), balanced, sequential, "
+                 "or a JSON map of module -> device (text or a .json file). Replaces --device.")(f)
+    return decorate
+
+
+def device_map_from(device_map: str | None, parallelize: bool) -> str | None:
+    """The one device map that ``--device-map`` and ``--parallelize`` ask for."""
+    from capsense.errors import CapsenseError
+
+    if parallelize and device_map not in (None, "auto"):
+        raise CapsenseError("give --parallelize or --device-map, not both")
+    return "auto" if parallelize else device_map
+
+
 def revision_option() -> Decorator:
     """``--revision`` of a Hub model."""
     return click.option("--revision", default=None, help="Revision (branch, tag or commit) of a Hub model.")

@@ -23,15 +23,22 @@ def run(recipe: Path, out: Path | None, dry_run: bool, quiet: bool) -> None:
     data = load_recipe(recipe)
     steps = recipe_steps(data, out)
     check_steps(steps)  # before any heavy import: tasks, model, folders
-    click.echo("\n".join(describe_steps(data, steps, recipe.stem)))
+    from capsense.core.distributed import is_main_process
+
+    if is_main_process():  # under accelerate launch the main process speaks
+        click.echo("\n".join(describe_steps(data, steps, recipe.stem)))
     if dry_run:
         return
     from capsense.evaluation.run import run_steps
 
     for cfg, _ in steps:
         cfg.progress = not quiet
+    results = run_steps(steps, log=log, progress=not quiet)
+
+    if not is_main_process():
+        return  # under accelerate launch the main process reports
     written = []
-    for result in run_steps(steps, log=log, progress=not quiet):
+    for result in results:
         if result.validation_table:
             click.echo(f"\n{result.task}: top-{result.validation_info['top_k']} = {result.validation_info['heads']}\n"
                        + result.validation_table)

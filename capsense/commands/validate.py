@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from capsense.commands.options import (
-    batch_size_option, csv_list, device_option, dtype_option, include_path_option, limit_option, out_option,
+    batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
+    limit_option, out_option,
     top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written
@@ -25,12 +26,13 @@ from capsense.commands.output import echo_written
 @click.option("--seed", type=int, default=0, show_default=True)
 @batch_size_option()
 @device_option()
+@device_map_option()
 @dtype_option()
 @include_path_option()
 @unsafe_code_option()
 @out_option("Folder for validation.json/.md/.png.")
 def validate(model: str, heads: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
-             batch_size: int, device: str, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
+             batch_size: int, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
              out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
     from capsense.evaluation.validate import check_validate
@@ -44,10 +46,14 @@ def validate(model: str, heads: Path, top_k: int, tasks: str, n_random: int, lim
     with progress.phase("validate") as phase:
         rows, info = run_validate(
             model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
-            device=device, dtype=dtype, include_path=list(include_path),
+            device=device, dtype=dtype, include_path=list(include_path), device_map=device_map_from(device_map, parallelize),
             confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase,
         )
     progress.close()
+    from capsense.core.distributed import is_main_process
+
+    if not is_main_process():
+        return  # under accelerate launch the main process writes and prints
     written = write_validation(out, rows, info)
     click.echo(format_validation(rows))
     echo_written(written)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from capsense.errors import CapsenseError
-from capsense.compress import accounting as acc
+import capsense.compress.accounting as acc
 from capsense.compress.budget import Budget, BudgetError, protections, setting_label
 from capsense.compress.calibration import DEFAULT_CALIBRATION, InputStats, calibration_samples, collect_stats
 from capsense.compress.lowrank import stable_rank

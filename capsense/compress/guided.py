@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsense.compress import accounting as acc
+import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate, matrix_candidates
 from capsense.compress.budget import Budget, BudgetError, Override, protections
 from capsense.compress.methods import Setting, parse_setting

@@ -90,22 +90,28 @@ class HeadAblator:
         try:
             for layer in torch.nonzero(ko.any(dim=(0, 2))).flatten().tolist():
                 proj = self.projections[layer]
-                weight = next(proj.parameters())
-                keep = (~ko[:, layer, :]).to(device=weight.device, dtype=weight.dtype)
-                keep = keep.repeat_interleave(self.layout.head_dim, dim=1).unsqueeze(1)
-                fill = None
-                if self.ablation == "mean":
-                    mean = self.means[layer].to(device=weight.device, dtype=weight.dtype)
-                    fill = (1 - keep) * mean
-                handles.append(proj.register_forward_pre_hook(_make_hook(keep, fill)))
+                keep = (~ko[:, layer, :]).repeat_interleave(self.layout.head_dim, dim=1).unsqueeze(1)
+                mean = self.means[layer] if self.ablation == "mean" else None
+                handles.append(proj.register_forward_pre_hook(_make_hook(keep, mean)))
             yield
         finally:
             for h in handles:
                 h.remove()
 
 
-def _make_hook(keep: torch.Tensor, fill: torch.Tensor | None):
-    rows = keep.shape[0]
+def _make_hook(keep_mask: torch.Tensor, mean: torch.Tensor | None):
+    rows = keep_mask.shape[0]
+    placed: dict[tuple, tuple] = {}
+
+    def on(x: torch.Tensor) -> tuple:
+        # Built where the activations are, on first use: the layer's weights may sit on
+        # another device, or on "meta" when accelerate offloads them (device_map).
+        key = (x.device, x.dtype)
+        if key not in placed:
+            keep = keep_mask.to(device=x.device, dtype=x.dtype)
+            fill = None if mean is None else (1 - keep) * mean.to(device=x.device, dtype=x.dtype)
+            placed[key] = (keep, fill)
+        return placed[key]
 
     def hook(module: nn.Module, args: tuple) -> tuple:
         x = args[0]
@@ -114,6 +120,7 @@ def _make_hook(keep: torch.Tensor, fill: torch.Tensor | None):
                 f"knockout tensor has {rows} rows but the batch has {x.shape[0]}: "
                 "use one row (applies to all) or one row per batch row"
             )
+        keep, fill = on(x)
         k, f = (keep, fill) if x.dim() == 3 else (keep[:, 0], None if fill is None else fill[:, 0])
         x = x * k if f is None else x * k + f
         return (x, *args[1:])
@@ -192,7 +199,9 @@ def compute_head_means(
         return hook
 
     handles = [p.register_forward_pre_hook(make(i)) for i, p in enumerate(projections)]
-    device = next(model.parameters()).device
+    from capsense.core.placement import input_device
+
+    device = input_device(model)
     pad_side = tokenizer.padding_side
     try:
         if tokenizer.pad_token is None:

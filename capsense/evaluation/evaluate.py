@@ -89,12 +89,20 @@ class MetricRow:
     values: dict[str, float]  # label (e.g. "base", "ablated") -> value
 
 
-def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32", **kwargs: Any):
-    """Build a ``capsense-masked`` LM once (no heads yet)."""
+def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32",
+            device_map: str | None = None, **kwargs: Any):
+    """Build a ``capsense-masked`` LM once (no heads yet); ``device_map`` spreads it over devices
+    (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`)."""
     from transformers.utils import logging as hf_logging
 
+    from capsense.core.placement import check_device, placement_kwargs
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
+    if device_map:
+        placed = placement_kwargs(device_map)
+        kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
+    else:
+        check_device(device)
     hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user
     try:
         return CapsenseMaskedLM(
@@ -131,6 +139,8 @@ def evaluate_head_sets(
                                   confirm_run_unsafe_code=confirm_run_unsafe_code)
     lm.set_heads(HeadSet())
     lm.quiet_requests = False
+    if results is None:  # lm-eval's data parallel (accelerate launch on GPUs): the main process has the results
+        return []
     rows = []
     for task in tasks:
         base = results[next(iter(head_sets))][task]
@@ -161,20 +171,25 @@ def _no_request_building_bars(active: bool) -> Iterator[None]:
         task_module.tqdm = original
 
 
-def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kwargs: Any) -> dict[str, Any]:
+def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kwargs: Any) -> dict[str, Any] | None:
+    """lm-eval's results per head set; None on a process that lm-eval's data parallel gives none."""
     import lm_eval
 
     results: dict[str, Any] = {}
+    elsewhere = False
     for label, heads in head_sets.items():
         if progress is not None:
             progress.label((display_names or {}).get(label, label))
         lm.set_heads(heads)
         out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
                                       verbosity="WARNING", **kwargs)
+        if out is None:  # a process other than the main one under lm-eval's data parallel
+            elsewhere = True
+            continue
         results[label] = out["results"]
         if progress is not None:
             progress.update()
-    return results
+    return None if elsewhere else results
 
 
 def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:

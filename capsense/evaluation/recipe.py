@@ -33,8 +33,8 @@ class RecipeError(CapsenseError):
 
 
 _LOCATE_FIELDS = {f.name for f in fields(LocateConfig)} - {"model", "out", "task"}
-_VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "dtype", "include_path",
-                    "confirm_run_unsafe_code"}
+_VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "device_map", "dtype",
+                    "include_path", "confirm_run_unsafe_code"}
 
 
 def load_recipe(path: str | Path) -> dict[str, Any]:

@@ -44,20 +44,23 @@ def validate_kwargs(cfg: Any, val: dict[str, Any]) -> dict[str, Any]:
         batch_size=int(val.get("batch_size", 16)), device=val.get("device", cfg.device),
         dtype=val.get("dtype", "float32"), include_path=val.get("include_path", cfg.include_path),
         confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
+        device_map=val.get("device_map", cfg.device_map),
     )
 
 
 def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: bool = True) -> list[StepResult]:
     """Run every (locate, validate) step in order; each locate resumes its run folder."""
+    from capsense.core.distributed import is_main_process
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate, write_validation
+    from capsense.localize.methods import refine_budget
     from capsense.localize.run import locate
 
     results = []
     for i, (cfg, val) in enumerate(steps):
         tag = f"{cfg.task}: " if len(steps) > 1 else ""
         # the clean (unablated) pass is an evaluation too: masks + 1, as the run folder counts them
-        phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", cfg.refine_budget, "sets")]
+        phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", refine_budget(cfg), "sets")]
         if val:
             phases.append(Phase("validate", 2 + int(val.get("random", 3)), "conditions"))
         display = RunProgress(phases, enabled=progress)
@@ -71,6 +74,8 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
                 rows, info = validate(cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"],
                                       log=display.write, progress=phase, **validate_kwargs(cfg, val))
             display.close()
+            if not is_main_process():  # under accelerate launch every process evaluates, the main one writes
+                continue
             result.written += write_validation(Path(val["out"]), rows, info)
             result.validation_table = format_validation(rows)
             result.validation_info = info

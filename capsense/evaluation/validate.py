@@ -124,11 +124,14 @@ def validate(
     confirm_run_unsafe_code: bool = False,
     log=print,
     progress: Any = None,
+    device_map: str | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
     """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs.
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is
-    labelled with each condition (base, top-K, random i) as it runs.
+    labelled with each condition (base, top-K, random i) as it runs. Under ``accelerate launch``
+    on GPUs lm-eval splits the documents across processes and only the main process gets rows
+    (the others get ``[]``).
     """
     from capsense.core.arch import head_layout
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
@@ -139,7 +142,7 @@ def validate(
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)
     used = used_documents(heads_path)
-    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype)
+    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map)
     layout = head_layout(lm.model)
     top.check_fits(layout)
     samples = held_out_samples(tasks, include_path, lm.tokenizer, used, limit, seed)

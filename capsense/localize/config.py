@@ -40,8 +40,9 @@ class LocateConfig:
     method: str = "prior-guided"
     seed: int = 0
     batch_size: int = 16
-    masks_per_forward: int = 1
+    masks_per_forward: int | None = None  # None: automatic (1 on CPUs, from free memory on GPUs)
     device: str = "cpu"
+    device_map: str | None = None  # spread the model over devices (capsense.core.placement): auto, or a map
     dtype: str = "auto"
     include_path: list[str] = field(default_factory=list)
     revision: str | None = None
@@ -98,6 +99,8 @@ class LocateConfig:
             raise LocateError(f"--group-size must be at least 2 heads, got {self.group_size}")
         if not self.tolerance >= 0:
             raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
+        if self.masks_per_forward is not None and self.masks_per_forward < 1:
+            raise LocateError(f"`masks_per_forward` must be at least 1 (or None: automatic), got {self.masks_per_forward}")
 
     @property
     def tasks(self) -> list[str]:

@@ -1,5 +1,5 @@
 """Evaluating knockout masks: scores on every probe (:class:`MaskEvaluator`), kept in the
-run folder in order and replayed on resume (:class:`MaskRunner`).
+run folder in order, replayed on resume and split across processes (:class:`MaskRunner`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from capsense.core.distributed import DistContext, split
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.store import Evaluation, RunStore, RunStoreError
 from capsense.scoring import METRICS
@@ -80,14 +81,26 @@ def scorer_class(probe, masks_per_forward: int, prefix_reuse: bool) -> type:
 
 
 class MaskRunner:
-    """Evaluates masks in order, reusing what the run folder already holds (resume)."""
+    """Evaluates blocks of masks (``[m, heads]`` booleans) in order into ``store``, reusing what it holds.
 
-    def __init__(self, store: RunStore, evaluate: Callable[[np.ndarray], list[MaskScores]], masks_per_forward: int,
-                 bar: Any = None) -> None:
+    A method calls the runner with a block of masks (a design, a refine round, one Thompson
+    draw). Every process computes the same blocks in the same order (the masks follow from
+    the seed and from earlier scores, which every process holds), so a mask's *index* in the
+    run is the same everywhere. The runner reuses every index the folder already holds
+    (checking its heads), cuts the rest into one contiguous share per process, evaluates this
+    process's share (``masks_per_forward`` at a time, each logged durably as it finishes) and
+    exchanges the new evaluations, so that every process returns the whole block. With one
+    process it is a plain resumable loop.
+    """
+
+    def __init__(self, store: RunStore, evaluate: Callable[[np.ndarray], list[MaskScores]], masks_per_forward: int, bar=None,
+                 ctx: DistContext | None = None) -> None:
         self.store, self.evaluate = store, evaluate
         self.mpf = max(1, masks_per_forward)
+        self.ctx = ctx or DistContext()
         self.cursor = 0
         self.bar = bar
+        self.new = 0  # evaluations this attempt added (all processes)
         self.forward_equivalents = 0.0  # of every mask this runner returned, stored or new
         self.extra_cost = 0.0  # forward-equivalents spent outside masks (gradient attribution)
 
@@ -96,54 +109,60 @@ class MaskRunner:
         if cost is not None:
             self.forward_equivalents += cost(heads)
 
+    def _show(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.forward_equivalents + self.extra_cost:.1f} FE", refresh=False)
+            self.bar.update(n)
+
     def __call__(self, masks: np.ndarray, round_index: int = 0) -> list[Evaluation]:
-        """The evaluations of ``masks`` (rows of flat 0/1 knockouts), stored ones first."""
-        out: list[Evaluation] = []
         masks = np.atleast_2d(np.asarray(masks, dtype=bool))
-        pending: list[np.ndarray] = []
-        for mask in masks:
-            if self.cursor + len(pending) < len(self.store.evaluations):
-                out.append(self._stored(mask))
-                continue
-            pending.append(mask)
-            if len(pending) == self.mpf:
-                out.extend(self._flush(pending, round_index))
-                pending = []
-        if pending:
-            out.extend(self._flush(pending, round_index))
-        return out
+        first, self.cursor = self.cursor, self.cursor + len(masks)
+        todo = []
+        for i, mask in enumerate(masks):
+            idx = first + i
+            heads = [int(h) for h in np.flatnonzero(mask)]
+            ev = self.store.done.get(idx)
+            if ev is None:
+                todo.append(idx)
+            elif ev.heads != heads:
+                raise RunStoreError(
+                    f"mask {idx} in {self.store.path} knocks out other heads than this run's mask {idx}: "
+                    "the settings or capsense changed; choose another --out"
+                )
+            else:
+                self._count(ev.heads)
+        mine = split(todo, self.ctx)[self.ctx.rank]
+        local = self._evaluate([(i, masks[i - first]) for i in mine], round_index)
+        if self.ctx.distributed:
+            others = [e for r, evs in enumerate(self.ctx.gather(local)) if r != self.ctx.rank for e in evs]
+            self.store.record(others)
+            for e in others:
+                self._count(e.heads)
+            self._show(len(others))
+        self.new += len(todo)
+        return [self.store.done[first + i] for i in range(len(masks))]
 
-    def _stored(self, mask: np.ndarray) -> Evaluation:
-        ev = self.store.evaluations[self.cursor]
-        if ev.heads != [int(h) for h in np.flatnonzero(mask)]:
-            raise RunStoreError(
-                f"mask {ev.index} in {self.store.path} knocks out other heads than this run's mask "
-                f"{ev.index}: the settings or capsense changed; choose another --out"
-            )
-        self.cursor += 1
-        self._count(ev.heads)
-        return ev
-
-    def _flush(self, masks: list[np.ndarray], round_index: int) -> list[Evaluation]:
-        t0 = time.perf_counter()
-        scores = self.evaluate(np.stack(masks))
-        dt = (time.perf_counter() - t0) / len(masks)
+    def _evaluate(self, items: list[tuple[int, np.ndarray]], round_index: int) -> list[Evaluation]:
         out = []
-        for mask, sc in zip(masks, scores):
-            ev = Evaluation(self.cursor, [int(h) for h in np.flatnonzero(mask)], sc, dt, round_index)
-            self.store.append(ev)
-            self.cursor += 1
-            self._count(ev.heads)
-            out.append(ev)
-            if self.bar is not None:
-                self.bar.set_postfix_str(f"{self.forward_equivalents + self.extra_cost:.1f} FE", refresh=False)
-                self.bar.update(1)
+        for g in range(0, len(items), self.mpf):
+            group = items[g : g + self.mpf]
+            t0 = time.perf_counter()
+            scores = self.evaluate(np.stack([m for _, m in group]))
+            dt = (time.perf_counter() - t0) / len(group)
+            for (idx, mask), sc in zip(group, scores):
+                ev = Evaluation(idx, [int(h) for h in np.flatnonzero(mask)], sc, dt, round_index)
+                self.store.append(ev)
+                self._count(ev.heads)
+                out.append(ev)
+                self._show(1)
         return out
 
 
 def progress_bar(cfg: LocateConfig, total: int, done: int, desc: str):
-    """A tqdm bar over masks, or None when the run is quiet."""
-    if not cfg.progress:
+    """A tqdm bar over masks, or None when the run is quiet (and on all but the main process)."""
+    from capsense.core.distributed import context
+
+    if not cfg.progress or not context().is_main:
         return None
     from tqdm.auto import tqdm
 

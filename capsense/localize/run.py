@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from capsense.core.arch import HeadLayout
+from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import heads_per_mask
@@ -26,7 +27,8 @@ from capsense.localize import guided  # noqa: F401  (registers the attribution a
 from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, head_set_masks, refine
-from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore
+from capsense.localize.lock import RunFolderLock
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 from capsense.scoring import METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
@@ -97,7 +99,8 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
     }
 
 
-def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layout: HeadLayout, probes: dict, extra: dict) -> dict[str, Any]:
+def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layout: HeadLayout, probes: dict, extra: dict,
+                 placed: dict[str, Any]) -> dict[str, Any]:
     """``manifest.json``: what ran, on what, with which versions."""
     import torch
 
@@ -110,7 +113,7 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
         "controls": list(cfg.controls),
         "metric": cfg.metric,
         "heads_per_mask": k,
-        "args": {**asdict(cfg), "dtype_resolved": dtype},
+        "args": {**asdict(cfg), "dtype_resolved": dtype, "masks_per_forward_resolved": placed["masks_per_forward"]},
         "probes": {
             t: {"doc_ids": [int(d) for d in p.doc_ids], "n_requests": p.n_requests, "kind": p.kind, **p.meta}
             for t, p in probes.items()
@@ -122,7 +125,8 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
             for t, sc in extra.items()
         },
         "versions": library_versions(),
-        "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": cfg.device},
+        "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": placed["device"],
+                 "device_map": cfg.device_map, "processes": placed["processes"]},
     }
 
 
@@ -170,55 +174,128 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
 
 
 def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[LocateResult, Path]:
-    """Run (or resume) a localization and write the run folder; returns the result and heads.json."""
-    from capsense.core.arch import head_layout
-    from capsense.core.models import load_model, model_fingerprint, resolve_dtype
+    """Run (or resume) a localization and write the run folder; returns the result and heads.json.
 
+    Launched as several processes (``accelerate launch``), each loads the model on its own
+    device and evaluates its share of every block of masks; the main process holds the
+    folder's lock, merges the shards, and writes the outputs (see :class:`MaskRunner`).
+    """
+    import torch
+
+    from capsense.core.arch import head_layout
+    from capsense.core.distributed import context
+    from capsense.core.models import load_model, model_fingerprint, resolve_dtype
+    from capsense.core.placement import auto_masks_per_forward, check_device, parse_device_map
+
+    ctx = context()
     cfg.check()
+    parse_device_map(cfg.device_map) if cfg.device_map else check_device(cfg.device)  # exists on this machine
     method = get_method(cfg)
     if method.attribution:  # before anything is written
         check_gradient_metric(cfg.metric)
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise LocateError(f"--out {str(out)!r} is a file, not a run folder")
-    dtype = resolve_dtype(cfg.dtype, cfg.device)
+    ctx.on_main(lambda: check_free(out))  # a file, a foreign or a busy folder: refused before the slow load
+    device = ctx.device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, "cuda" if cfg.device_map and torch.cuda.is_available() else device)
     t_load = time.perf_counter()
-    model, tokenizer = load_model(cfg.model, dtype, cfg.device, revision=cfg.revision)
+    model, tokenizer = load_model(cfg.model, dtype, device, revision=cfg.revision, device_map=cfg.device_map)
     layout = head_layout(model)
     n = layout.n_total
+    check_processes(ctx.world, method.n_evaluations(cfg, n) - 1)
     k = random_mask_size(cfg, method, layout)
     probes = {t: build_probe(t, tokenizer, cfg.limit, cfg.seed, cfg.include_path) for t in cfg.tasks}
     extra = task_metric_scorers(cfg, model, tokenizer, probes)
-    manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra)
-    store = RunStore.open(out, manifest, identity_keys(cfg), layout.n_heads)
-    load_s = time.perf_counter() - t_load
-    done = len(store.evaluations)
-    if done:
-        log(f"Resuming {out}: {done} masks already evaluated")
-    evaluator = MaskEvaluator(model, probes, cfg.batch_size, cfg.masks_per_forward, cfg.prefix_reuse, extra)
-    runner = MaskRunner(store, evaluator, cfg.masks_per_forward)
-    search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log)
-    runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
-    t0 = time.perf_counter()
-    found = _with_bar(runner, progress_bar(cfg, method.n_evaluations(cfg, n), done, f"locate {cfg.task}"),
-                      lambda: method.search(search))
-    result = method.fit(found.evals, cfg, n)
-    if found.chosen is not None:
-        result.scores = put_first(result.scores, found.chosen)
-    spent = _refine_step(runner, cfg, layout, result, found.evals, done, log) if refine_budget(cfg) else []
+    mpf = cfg.masks_per_forward or auto_masks_per_forward(model, cfg.batch_size, longest_request(probes))
+    placed = {"device": device, "masks_per_forward": mpf, "processes": ctx.world}
+    manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra, placed)
+    lock = RunFolderLock(out)
+    try:
+        store = open_store(ctx, lock, manifest, identity_keys(cfg), layout.n_heads)
+        load_s = time.perf_counter() - t_load
+        done = len(store.done)
+        if done and ctx.is_main:
+            log(f"Resuming {out}: {done} masks already evaluated")
+        evaluator = MaskEvaluator(model, probes, cfg.batch_size, mpf, cfg.prefix_reuse, extra)
+        runner = MaskRunner(store, evaluator, mpf, ctx=ctx)
+        runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
+        search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet)
+        t0 = time.perf_counter()
+        found = _with_bar(runner, progress_bar(cfg, method.n_evaluations(cfg, n), done, f"locate {cfg.task}"),
+                          lambda: method.search(search))
+        result = method.fit(found.evals, cfg, n)
+        if found.chosen is not None:
+            result.scores = put_first(result.scores, found.chosen)
+        if refine_budget(cfg):
+            _refine_step(runner, cfg, layout, result, found.evals, done, log if ctx.is_main else _quiet)
+        record_cost(store.manifest, result, runner, evaluator)
+        store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
+        ctx.barrier()  # every process's shard is complete
+        return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
+    finally:
+        lock.release()
+
+
+def record_cost(manifest: dict[str, Any], result: LocateResult, runner: MaskRunner, evaluator: MaskEvaluator) -> None:
+    """The run's total cost in forward-equivalents, in the result and the manifest."""
     result.forward_equivalents = round(runner.forward_equivalents + runner.extra_cost, 2)
-    store.manifest["forward_equivalents"] = result.forward_equivalents
-    store.manifest["cost_model"] = {
+    manifest["forward_equivalents"] = result.forward_equivalents
+    manifest["cost_model"] = {
         "unit": "one forward pass over the run's documents (every probe) = 1; a backward pass = 2; "
                 "a prefix-reused forward = the fraction of layers it runs",
         "reuse_share": round(evaluator.reuse_share, 4),
         "attribution": runner.extra_cost,
     }
-    store.manifest["timing"] = {
+
+
+def _timing(load_s: float, evaluate_s: float, new: int, result: LocateResult, processes: int) -> dict[str, Any]:
+    return {
         "load_s": round(load_s, 2),
-        "evaluate_s_this_attempt": round(time.perf_counter() - t0, 2),
-        "new_evaluations_this_attempt": max(0, len(found.evals) + len(spent) - done),
+        "evaluate_s_this_attempt": round(evaluate_s, 2),
+        "new_evaluations_this_attempt": new,
         "seconds_per_mask": round(result.seconds_per_mask, 4),
+        "processes": processes,
     }
+
+
+def _finish(store: RunStore, cfg: LocateConfig, result: LocateResult, layout: HeadLayout) -> Path:
+    """Main process: one evaluations.jsonl in index order, the manifest, the outputs."""
+    store.compact()
     store.write_manifest()
-    return result, write_outputs(out, cfg, result, layout, store.manifest)
+    return write_outputs(store.path, cfg, result, layout, store.manifest)
+
+
+def check_free(out: Path) -> None:
+    """Refuse a file, a foreign folder or a folder another run is writing, creating nothing."""
+    check_run_folder(out)
+    if out.is_dir():
+        RunFolderLock(out).acquire().release()
+
+
+def check_processes(world: int, masks: int) -> None:
+    """Refuse more processes than the run has masks to share."""
+    if world > masks:
+        raise LocateError(
+            f"{world} processes for {masks} masks: at most one process per mask can have work; "
+            f"launch at most {masks} processes (accelerate launch --num_processes)"
+        )
+
+
+def open_store(ctx: DistContext, lock: RunFolderLock, manifest: dict, keys: list[str], n_heads: int) -> RunStore:
+    """The run folder, opened (locked, compacted) by the main process, then attached by the others."""
+    opened: dict[str, RunStore] = {}
+
+    def main() -> None:
+        lock.acquire()
+        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads)
+
+    ctx.on_main(main)
+    return opened["store"] if ctx.is_main else RunStore.attach(lock.folder, n_heads, ctx.rank)
+
+
+def longest_request(probes: dict) -> int:
+    """Tokens in the longest request of any probe."""
+    return max((len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)), default=1)
+
+
+def _quiet(message: str) -> None:
+    """The log of processes other than the main one."""

@@ -1,31 +1,50 @@
-"""The run folder: ``manifest.json``, append-only ``evaluations.jsonl``, resume.
+"""The run folder: ``manifest.json``, append-only evaluation logs, resume.
 
-Each evaluated mask is one JSON line, written, flushed and fsynced before the next mask
-starts, so a run killed with SIGKILL loses at most the mask in flight. A torn last line
-(killed mid-write) is dropped on reopening. Reopening a folder whose manifest has a
-different *identity* (model, tasks, documents, design, seed: everything that changes
-which masks are evaluated or how they score) is refused with the differing fields named.
+Each evaluated mask is one JSON line (``{"i": index, "heads": [...], "scores": {...}}``),
+written, flushed and fsynced before the next mask starts, so a run killed with SIGKILL
+loses at most the masks in flight. A torn last line (killed mid-write) is dropped.
+
+Under several processes (``accelerate launch``) each process appends the masks it
+evaluates to its own shard: the main process to ``evaluations.jsonl``, process ``k`` to
+``evaluations.rank<k>.jsonl``. After every step the main process also appends what the
+others evaluated to ``evaluations.jsonl``, and when a run opens or ends it *compacts* the
+folder: all logs merged by mask index (a mask logged twice counts once), rewritten as one
+``evaluations.jsonl`` in index order, the shards removed. So a resumed run, with any number
+of processes, reuses every mask any process finished, and a finished run's folder is the
+same as a single-process run's. Old folders with a single ``evaluations.jsonl`` resume as is.
+
+Reopening a folder whose manifest has a different *identity* (model, tasks, documents,
+design, seed: everything that changes which masks are evaluated or how they score) is
+refused with the differing fields named.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capsense.core.files import append_jsonl, atomic_write_json, read_jsonl, repair_jsonl_tail
+from capsense.core.files import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl_tail
 from capsense.core.heads import Head, HeadSet
 from capsense.errors import CapsenseError
+from capsense.localize.lock import LOCK_FILE
 
 MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"
+SHARD_GLOB = "evaluations.rank*.jsonl"
 REFINE_ROUND = -1  # ``round`` of the evaluations that measure candidate top-K sets (capsense.localize.refine)
 
 
 class RunStoreError(CapsenseError):
     """The output folder cannot hold this run."""
+
+
+def shard_name(rank: int) -> str:
+    """The evaluation log process ``rank`` appends to."""
+    return EVALUATIONS if rank == 0 else f"evaluations.rank{rank}.jsonl"
 
 
 @dataclass
@@ -50,73 +69,143 @@ class Evaluation:
         return cls(int(d["i"]), heads, d["scores"], float(d.get("seconds", 0.0)), int(d.get("round", 0)))
 
 
+def _read_log(path: Path, n_heads: int, repair: bool) -> list[Evaluation]:
+    """The evaluations in one log; a torn last line (killed writer) is skipped, and cut off if ``repair``."""
+    if repair:
+        repair_jsonl_tail(path)
+    try:
+        return [Evaluation.from_dict(d, n_heads) for d in read_jsonl(path)]
+    except (CapsenseError, KeyError, TypeError, ValueError) as e:  # CorruptFileError, HeadSpecError among them
+        raise RunStoreError(f"{path} holds a line that is not an evaluation ({e}); the file is damaged") from None
+
+
+def merge(logs: Iterable[list[Evaluation]], where: Path) -> dict[int, Evaluation]:
+    """Evaluations by mask index; a mask logged twice counts once (its heads must agree)."""
+    out: dict[int, Evaluation] = {}
+    for log in logs:
+        for e in log:
+            seen = out.get(e.index)
+            if seen is None:
+                out[e.index] = e
+            elif seen.heads != e.heads:
+                raise RunStoreError(f"{where}: mask {e.index} is logged with two different head sets: the folder is damaged")
+    return out
+
+
+def _all_logs(path: Path, n_heads: int, repair: bool) -> dict[int, Evaluation]:
+    files = [path / EVALUATIONS, *sorted(path.glob(SHARD_GLOB))]
+    return merge((_read_log(f, n_heads, repair) for f in files), path)
+
+
 @dataclass
 class RunStore:
-    """An open run folder; :attr:`evaluations` holds what earlier attempts evaluated."""
+    """An open run folder. :attr:`done` holds every evaluation any earlier attempt (or any
+    process of this one) finished, by mask index; :meth:`append` logs one to this process's shard."""
 
     path: Path
     manifest: dict[str, Any]
     n_heads: int
-    evaluations: list[Evaluation] = field(default_factory=list)
+    rank: int = 0
+    done: dict[int, Evaluation] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: str | os.PathLike, manifest: dict[str, Any], identity_keys: list[str], n_heads: int) -> "RunStore":
-        """Create ``path`` or resume the run in it; refuse a folder holding something else."""
+        """Create ``path`` or resume the run in it (compacting its logs); refuse a folder holding something else.
+
+        Call it on the main process only, holding the folder's lock; the other processes
+        then call :meth:`attach`.
+        """
         p = Path(path)
-        mpath = p / MANIFEST
-        if p.exists() and not p.is_dir():
-            raise RunStoreError(f"--out {str(p)!r} is a file, not a run folder")
-        if mpath.is_file():
-            try:
-                old = json.loads(mpath.read_text())
-            except json.JSONDecodeError:
-                raise RunStoreError(f"{mpath} is not valid JSON: not a capsense run folder; choose another --out") from None
-            diffs = [k for k in identity_keys if old.get("identity", {}).get(k) != manifest["identity"].get(k)]
-            if diffs:
-                shown = "; ".join(
-                    f"{k}: {old.get('identity', {}).get(k)!r} there, {manifest['identity'].get(k)!r} now" for k in diffs[:4]
-                )
-                raise RunStoreError(
-                    f"--out {str(p)!r} holds a different run ({shown}); rerun with its settings to resume it, "
-                    "or choose another --out"
-                )
-            manifest = {**manifest, "created": old.get("created", manifest.get("created")), "resumed": old.get("resumed", 0) + 1}
-        elif p.is_dir() and any(p.iterdir()):
-            raise RunStoreError(f"--out {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another --out")
+        manifest = _check_folder(p, manifest, identity_keys)
         p.mkdir(parents=True, exist_ok=True)
         store = cls(p, manifest, n_heads)
-        store.evaluations = store._read()
+        store.compact()
         store.write_manifest()
         return store
 
-    def _read(self) -> list[Evaluation]:
-        epath = self.path / EVALUATIONS
-        repair_jsonl_tail(epath)  # the torn last line of a killed run
-        try:
-            out = [Evaluation.from_dict(d, self.n_heads) for d in read_jsonl(epath)]
-        except (CapsenseError, KeyError, TypeError, ValueError) as e:  # CorruptFileError, HeadSpecError among them
-            raise RunStoreError(f"{epath} holds a line that is not an evaluation ({e}); the file is damaged") from None
-        for i, e in enumerate(out):
-            if e.index != i:
-                raise RunStoreError(f"{epath}: line {i + 1} holds mask {e.index}, expected {i}; the file is damaged")
-        return out
+    @classmethod
+    def attach(cls, path: str | os.PathLike, n_heads: int, rank: int) -> "RunStore":
+        """The folder the main process opened, as process ``rank`` sees it (read-only but for its shard)."""
+        p = Path(path)
+        manifest = json.loads((p / MANIFEST).read_text())
+        return cls(p, manifest, n_heads, rank, _all_logs(p, n_heads, repair=False))
+
+    @property
+    def evaluations(self) -> list[Evaluation]:
+        """The finished evaluations in index order."""
+        return [self.done[i] for i in sorted(self.done)]
+
+    def compact(self) -> None:
+        """Merge every log into one ``evaluations.jsonl`` in index order and remove the shards
+        (main process, while no other process writes)."""
+        self.done = _all_logs(self.path, self.n_heads, repair=True)
+        shards = sorted(self.path.glob(SHARD_GLOB))
+        main = self.path / EVALUATIONS
+        if shards or [e.index for e in _read_log(main, self.n_heads, False)] != sorted(self.done):
+            atomic_write_text(main, "".join(self.done[i].to_json(self.n_heads) + "\n" for i in sorted(self.done)))
+        for s in shards:  # after the merged log is in place: a kill in between only leaves duplicates
+            s.unlink()
 
     def write_manifest(self) -> None:
         atomic_write_json(self.path / MANIFEST, self.manifest)
 
     def append(self, ev: Evaluation) -> None:
-        """Append one evaluation durably (flush + fsync)."""
-        append_jsonl(self.path / EVALUATIONS, ev.to_json(self.n_heads))
-        self.evaluations.append(ev)
+        """Log one evaluation of this process durably (flush + fsync)."""
+        append_jsonl(self.path / shard_name(self.rank), ev.to_json(self.n_heads))
+        self.done[ev.index] = ev
+
+    def record(self, evs: Iterable[Evaluation]) -> None:
+        """Take in evaluations other processes logged; the main process copies them into ``evaluations.jsonl``."""
+        new = [e for e in evs if e.index not in self.done]
+        for e in sorted(new, key=lambda e: e.index):
+            if self.rank == 0:
+                append_jsonl(self.path / EVALUATIONS, e.to_json(self.n_heads))
+            self.done[e.index] = e
+
+
+def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str]) -> dict[str, Any]:
+    """The manifest to write: ``manifest``, or the resumed run's with its creation time kept."""
+    mpath = p / MANIFEST
+    if p.exists() and not p.is_dir():
+        raise RunStoreError(f"--out {str(p)!r} is a file, not a run folder")
+    if mpath.is_file():
+        try:
+            old = json.loads(mpath.read_text())
+        except json.JSONDecodeError:
+            raise RunStoreError(f"{mpath} is not valid JSON: not a capsense run folder; choose another --out") from None
+        diffs = [k for k in identity_keys if old.get("identity", {}).get(k) != manifest["identity"].get(k)]
+        if diffs:
+            shown = "; ".join(
+                f"{k}: {old.get('identity', {}).get(k)!r} there, {manifest['identity'].get(k)!r} now" for k in diffs[:4]
+            )
+            raise RunStoreError(
+                f"--out {str(p)!r} holds a different run ({shown}); rerun with its settings to resume it, "
+                "or choose another --out"
+            )
+        return {**manifest, "created": old.get("created", manifest.get("created")), "resumed": old.get("resumed", 0) + 1}
+    if p.is_dir() and any(q.name != LOCK_FILE for q in p.iterdir()):
+        raise RunStoreError(f"--out {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another --out")
+    return manifest
+
+
+def check_run_folder(path: str | os.PathLike) -> None:
+    """Refuse, before anything is written, a path that is a file or a non-empty folder holding no run."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise RunStoreError(f"--out {str(p)!r} is a file, not a run folder")
+    if p.is_dir() and not (p / MANIFEST).is_file() and any(q.name != LOCK_FILE for q in p.iterdir()):
+        raise RunStoreError(f"--out {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another --out")
 
 
 def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> list[Evaluation]:
-    """The evaluations in a run folder (head names resolved with its manifest's layout).
+    """The evaluations in a run folder, in index order (every log merged; head names resolved
+    with its manifest's layout).
 
     ``design_only`` keeps the masks of the method's design and drops the candidate top-K
     sets refine measured, which are not random and must not enter a fit.
     """
     p = Path(run_dir)
     n_heads = int(json.loads((p / MANIFEST).read_text())["layout"]["n_heads"])
-    evals = [Evaluation.from_dict(d, n_heads) for d in read_jsonl(p / EVALUATIONS)]
+    done = _all_logs(p, n_heads, repair=False)
+    evals = [done[i] for i in sorted(done)]
     return [e for e in evals if e.round != REFINE_ROUND] if design_only else evals

@@ -24,6 +24,7 @@ import torch
 from capsense.errors import CapsenseError
 from capsense.core.ablation import HeadAblator
 from capsense.core.arch import head_layout
+from capsense.core.placement import input_device
 
 if TYPE_CHECKING:
     from torch import nn
@@ -252,7 +253,7 @@ class ProbeScorer:
         self.layout = head_layout(model)
         self.batch_size = int(batch_size)
         self.masks_per_forward = max(1, int(masks_per_forward))
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
         self.pad_id = 0
         seqs = [(c + t)[-(self.max_length + 1) :][:-1] for c, t in zip(probe.context_ids, probe.continuation_ids)]
@@ -307,7 +308,7 @@ class ProbeScorer:
         pos_t = torch.tensor(pos).repeat(k)
         tgt_t = torch.tensor(tgt, device=self.device).repeat(k)
         hidden = self._hidden(ids, att, row_ko, reqs)
-        tok_lp, tok_ok = token_scores(self.model, hidden[rows_t.to(self.device), pos_t.to(self.device)], tgt_t)
+        tok_lp, tok_ok = token_scores(self.model, hidden[rows_t.to(hidden.device), pos_t.to(hidden.device)], tgt_t)
         tok_lp, tok_ok = tok_lp.reshape(k, n_tok), tok_ok.reshape(k, n_tok)
         bounds = np.cumsum([0] + [len(self._targets[r]) for r in reqs])
         lp = np.stack([np.add.reduceat(tok_lp[j], bounds[:-1]) for j in range(k)])
@@ -352,6 +353,7 @@ def token_scores(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) 
     """Log-probability of each target token and whether it is the greedy choice, from the
     final hidden states that predict it (``[n, d]``, ``[n]``)."""
     logits = output_logits(model, hidden)
+    targets = targets.to(logits.device)  # under a device_map the LM head may sit on another device
     logp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
     return logp.cpu().double().numpy(), (logits.argmax(-1) == targets).cpu().numpy()
 

@@ -99,7 +99,8 @@ class SharedContextScorer(ProbeScorer):
         dev = self.device
         with self.ablator.apply(ko):
             out = base(input_ids=ctx_ids.to(dev), attention_mask=ctx_att.to(dev), use_cache=True)
-            last = out[0][torch.arange(len(docs), device=dev), (ctx_len - 1).to(dev)]  # predicts each choice's first token
+            odev = out[0].device  # the last layer's device (another one than the input's under a device_map)
+            last = out[0][torch.arange(len(docs), device=odev), (ctx_len - 1).to(odev)]  # predicts each choice's first token
             cache = out.past_key_values
             cache.reorder_cache(doc_idx.to(dev))
             att = torch.cat([ctx_att[doc_idx], cont_att], dim=1).to(dev)
@@ -111,8 +112,9 @@ class SharedContextScorer(ProbeScorer):
             rows.extend([i] * len(t))
             cols.extend(range(-1, len(t) - 1))  # -1: the context's last position
             tgt.extend(t)
-        rows_t, cols_t = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
-        h = torch.where((cols_t < 0)[:, None], last[doc_idx.to(dev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
+        hdev = hid.device
+        rows_t, cols_t = torch.tensor(rows, device=hdev), torch.tensor(cols, device=hdev)
+        h = torch.where((cols_t < 0)[:, None], last[doc_idx.to(hdev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
         tok_lp, tok_ok = token_scores(self.model, h, torch.tensor(tgt, device=dev))
         bounds = np.cumsum([0] + [len(t) for t in conts])
         return np.add.reduceat(tok_lp, bounds[:-1]), np.logical_and.reduceat(tok_ok, bounds[:-1])

@@ -51,6 +51,20 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
     zero_heads_in_weights(model, hs)
 
 
+def check_editable(model, heads: HeadSet) -> None:
+    """Refuse a placement that holds an edited layer's weights off-device (offloaded to CPU or
+    disk by a device map): an in-place edit would not reach the saved checkpoint."""
+    from capsense.core.arch import out_projections
+
+    projections = out_projections(model)
+    off = [layer for layer in heads.layers() if any(p.device.type == "meta" for p in projections[layer].parameters())]
+    if off:
+        raise ExportError(
+            f"layers {off} were offloaded by the device map, so their weights cannot be edited in place; "
+            "export with a device map that keeps them on GPUs, or without `device_map` on a machine with enough memory"
+        )
+
+
 @register_format("checkpoint")
 def export_checkpoint(
     model: str,
@@ -66,11 +80,13 @@ def export_checkpoint(
     max_shard_size: str | int = "5GB",
     repo_id: str | None = None,
     log: Callable[[str], None] = noop,
+    device_map: str | None = None,
 ) -> ExportResult:
     """Save ``model`` with ``heads`` ablated in its weights, as a plain transformers folder.
 
     Mean ablation needs a projection bias (see :data:`capsense.ship.preflight.MEAN_FOLD_SUPPORT`).
-    The model is loaded once and edited in place.
+    The model is loaded once and edited in place; ``device_map`` spreads a model larger than
+    CPU memory over GPUs (the edited layers must not be offloaded, see :func:`check_editable`).
     """
     check_dtype(dtype)
     if mean_reference and ablation != "mean":
@@ -87,7 +103,8 @@ def export_checkpoint(
         texts = read_reference_texts(mean_reference)
 
     log(f"Loading {model} ...")
-    lm, tokenizer = load_model(model, dtype=dtype, revision=revision)
+    lm, tokenizer = load_model(model, dtype=dtype, revision=revision, device_map=device_map)
+    check_editable(lm, hs)
     if ablation == "mean":
         log("Computing head means on the reference texts ...")
         fold_means_into_bias(lm, hs, compute_head_means(lm, tokenizer, texts))

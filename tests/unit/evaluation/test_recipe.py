@@ -50,3 +50,22 @@ def test_a_field_may_map_targets_to_values(tmp_path):
     p.write_text("model: m\nlocate:\n  task: [a, b]\n  metric: {c: acc}\n")
     with pytest.raises(RecipeError, match=r"locate.metric maps \['c'\], which are not targets \(a, b\)"):
         recipe_steps(load_recipe(p))
+
+
+def test_run_locates_then_validates_a_toy_recipe(tmp_path):
+    import json
+
+    from _toy_task import TOY_CONTROL, TOY_GEN, TOY_TASK, make_toy_setup
+
+    model, tasks = make_toy_setup(tmp_path / "toy")
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(
+        f"name: toy\nmodel: {model}\nout: {tmp_path / 'out'}\nlocate:\n  task: {TOY_TASK}\n  controls: [{TOY_CONTROL}]\n"
+        f"  include_path: [{tasks}]\n  limit: 12\n  masks: 8\n  heads_per_mask: 2\n  sparsity: null\n  refine: 4\n"
+        f"validate:\n  tasks: [{TOY_GEN}]\n  top_k: 2\n  random: 1\n  limit: 4\n  include_path: [{tasks}]\n"
+    )
+    r = CliRunner().invoke(main, ["run", str(recipe), "--quiet"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert f"{TOY_TASK}: top-2 = " in r.output and "| task | metric | base | ablated |" in r.output
+    assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + 4
+    assert json.loads((tmp_path / "out" / "validate" / "validation.json").read_text())["rows"]

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from capsense.cli import main
 from capsense.evaluation.validate import held_out_documents, random_head_sets
 from capsense.core.heads import HeadSet
-from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+from _toy_task import TOY_CONTROL, TOY_GEN, TOY_TASK, make_toy_setup
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +67,31 @@ def test_held_out_and_random_sets():
     avoid = HeadSet.from_spec("L0H0+L0H1")
     sets = random_head_sets(3, 4, 2, 5, 0, avoid)
     assert len(sets) == 5 and all(len(s) == 2 and not set(s) & set(avoid) for s in sets)
+
+
+def test_validate_on_a_model_split_over_devices_gives_the_same_table(located, tmp_path):
+    """--device-map (lm-eval's parallelize=True): layers on cpu and offloaded to disk, same numbers."""
+    model, tasks, run = located
+    split = json.dumps({"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+                        "model.layers.2": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"})
+    tables = []
+    for extra in ([], ["--device-map", split]):
+        out = tmp_path / f"val{len(extra)}"
+        r = CliRunner().invoke(main, [
+            "validate", str(model), "--heads", str(run / "heads.json"), "--top-k", "2", "--tasks", TOY_GEN,
+            "--random", "1", "--limit", "6", "--include-path", str(tasks), "--out", str(out), *extra,
+        ], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        tables.append(json.loads((out / "validation.json").read_text())["rows"])
+    assert tables[0] == tables[1]
+    assert any(row["ablated"] != row["base"] for row in tables[0])  # graded char_code: the table is not trivially equal
+
+
+def test_validate_refuses_a_device_that_does_not_exist(located, tmp_path):
+    model, tasks, run = located
+    r = CliRunner().invoke(main, [
+        "validate", str(model), "--heads", str(run / "heads.json"), "--tasks", TOY_TASK, "--include-path", str(tasks),
+        "--out", str(tmp_path / "v"), "--device-map", '{"": "cuda:5"}',
+    ])
+    assert r.exit_code != 0 and "device 'cuda:5' does not exist on this machine" in r.output
+    assert not (tmp_path / "v").exists()

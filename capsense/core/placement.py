@@ -1,0 +1,187 @@
+"""Where a model lives: one device, or spread over several with a ``device_map``.
+
+A ``device_map`` is handed to ``from_pretrained`` (accelerate places the modules and moves
+activations between devices with its hooks):
+
+* a strategy: ``auto`` (= lm-eval's ``parallelize=True``), ``balanced``, ``balanced_low_0``,
+  ``sequential``: GPUs first, then CPU memory, then disk;
+* an explicit map, as JSON text or a ``.json`` file: module name -> device (``cpu``,
+  ``cuda:1``, ``1``, ``disk``), e.g. ``{"model.embed_tokens": 0, "model.layers.0": 0, ...}``.
+
+Every device named must exist here; a wrong one is refused before the model loads, naming
+the devices there are. Under several processes on one machine, a strategy map gives each
+process its own GPUs (GPU ``g`` goes to local process ``g % processes``, as lm-eval does).
+Knockout hooks move their masks to wherever the activations are, so ablation works on any
+placement, disk offload included.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from capsense.errors import CapsenseError
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+class DeviceError(CapsenseError):
+    """A device or device map that this machine cannot honour."""
+
+
+def available_devices() -> list[str]:
+    """The devices this machine has: ``cpu``, each ``cuda:<i>``, ``mps`` where present."""
+    import torch
+
+    out = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        out.append("mps")
+    return out
+
+
+def check_device(device: str | int) -> str:
+    """``device`` as a torch device string if this machine has it, else :class:`DeviceError`."""
+    name = f"cuda:{device}" if isinstance(device, int) or str(device).isdigit() else str(device)
+    if name == "cpu":  # always there: no need to import torch to know (bad input fails fast without it)
+        return name
+    have = available_devices()
+    if name == "cuda" and "cuda:0" in have:
+        return name
+    if name not in have:
+        raise DeviceError(f"device {name!r} does not exist on this machine: available devices are {', '.join(have)}")
+    return name
+
+
+def parse_device_map(spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """A checked ``device_map``: a strategy name, or a dict of module -> existing device (see module doc)."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text.lower() in STRATEGIES:
+            return text.lower()
+        if text.lower() in ("true", "parallelize"):
+            return "auto"
+        if text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DeviceError(f"device_map is not valid JSON ({e}): give a strategy ({', '.join(STRATEGIES)}) or a JSON map") from None
+        elif text.endswith(".json"):
+            if not Path(text).is_file():
+                raise DeviceError(f"device_map file {text!r} not found")
+            spec = json.loads(Path(text).read_text())
+        else:
+            return {"": check_device(text)}  # one device: the whole model there
+    if not isinstance(spec, dict) or not spec:
+        raise DeviceError(f"device_map must be a strategy ({', '.join(STRATEGIES)}), a device or a non-empty map of module -> device")
+    out: dict[str, Any] = {}
+    for module, dev in spec.items():
+        if dev == "disk":
+            out[module] = "disk"
+        else:
+            d = check_device(dev)
+            out[module] = int(d.split(":")[1]) if d.startswith("cuda:") else d
+    return out
+
+
+def _process_gpus() -> list[int]:
+    """The GPUs this process may fill under a strategy map (all of them for a lone process)."""
+    import torch
+
+    from capsense.core.distributed import context
+
+    ctx = context()
+    gpus = list(range(torch.cuda.device_count()))
+    if ctx.local_world <= 1:
+        return gpus
+    mine = [g for g in gpus if g % ctx.local_world == ctx.local_rank]
+    if gpus and not mine:
+        raise DeviceError(
+            f"{ctx.local_world} processes on this machine but only {len(gpus)} GPUs: with a device map each process "
+            "needs GPUs of its own; launch at most one process per GPU"
+        )
+    return mine
+
+
+def placement_kwargs(device_map: str | dict[str, Any]) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for ``device_map`` (checked; see :func:`parse_device_map`)."""
+    import torch
+
+    dm = parse_device_map(device_map)
+    kwargs: dict[str, Any] = {"device_map": dm}
+    if isinstance(dm, str) and torch.cuda.is_available():
+        gpus = _process_gpus()
+        if len(gpus) < torch.cuda.device_count():
+            kwargs["max_memory"] = {g: torch.cuda.mem_get_info(g)[0] for g in gpus}
+            kwargs["max_memory"]["cpu"] = _cpu_memory()
+    if isinstance(dm, str) or "disk" in dm.values():
+        kwargs["offload_folder"] = _offload_folder()
+    return kwargs
+
+
+def _cpu_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available * 0.9)
+
+
+def _offload_folder() -> str:
+    """A private folder for weights offloaded to disk, removed when the process exits."""
+    from capsense.core.files import cache_dir
+
+    root = cache_dir() / "offload"
+    root.mkdir(parents=True, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="run-", dir=root)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def input_device(model) -> "Any":
+    """The device a model's input ids go to: its embedding's (accelerate's execution device
+    when the weights are offloaded)."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)
+    dev = getattr(hook, "execution_device", None)
+    if dev is not None:
+        return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
+    w = emb.weight
+    return torch.device("cpu") if w.device.type == "meta" else w.device
+
+
+MAX_MASKS_PER_FORWARD = 64
+
+
+def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction: float = 0.5) -> int:
+    """How many masks to pack in one forward pass: 1 on CPUs (compute-bound there: packing
+    does not pay), on a GPU the most (a power of two, at most 64) whose activations for
+    ``batch_size`` requests of up to ``longest`` tokens fit in ``memory_fraction`` of its free memory."""
+    import torch
+
+    dev = input_device(model)
+    if dev.type != "cuda":
+        return 1
+    free = torch.cuda.mem_get_info(dev)[0]
+    return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)
+
+
+def masks_that_fit(config, batch_size: int, longest: int, budget_bytes: float, dtype_bytes: int = 2) -> int:
+    """The packing :func:`auto_masks_per_forward` picks for ``budget_bytes`` (pure arithmetic, testable)."""
+    get = lambda *names: next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)  # noqa: E731
+    hidden = get("hidden_size", "n_embd")
+    inter = get("intermediate_size", "n_inner") or 4 * hidden
+    heads = get("num_attention_heads", "n_head")
+    # one (mask, request) row at its peak layer: residual stream, q/k/v/o, the MLP's activations
+    # and (eager attention) the score matrix, twice over for temporaries
+    per_row = 2 * longest * dtype_bytes * (6 * hidden + 3 * inter + heads * longest)
+    fit = int(budget_bytes // max(1, per_row * batch_size))
+    mpf = 1
+    while mpf * 2 <= min(fit, MAX_MASKS_PER_FORWARD):
+        mpf *= 2
+    return mpf

@@ -127,7 +127,7 @@ def test_exhaustive_effects_are_measured_single_head_changes(toy, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--task", "no_such_task_xyz"], "no_such_task_xyz"),
     (["--controls", "no_such_control_xyz"], "no_such_control_xyz"),
-    (["--metric", "bleu"], "unknown metric 'bleu' for task 'toy_copy': valid metrics are nll"),
+    (["--metric", "bleu"], "unknown --metric 'bleu' for task 'toy_copy': valid metrics are nll"),
     (["--sparsity", "0"], "--sparsity must be strictly between 0 and 1, got 0.0"),
     (["--sparsity", "1.5"], "--sparsity must be strictly between 0 and 1, got 1.5"),
     (["--heads-per-mask", "13"], "--heads-per-mask 13 is more than the model's 12 heads"),
@@ -264,7 +264,7 @@ def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):
             "--method", "cs", "--metric", "bleu", "--quiet", "--out", str(tmp_path / "x")]
     r = CliRunner().invoke(main, ["locate", *args])
     assert r.exit_code == 1
-    assert "unknown metric 'bleu' for task 'toy_copy_gen'" in r.output
+    assert "unknown --metric 'bleu' for task 'toy_copy_gen'" in r.output
     assert "exact_match,first, char_code,first" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
 

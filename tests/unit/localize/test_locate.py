@@ -92,7 +92,13 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
         assert got == pytest.approx(want, abs=1e-4)
     assert ref["chosen"]["feasible"] == (ref["chosen"]["control_damage"][TOY_CONTROL] <= 0.02)
     assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
-    assert "Chosen top-3 set" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Chosen top-3 set" in report
+    # the wording follows the method (cs: regression estimate; refine: sets measured together), one order
+    assert "regression estimate" in report and "exhaustive sweep" not in report
+    assert "measured: each candidate set was knocked out together" in report
+    chosen_row = next(ln for ln in report.splitlines() if ln.startswith("| chosen |"))
+    assert chosen_row.split("|")[2].strip() == ", ".join(ref["heads"])
     from capsense.localize.store import read_evaluations
 
     assert len(read_evaluations(out)) == len(lines) and len(read_evaluations(out, design_only=True)) == 17

@@ -135,19 +135,10 @@ class MaskRunner:
             self.cursor += 1
             self._count(ev.heads)
             out.append(ev)
-            if self.bar is not None:
-                self.bar.set_postfix_str(f"{self.forward_equivalents + self.extra_cost:.1f} FE", refresh=False)
+            if self.bar is not None:  # a phase of the run's display (capsense.core.progress)
+                self.bar.label(f"{self.forward_equivalents + self.extra_cost:.1f} FE")
                 self.bar.update(1)
         return out
-
-
-def progress_bar(cfg: LocateConfig, total: int, done: int, desc: str):
-    """A tqdm bar over masks, or None when the run is quiet."""
-    if not cfg.progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=min(done, total), unit="mask", desc=desc, dynamic_ncols=True)
 
 
 def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> dict:

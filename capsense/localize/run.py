@@ -18,9 +18,10 @@ from typing import Any
 
 from capsense.core.arch import HeadLayout
 from capsense.core.heads import Head
+from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import heads_per_mask
-from capsense.localize.evaluator import MaskEvaluator, MaskRunner, progress_bar, task_metric_scorers
+from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first
 from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
@@ -143,21 +144,32 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
     return found, spent
 
 
-def _with_bar(runner: MaskRunner, bar, work: Callable[[], Any]) -> Any:
-    runner.bar = bar
-    try:
+def _in_phase(runner: MaskRunner, progress: RunProgress | None, name: str, resumed: int, work: Callable[[], Any]) -> Any:
+    """``work()`` as phase ``name`` of ``progress`` (``resumed`` units already in the run folder)."""
+    if progress is None:
         return work()
-    finally:
-        if bar is not None:
-            bar.close()
+    with progress.phase(name) as phase:
+        phase.update(resumed, resumed=True)
+        runner.bar = phase
+        try:
+            return work()
+        finally:
+            runner.bar = None
+
+
+def locate_phases(cfg: LocateConfig, n_evaluations: int) -> list[Phase]:
+    """The progress phases of a locate: its evaluations, then refine's sets (when it refines)."""
+    budget = refine_budget(cfg)
+    return [Phase("locate", n_evaluations, "evaluations")] + ([Phase("refine", budget, "sets")] if budget else [])
 
 
 def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, result: LocateResult,
-                 evals: list[Evaluation], done: int, log: Callable[[str], None]) -> list[Evaluation]:
+                 evals: list[Evaluation], done: int, log: Callable[[str], None],
+                 progress: RunProgress | None) -> list[Evaluation]:
     """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
-    bar = progress_bar(cfg, refine_budget(cfg), max(0, done - len(evals)), f"refine top-{cfg.top_k}")
     n = layout.n_total
-    result.refinement, spent = _with_bar(runner, bar, lambda: refine_ranking(runner, cfg, n, evals[0], result.scores.rank))
+    result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)),
+                                         lambda: refine_ranking(runner, cfg, n, evals[0], result.scores.rank))
     result.scores = put_first(result.scores, result.refinement.heads)
     result.n_evaluations += len(spent)
     q = result.refinement.quality
@@ -169,8 +181,13 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     return spent
 
 
-def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[LocateResult, Path]:
-    """Run (or resume) a localization and write the run folder; returns the result and heads.json."""
+def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
+           progress: RunProgress | None = None) -> tuple[LocateResult, Path]:
+    """Run (or resume) a localization and write the run folder; returns the result and heads.json.
+
+    ``progress``: the display of a larger run (phases ``locate`` and ``refine``; their counts are
+    set here once the model is loaded); by default, with ``cfg.progress``, locate shows its own.
+    """
     from capsense.core.arch import head_layout
     from capsense.core.models import load_model, model_fingerprint, resolve_dtype
 
@@ -200,12 +217,22 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log)
     runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
     t0 = time.perf_counter()
-    found = _with_bar(runner, progress_bar(cfg, method.n_evaluations(cfg, n), done, f"locate {cfg.task}"),
-                      lambda: method.search(search))
-    result = method.fit(found.evals, cfg, n)
-    if found.chosen is not None:
-        result.scores = put_first(result.scores, found.chosen)
-    spent = _refine_step(runner, cfg, layout, result, found.evals, done, log) if refine_budget(cfg) else []
+    own = progress is None and cfg.progress
+    if own:
+        progress = RunProgress(locate_phases(cfg, method.n_evaluations(cfg, n)))
+    elif progress is not None:
+        progress.set_units("locate", method.n_evaluations(cfg, n))
+        if refine_budget(cfg):
+            progress.set_units("refine", refine_budget(cfg))
+    try:
+        found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
+        result = method.fit(found.evals, cfg, n)
+        if found.chosen is not None:
+            result.scores = put_first(result.scores, found.chosen)
+        spent = _refine_step(runner, cfg, layout, result, found.evals, done, log, progress) if refine_budget(cfg) else []
+    finally:
+        if own and progress is not None:
+            progress.close()
     result.forward_equivalents = round(runner.forward_equivalents + runner.extra_cost, 2)
     store.manifest["forward_equivalents"] = result.forward_equivalents
     store.manifest["cost_model"] = {

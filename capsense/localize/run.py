@@ -181,6 +181,16 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     return spent
 
 
+def _display(cfg: LocateConfig, progress: RunProgress | None, n_evaluations: int) -> RunProgress | None:
+    """The run's display with locate's counts set, or locate's own (``cfg.progress``), or None."""
+    if progress is None:
+        return RunProgress(locate_phases(cfg, n_evaluations)) if cfg.progress else None
+    progress.set_units("locate", n_evaluations)
+    if refine_budget(cfg):
+        progress.set_units("refine", refine_budget(cfg))
+    return progress
+
+
 def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
            progress: RunProgress | None = None) -> tuple[LocateResult, Path]:
     """Run (or resume) a localization and write the run folder; returns the result and heads.json.
@@ -218,12 +228,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
     t0 = time.perf_counter()
     own = progress is None and cfg.progress
-    if own:
-        progress = RunProgress(locate_phases(cfg, method.n_evaluations(cfg, n)))
-    elif progress is not None:
-        progress.set_units("locate", method.n_evaluations(cfg, n))
-        if refine_budget(cfg):
-            progress.set_units("refine", refine_budget(cfg))
+    progress = _display(cfg, progress, method.n_evaluations(cfg, n))
     try:
         found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
         result = method.fit(found.evals, cfg, n)

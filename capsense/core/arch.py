@@ -110,7 +110,7 @@ def head_layout(model: nn.Module) -> HeadLayout:
     weight = projection_weight(projections[0])
     in_features = weight.shape[0] if arch_spec(base).transposed else weight.shape[1]
     if in_features % n_heads:
-        raise ValueError(
+        raise UnsupportedArchitectureError(
             f"output projection input width {in_features} is not divisible by "
             f"{n_heads} attention heads"
         )

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -99,6 +99,14 @@ class RunProgress:
             if p.name == name:
                 return i
         raise KeyError(f"no phase {name!r}; phases are {', '.join(p.name for p in self.phases)}")
+
+    def set_units(self, name: str, units: int) -> None:
+        """Correct phase ``name``'s unit count once it is known (e.g. after the model is loaded)."""
+        i = self.index(name)
+        self.phases[i] = replace(self.phases[i], units=int(units))
+        if self._bar is not None:
+            self._bar.total = self.total_cost
+            self._bar.refresh()
 
     @property
     def total_cost(self) -> float:

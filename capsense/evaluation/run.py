@@ -60,12 +60,13 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
     for i, (cfg, val) in enumerate(steps):
         tag = f"{cfg.task}: " if len(steps) > 1 else ""
         # the clean (unablated) pass is an evaluation too: masks + 1, as the run folder counts them
+        # counts are provisional: locate sets them from its method once the model is loaded
         phases = [Phase("locate", cfg.masks + 1, "evaluations"), Phase("refine", refine_budget(cfg), "sets")]
         if val:
             phases.append(Phase("validate", 2 + int(val.get("random", 3)), "conditions"))
         display = RunProgress(phases, enabled=progress)
         log(f"{tag}locate 1/{len(phases)}, refine 2/{len(phases)}" + (f", validate 3/{len(phases)}" if val else ""))
-        _, heads_path = locate(cfg, log=log)
+        _, heads_path = locate(cfg, log=display.write if progress else log, progress=display)
         outputs = ("report.md", "heatmap.png", "scores.csv", "manifest.json", "evaluations.jsonl")
         result = StepResult(cfg.task, heads_path, written=[heads_path, *(heads_path.parent / f for f in outputs
                                                                             if (heads_path.parent / f).is_file())])
@@ -73,11 +74,12 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
             with display.phase("validate") as phase:
                 rows, info = validate(cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"],
                                       log=display.write, progress=phase, **validate_kwargs(cfg, val))
-            display.close()
             if not is_main_process():  # under accelerate launch every process evaluates, the main one writes
+                display.close()
                 continue
             result.written += write_validation(Path(val["out"]), rows, info)
             result.validation_table = format_validation(rows)
             result.validation_info = info
+        display.close()
         results.append(result)
     return results

@@ -22,6 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from capsense.errors import CapsenseError
+
+
+class DesignError(CapsenseError):
+    """A mask design asked for with invalid parameters."""
 
 #: Masks per adaptive round (fixed, so that extending a run keeps earlier rounds).
 ADAPTIVE_ROUND = 25
@@ -31,17 +36,17 @@ def heads_per_mask(n_heads: int, sparsity: float | None = None, k: int | None = 
     """Heads knocked out per mask from ``k`` or ``sparsity`` (at least 1)."""
     if k is not None:
         if not 1 <= k <= n_heads:
-            raise ValueError(f"heads per mask must be between 1 and {n_heads} (the model's heads), got {k}")
+            raise DesignError(f"`k` (heads per mask) must be between 1 and {n_heads} (the model's heads), got {k}")
         return int(k)
     if sparsity is None or not 0 < sparsity < 1:
-        raise ValueError(f"sparsity must be in (0, 1), got {sparsity}")
+        raise DesignError(f"`sparsity` must be in (0, 1), got {sparsity}")
     return max(1, int(round(sparsity * n_heads)))
 
 
 def bernoulli_design(n_masks: int, n_heads: int, p: float, seed: int) -> np.ndarray:
     """Each head knocked out independently with probability ``p``; no mask is empty."""
     if not 0 < p < 1:
-        raise ValueError(f"sparsity must be in (0, 1), got {p}")
+        raise DesignError(f"`sparsity` must be in (0, 1), got {p}")
     rng = np.random.default_rng([seed, 1])
     out = np.zeros((n_masks, n_heads), dtype=bool)
     for i in range(n_masks):  # row by row so that the design is prefix-stable

@@ -111,7 +111,7 @@ class MaskRunner:
 
     def _show(self, n: int) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{self.forward_equivalents + self.extra_cost:.1f} FE", refresh=False)
+            self.bar.label(f"{self.forward_equivalents + self.extra_cost:.1f} FE")  # a phase of capsense.core.progress
             self.bar.update(n)
 
     def __call__(self, masks: np.ndarray, round_index: int = 0) -> list[Evaluation]:
@@ -156,17 +156,6 @@ class MaskRunner:
                 out.append(ev)
                 self._show(1)
         return out
-
-
-def progress_bar(cfg: LocateConfig, total: int, done: int, desc: str):
-    """A tqdm bar over masks, or None when the run is quiet (and on all but the main process)."""
-    from capsense.core.distributed import context
-
-    if not cfg.progress or not context().is_main:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=min(done, total), unit="mask", desc=desc, dynamic_ncols=True)
 
 
 def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> dict:

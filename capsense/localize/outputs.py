@@ -116,6 +116,19 @@ def heatmap(path: Path, importance: np.ndarray, layout: HeadLayout, title: str) 
     plt.close(fig)
 
 
+#: How each method obtains a head's effect in the Top heads table (report.md says it).
+EFFECT_SOURCES = {
+    "cs": "a regression estimate from random multi-head masks (no head was measured alone)",
+    "thompson": "a regression estimate from adaptively drawn multi-head masks (no head was measured alone)",
+    "mine": "a regression estimate from the method's multi-head masks (no head was measured alone)",
+    "exhaustive": "measured: every head was knocked out alone (the exhaustive sweep)",
+    "greedy": "measured: single-head knockouts of the heads the greedy search reached",
+    "attribution": "not measured: the estimate column is gradient attribution's first-order estimate",
+    "prior-guided": ("measured single-head knockouts for the candidates that gradient attribution proposed "
+                     "(blank where a head was not measured alone); the estimate column is the gradient estimate"),
+}
+
+
 def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], manifest: dict) -> str:
     """A short human-readable summary of the run."""
     lines = [
@@ -136,8 +149,8 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         "",
         "## Top heads",
         "",
-        "Effects: relative worsening of the metric when the head alone is knocked out "
-        "(estimated from the masks; measured directly by the exhaustive sweep).",
+        "Effects: relative worsening of the metric when the head alone is knocked out, "
+        + EFFECT_SOURCES.get(cfg.method, "as the method reports it") + ".",
         "",
     ]
     est = result.estimates is not None
@@ -159,13 +172,16 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
 
 
 def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
-    def row(label: str, q) -> str:
-        heads = ", ".join(_name(h, n_heads) for h in q.heads)
+    def row(label: str, q, order=None) -> str:  # the chosen set in heads.json's order
+        heads = ", ".join(_name(h, n_heads) for h in (q.heads if order is None else order))
         return (f"| {label} | {heads} | {_pct(q.target)} |" + "".join(f" {_pct(q.controls.get(c))} |" for c in cfg.controls)
                 + f" {'yes' if q.feasible else 'no'} |")
 
     return [
         f"## Chosen top-{len(ref.heads)} set (measured on the run's documents)",
+        "",
+        "These figures are measured: each candidate set was knocked out together on the run's documents "
+        "(not estimated from single heads); the set leads the ranking above and heads.json in this order.",
         "",
         f"{len(ref.measured)} candidate sets measured; a set is within tolerance when no control worsens by more "
         f"than {100 * ref.quality.tolerance:.1f}%. Heads in order of how much the target misses each: "
@@ -174,7 +190,7 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         "| set | heads | target |" + "".join(f" {c} |" for c in cfg.controls) + " within tolerance |",
         "|" + "---|" * (4 + len(cfg.controls)),
         row("ranking's top K", ref.start),
-        row("chosen", ref.quality),
+        row("chosen", ref.quality, ref.heads),
     ]
 
 

@@ -19,9 +19,10 @@ from typing import Any
 from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
+from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import heads_per_mask
-from capsense.localize.evaluator import MaskEvaluator, MaskRunner, progress_bar, task_metric_scorers
+from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first
 from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
@@ -147,21 +148,32 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
     return found, spent
 
 
-def _with_bar(runner: MaskRunner, bar, work: Callable[[], Any]) -> Any:
-    runner.bar = bar
-    try:
+def _in_phase(runner: MaskRunner, progress: RunProgress | None, name: str, resumed: int, work: Callable[[], Any]) -> Any:
+    """``work()`` as phase ``name`` of ``progress`` (``resumed`` units already in the run folder)."""
+    if progress is None:
         return work()
-    finally:
-        if bar is not None:
-            bar.close()
+    with progress.phase(name) as phase:
+        phase.update(resumed, resumed=True)
+        runner.bar = phase
+        try:
+            return work()
+        finally:
+            runner.bar = None
+
+
+def locate_phases(cfg: LocateConfig, n_evaluations: int) -> list[Phase]:
+    """The progress phases of a locate: its evaluations, then refine's sets (when it refines)."""
+    budget = refine_budget(cfg)
+    return [Phase("locate", n_evaluations, "evaluations")] + ([Phase("refine", budget, "sets")] if budget else [])
 
 
 def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, result: LocateResult,
-                 evals: list[Evaluation], done: int, log: Callable[[str], None]) -> list[Evaluation]:
+                 evals: list[Evaluation], done: int, log: Callable[[str], None],
+                 progress: RunProgress | None) -> list[Evaluation]:
     """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
-    bar = progress_bar(cfg, refine_budget(cfg), max(0, done - len(evals)), f"refine top-{cfg.top_k}")
     n = layout.n_total
-    result.refinement, spent = _with_bar(runner, bar, lambda: refine_ranking(runner, cfg, n, evals[0], result.scores.rank))
+    result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)),
+                                         lambda: refine_ranking(runner, cfg, n, evals[0], result.scores.rank))
     result.scores = put_first(result.scores, result.refinement.heads)
     result.n_evaluations += len(spent)
     q = result.refinement.quality
@@ -173,9 +185,22 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     return spent
 
 
-def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[LocateResult, Path]:
+def _display(cfg: LocateConfig, progress: RunProgress | None, n_evaluations: int) -> RunProgress | None:
+    """The run's display with locate's counts set, or locate's own (``cfg.progress``), or None."""
+    if progress is None:
+        return RunProgress(locate_phases(cfg, n_evaluations)) if cfg.progress else None
+    progress.set_units("locate", n_evaluations)
+    if refine_budget(cfg):
+        progress.set_units("refine", refine_budget(cfg))
+    return progress
+
+
+def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
+           progress: RunProgress | None = None) -> tuple[LocateResult, Path]:
     """Run (or resume) a localization and write the run folder; returns the result and heads.json.
 
+    ``progress``: the display of a larger run (phases ``locate`` and ``refine``; their counts are
+    set here once the model is loaded); by default, with ``cfg.progress``, locate shows its own.
     Launched as several processes (``accelerate launch``), each loads the model on its own
     device and evaluates its share of every block of masks; the main process holds the
     folder's lock, merges the shards, and writes the outputs (see :class:`MaskRunner`).
@@ -212,27 +237,39 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print) -> tuple[Locat
     try:
         store = open_store(ctx, lock, manifest, identity_keys(cfg), layout.n_heads)
         load_s = time.perf_counter() - t_load
-        done = len(store.done)
-        if done and ctx.is_main:
-            log(f"Resuming {out}: {done} masks already evaluated")
+        if store.done and ctx.is_main:
+            log(f"Resuming {out}: {len(store.done)} masks already evaluated")
         evaluator = MaskEvaluator(model, probes, cfg.batch_size, mpf, cfg.prefix_reuse, extra)
         runner = MaskRunner(store, evaluator, mpf, ctx=ctx)
         runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
         search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet)
         t0 = time.perf_counter()
-        found = _with_bar(runner, progress_bar(cfg, method.n_evaluations(cfg, n), done, f"locate {cfg.task}"),
-                          lambda: method.search(search))
-        result = method.fit(found.evals, cfg, n)
-        if found.chosen is not None:
-            result.scores = put_first(result.scores, found.chosen)
-        if refine_budget(cfg):
-            _refine_step(runner, cfg, layout, result, found.evals, done, log if ctx.is_main else _quiet)
+        result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
+                                    progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main)
         record_cost(store.manifest, result, runner, evaluator)
         store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
         return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
     finally:
         lock.release()
+
+
+def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layout: HeadLayout, done: int,
+                       log: Callable[[str], None], progress: RunProgress | None, own: bool) -> LocateResult:
+    """The method's search and fit, then measure-and-choose, shown as the phases of ``progress``."""
+    cfg, n = search.cfg, layout.n_total
+    progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
+    try:
+        found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
+        result = method.fit(found.evals, cfg, n)
+        if found.chosen is not None:
+            result.scores = put_first(result.scores, found.chosen)
+        if refine_budget(cfg):
+            _refine_step(runner, cfg, layout, result, found.evals, done, log, progress)
+        return result
+    finally:
+        if own and progress is not None:
+            progress.close()
 
 
 def record_cost(manifest: dict[str, Any], result: LocateResult, runner: MaskRunner, evaluator: MaskEvaluator) -> None:

@@ -18,6 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from capsense.errors import CapsenseError
+
+
+class SolverError(CapsenseError):
+    """A solver asked for by an unknown name or given too little data to fit."""
 
 DEFAULT_ALPHA = 0.01  # the paper's Lasso penalty on the standardized score
 
@@ -78,7 +83,7 @@ class Solver:
         X = np.asarray(X, dtype=float)
         z = standardize(y)
         if len(X) < 2:
-            raise ValueError(f"need at least 2 evaluated masks to fit, got {len(X)}")
+            raise SolverError(f"need at least 2 evaluated masks to fit, got {len(X)}: raise `n_masks`")
         importance, confidence = self._fit(X, z)
         self.scores_ = HeadScores(importance, confidence, marginal_effect(X, z))
         return self
@@ -211,7 +216,7 @@ def make_solver(name: str, alpha: float | None = None, seed: int = 0, confidence
     ranking is needed.
     """
     if name not in SOLVERS:
-        raise ValueError(f"unknown solver {name!r}: valid solvers are {', '.join(SOLVERS)}")
+        raise SolverError(f"unknown `solver` {name!r}: valid solvers are {', '.join(SOLVERS)}")
     return SOLVERS[name](DEFAULT_ALPHA if alpha is None else float(alpha), seed, 20 if confidence else 0)
 
 

@@ -87,7 +87,7 @@ class AttributionScorer:
                  means: dict[int, torch.Tensor] | None = None) -> None:
         self.ablation = check_ablation_mode(ablation)
         if self.ablation == "mean" and means is None:
-            raise ValueError("mean ablation needs per-head means (capsense.core.ablation.compute_head_means)")
+            raise AttributionError("mean ablation needs per-head `means` (capsense.core.ablation.compute_head_means)")
         self.means = means if self.ablation == "mean" else None
         self.base = ProbeScorer(model, probe, batch_size=batch_size)  # tokenization, order, padding
         self.model, self.probe, self.layout = model, probe, self.base.layout

@@ -99,7 +99,7 @@ def test_rows_must_match_batch():
 
 def test_bad_mode_and_shape():
     model = make_tiny_model("llama")
-    with pytest.raises(ValueError, match="unknown ablation mode 'half': valid modes are zero, mean"):
+    with pytest.raises(ValueError, match="unknown `ablation` mode 'half': valid modes are zero, mean"):
         HeadAblator(model, ablation="half")
     with pytest.raises(ValueError, match="shape"):
         with HeadAblator(model).apply(torch.zeros(1, 5, 4, dtype=torch.bool)):

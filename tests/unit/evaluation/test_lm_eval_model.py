@@ -78,7 +78,7 @@ def test_lm_eval_cli_bad_input_exits_nonzero(model_dirs, tmp_path):
     [
         ("heads=L0H9", "head 9 out of range in L0H9: this model has 4 heads per layer (0-3)"),
         ("heads=L0X1", "malformed head 'L0X1'"),
-        ("heads=L0H1,ablation=half", "unknown ablation mode 'half': valid modes are zero, mean"),
+        ("heads=L0H1,ablation=half", "unknown `ablation` mode 'half': valid modes are zero, mean"),
         ("heads=L0H1,top_k=x", "top_k must be an integer"),
     ],
 )

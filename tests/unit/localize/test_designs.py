@@ -37,8 +37,8 @@ def test_adaptive_round_focuses_on_candidates():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(sparsity=0.0), "sparsity must be in (0, 1)"),
-    (dict(sparsity=1.0), "sparsity must be in (0, 1)"),
+    (dict(sparsity=0.0), "`sparsity` must be in (0, 1)"),
+    (dict(sparsity=1.0), "`sparsity` must be in (0, 1)"),
     (dict(k=300), "between 1 and 270"),
 ])
 def test_heads_per_mask_rejects_bad_values(kwargs, message):

@@ -48,7 +48,10 @@ def test_prior_guided_is_the_default_and_hands_on_measured_heads(toy, tmp_path):
     assert all(r["target_effect"] is None for r in unmeasured)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["forward_equivalents"] == hf.meta["forward_equivalents"] == pytest.approx(_fe(out), abs=0.01)
-    assert "forward-equivalents" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "forward-equivalents" in report
+    assert "measured single-head knockouts" in report and "gradient estimate" in report
+    assert "exhaustive sweep" not in report and "regression estimate" not in report
     est = json.loads((out / "attribution.json").read_text())["estimate"][TOY_TASK]
     assert len(est) == N_LAYERS * N_HEADS
     # Rerunning resumes: nothing new evaluated, the same heads.json.

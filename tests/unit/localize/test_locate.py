@@ -92,7 +92,13 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
         assert got == pytest.approx(want, abs=1e-4)
     assert ref["chosen"]["feasible"] == (ref["chosen"]["control_damage"][TOY_CONTROL] <= 0.02)
     assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
-    assert "Chosen top-3 set" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Chosen top-3 set" in report
+    # the wording follows the method (cs: regression estimate; refine: sets measured together), one order
+    assert "regression estimate" in report and "exhaustive sweep" not in report
+    assert "measured: each candidate set was knocked out together" in report
+    chosen_row = next(ln for ln in report.splitlines() if ln.startswith("| chosen |"))
+    assert chosen_row.split("|")[2].strip() == ", ".join(ref["heads"])
     from capsense.localize.store import read_evaluations
 
     assert len(read_evaluations(out)) == len(lines) and len(read_evaluations(out, design_only=True)) == 17
@@ -127,7 +133,7 @@ def test_exhaustive_effects_are_measured_single_head_changes(toy, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--task", "no_such_task_xyz"], "no_such_task_xyz"),
     (["--controls", "no_such_control_xyz"], "no_such_control_xyz"),
-    (["--metric", "bleu"], "unknown metric 'bleu' for task 'toy_copy': valid metrics are nll"),
+    (["--metric", "bleu"], "unknown --metric 'bleu' for task 'toy_copy': valid metrics are nll"),
     (["--sparsity", "0"], "--sparsity must be strictly between 0 and 1, got 0.0"),
     (["--sparsity", "1.5"], "--sparsity must be strictly between 0 and 1, got 1.5"),
     (["--heads-per-mask", "13"], "--heads-per-mask 13 is more than the model's 12 heads"),
@@ -264,7 +270,7 @@ def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):
             "--method", "cs", "--metric", "bleu", "--quiet", "--out", str(tmp_path / "x")]
     r = CliRunner().invoke(main, ["locate", *args])
     assert r.exit_code == 1
-    assert "unknown metric 'bleu' for task 'toy_copy_gen'" in r.output
+    assert "unknown --metric 'bleu' for task 'toy_copy_gen'" in r.output
     assert "exact_match,first, char_code,first" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
 

@@ -309,8 +309,8 @@ def check_free(out: Path) -> None:
 
 
 def check_processes(world: int, masks: int) -> None:
-    """Refuse more processes than the run has masks to share."""
-    if world > masks:
+    """Refuse more processes than the run has masks to share (one process needs none: attribution alone)."""
+    if world > 1 and world > masks:
         raise LocateError(
             f"{world} processes for {masks} masks: at most one process per mask can have work; "
             f"launch at most {masks} processes (accelerate launch --num_processes)"

@@ -61,7 +61,7 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(
         f"name: toy\nmodel: {model}\nout: {tmp_path / 'out'}\nlocate:\n  task: {TOY_TASK}\n  controls: [{TOY_CONTROL}]\n"
-        f"  include_path: [{tasks}]\n  limit: 12\n  masks: 8\n  heads_per_mask: 2\n  sparsity: null\n  refine: 4\n"
+        f"  include_path: [{tasks}]\n  limit: 12\n  method: cs\n  masks: 8\n  heads_per_mask: 2\n  sparsity: null\n  refine: 4\n"
         f"validate:\n  tasks: [{TOY_GEN}]\n  top_k: 2\n  random: 1\n  limit: 4\n  include_path: [{tasks}]\n"
     )
     r = CliRunner().invoke(main, ["run", str(recipe), "--quiet"], catch_exceptions=False)

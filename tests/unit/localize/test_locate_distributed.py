@@ -34,7 +34,7 @@ def toy(tmp_path_factory):
 def _args(toy, out, masks=MASKS):
     model, tasks = toy
     return ["locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
-            "--limit", "40", "--heads-per-mask", "2", "--masks", str(masks), "--quiet", "--out", str(out)]
+            "--limit", "40", "--method", "cs", "--heads-per-mask", "2", "--masks", str(masks), "--quiet", "--out", str(out)]
 
 
 def _free_port() -> int:

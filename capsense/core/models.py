@@ -274,8 +274,15 @@ def load_model(
         kwargs["attn_implementation"] = attn_implementation
     placed = placement_kwargs(device_map) if device_map not in (None, "") else {}
     target = None if placed else check_device(device)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per weight tensor says nothing to a capsense user
+    try:
+        with model_load_errors(name):
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
+    finally:
+        hf_logging.enable_progress_bar()
     with model_load_errors(name):
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
         model = (model if target is None else model.to(target)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
     return model, tokenizer

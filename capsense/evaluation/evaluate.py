@@ -7,10 +7,8 @@ every number comes from lm-eval's own metrics for the task.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +132,9 @@ def evaluate_head_sets(
     """
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
     lm.quiet_requests = progress is not None
-    with _no_request_building_bars(progress is not None):
+    from capsense.scoring.probe import quiet_request_building
+
+    with quiet_request_building(progress is not None):
         results = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, limit=limit, samples=samples,
                                   confirm_run_unsafe_code=confirm_run_unsafe_code)
     lm.set_heads(HeadSet())
@@ -153,22 +153,6 @@ def evaluate_head_sets(
             label = name if filt == "none" else key
             rows.append(MetricRow(task, label, {lab: float(results[lab][task][key]) for lab in head_sets}))
     return rows
-
-
-@contextmanager
-def _no_request_building_bars(active: bool) -> Iterator[None]:
-    """lm-eval draws a bar per task while building requests (no switch to turn it off); hide it under ours."""
-    import lm_eval.api.task as task_module
-
-    if not active:
-        yield
-        return
-    original = task_module.tqdm
-    task_module.tqdm = partial(original, disable=True)
-    try:
-        yield
-    finally:
-        task_module.tqdm = original
 
 
 def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kwargs: Any) -> dict[str, Any] | None:

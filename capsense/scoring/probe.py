@@ -14,8 +14,10 @@ continuation, ``context + continuation`` is encoded whole and split at the conte
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -101,7 +103,8 @@ class Probe:
     @classmethod
     def from_loaded_task(cls, name: str, task_obj, doc_ids: list[int], tokenizer) -> Probe:
         """A probe of the documents ``doc_ids`` of an already loaded lm-eval task."""
-        task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
+        with quiet_request_building():
+            task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
         return cls.from_instances(name, task_obj, list(doc_ids), tokenizer, len(task_obj.eval_docs))
 
     @classmethod
@@ -112,7 +115,8 @@ class Probe:
         document's reference target (``acc`` is then greedy exact match of the reference)."""
         docs = task_obj.eval_docs
         doc_ids = sample_doc_ids(task, len(docs), limit, seed, exclude)
-        task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
+        with quiet_request_building():
+            task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
         by_rank = sorted(doc_ids)  # lm-eval 0.4.13 numbers sampled docs 0..n-1 in dataset order
         delim = task_obj.config.target_delimiter or ""
         pairs, ids = [], []
@@ -372,3 +376,19 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+@contextmanager
+def quiet_request_building(active: bool = True) -> Iterator[None]:
+    """lm-eval draws a bar per task while building requests (no switch to turn it off); hide it under ours."""
+    import lm_eval.api.task as task_module
+
+    if not active:
+        yield
+        return
+    original = task_module.tqdm
+    task_module.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = original

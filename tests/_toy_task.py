@@ -67,3 +67,17 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
 def make_toy_setup(root: Path) -> tuple[Path, Path]:
     """(model folder, task folder) under ``root``."""
     return save_tiny_folder("llama", root / "model"), write_toy_tasks(root / "tasks")
+
+
+def write_toy_recipe(root: Path, locate: dict, validate: dict) -> Path:
+    """A `capsense run` recipe over a fresh toy setup under ``root``: the toy model, ``toy_copy``
+    located against ``toy_count`` with the ``locate`` fields, then validated with ``validate``'s."""
+    import yaml
+
+    model, tasks = make_toy_setup(root / "toy")
+    recipe = {"name": "toy", "model": str(model), "out": str(root / "out"),
+              "locate": {"task": TOY_TASK, "controls": [TOY_CONTROL], "include_path": [str(tasks)], **locate},
+              "validate": {k: ([str(tasks)] if v == "TASKS" else v) for k, v in validate.items()}}
+    path = root / "toy.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path

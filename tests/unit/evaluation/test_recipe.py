@@ -55,14 +55,12 @@ def test_a_field_may_map_targets_to_values(tmp_path):
 def test_run_locates_then_validates_a_toy_recipe(tmp_path):
     import json
 
-    from _toy_task import TOY_CONTROL, TOY_GEN, TOY_TASK, make_toy_setup
+    from _toy_task import TOY_GEN, TOY_TASK, write_toy_recipe
 
-    model, tasks = make_toy_setup(tmp_path / "toy")
-    recipe = tmp_path / "toy.yaml"
-    recipe.write_text(
-        f"name: toy\nmodel: {model}\nout: {tmp_path / 'out'}\nlocate:\n  task: {TOY_TASK}\n  controls: [{TOY_CONTROL}]\n"
-        f"  include_path: [{tasks}]\n  limit: 12\n  method: cs\n  masks: 8\n  heads_per_mask: 2\n  sparsity: null\n  refine: 4\n"
-        f"validate:\n  tasks: [{TOY_GEN}]\n  top_k: 2\n  random: 1\n  limit: 4\n  include_path: [{tasks}]\n"
+    recipe = write_toy_recipe(
+        tmp_path,
+        {"limit": 12, "method": "cs", "masks": 8, "heads_per_mask": 2, "sparsity": None, "refine": 4},
+        {"tasks": [TOY_GEN], "top_k": 2, "random": 1, "limit": 4, "include_path": "TASKS"},
     )
     r = CliRunner().invoke(main, ["run", str(recipe), "--quiet"], catch_exceptions=False)
     assert r.exit_code == 0, r.output

@@ -5,17 +5,14 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from capsense.cli import main
-from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+from _toy_task import write_toy_recipe
 
 
 def test_run_shows_one_bar_with_three_phases(tmp_path):
-    model, tasks = make_toy_setup(tmp_path / "toy")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        f"name: toy\nmodel: {model}\nout: {tmp_path / 'out'}\n"
-        f"locate:\n  task: {TOY_TASK}\n  controls: [{TOY_CONTROL}]\n  method: cs\n  masks: 6\n  heads_per_mask: 2\n"
-        f"  limit: 8\n  refine: 3\n  top_k: 2\n  include_path: [{tasks}]\n"
-        "validate:\n  top_k: 2\n  random: 1\n  limit: 6\n"
+    recipe = write_toy_recipe(
+        tmp_path,
+        {"method": "cs", "masks": 6, "heads_per_mask": 2, "limit": 8, "refine": 3, "top_k": 2},
+        {"top_k": 2, "random": 1, "limit": 6},
     )
     r = CliRunner().invoke(main, ["run", str(recipe)], catch_exceptions=False)
     assert r.exit_code == 0, r.output

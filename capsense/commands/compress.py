@@ -33,12 +33,16 @@ from capsense.commands.output import echo_written, log
               "of the gradient's choice.")
 @click.option("--protect-top-k", type=int, default=None,
               help="With --keep: heads protected whole per kept capability (0: none; default 8, RTN 0).")
+@click.option("--sensitivity", default="kept", show_default=True,
+              help="With --keep: how levels are priced: kept (gradient Fisher of the kept capabilities), measured "
+              "(their loss measured per layer attention/MLP and level in the uniformly compressed model; slower, "
+              "exact for large perturbations such as 2-3-bit RTN), generic or flat (controls).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
-             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, budget_size, out, overwrite):
+             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity, budget_size, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Pruned weights are zeros, RTN weights are dequantized, low-rank matrices are the
@@ -67,8 +71,8 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     if keep:
         from capsense.compress.guided import Guide
 
-        guide = Guide(keep.split(","), protect_top_k=protect_top_k, heads=protect_heads, size_ratio=budget_size,
-                      samples=calibration_samples)
+        guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
+                      size_ratio=budget_size, samples=calibration_samples)
     result = compress_checkpoint(
         model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
         dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, guide=guide,

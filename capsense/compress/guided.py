@@ -8,8 +8,10 @@ Design (why it is built this way):
 * **Sensitivity from gradients.** One backward pass per calibration text of the kept
   capabilities (their last documents, never the probe documents that measure them) gives the
   Fisher diagonal ``F`` of their loss for every weight, so every matrix, layer and head gets a
-  sensitivity from the same few seconds of compute, for any capability and model. A grid could
-  give measured per-layer dL too, but needs one measured compression per layer and level.
+  sensitivity from the same few seconds of compute, for any capability and model. The estimate
+  is second order: it underprices large perturbations (2-3-bit RTN), where ``sensitivity=
+  "measured"`` (:mod:`capsense.compress.measured`) prices each layer's attention/MLP levels by
+  the kept capabilities' loss measured in the uniformly compressed model instead.
 * **Whole heads protected.** The kept capability's most important heads (by the same Fisher
   estimate, or a located heads file) keep their query rows, their KV group's key/value rows
   and their output-projection columns dense and at full precision; their cost counts in the
@@ -33,10 +35,11 @@ from torch import nn
 import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate, matrix_candidates
 from capsense.compress.budget import Budget, BudgetError, Override, protections
+from capsense.compress.measured import check_unit, measured_allocation
 from capsense.compress.methods import Setting, parse_setting
 from capsense.compress.targets import find_targets
 
-SENSITIVITIES = ("kept", "generic", "flat")
+SENSITIVITIES = ("kept", "generic", "flat", "measured")
 
 
 @dataclass
@@ -46,7 +49,9 @@ class Guide:
     ``keep``: capabilities to keep. ``sensitivity``: ``kept`` (Fisher of the kept capabilities'
     loss), ``generic`` (Fisher on the generic calibration text: a capability-agnostic control) or
     ``flat`` (``F = 1`` and only the uniform level and the one below it: protection's cost spread
-    as evenly as the levels allow). ``protect_top_k``: heads protected per kept capability
+    as evenly as the levels allow) or ``measured`` (each ``unit``'s levels priced by the kept
+    capabilities' measured loss in the uniformly compressed model, ``n_levels`` levels per unit:
+    :mod:`capsense.compress.measured`). ``protect_top_k``: heads protected per kept capability
     (0: none; None: the method's default); ``heads`` overrides the gradient's choice with given heads.
     """
 
@@ -58,6 +63,8 @@ class Guide:
     size_ratio: float | None = None  # model size to match; None: the uniform setting's size
     generic: str = "prose"
     spread: tuple[float, float] = (0.4, 2.0)  # levels' size per parameter within these factors of the uniform's
+    unit: str = "kind"  # measured only: "kind" (a layer's attention or MLP) or "layer"
+    n_levels: int = 6  # measured only: levels per unit (one measured forward each)
 
     def __post_init__(self) -> None:
         from capsense.compress.measure import parse_capabilities
@@ -67,6 +74,9 @@ class Guide:
             raise BudgetError(f"unknown sensitivity {self.sensitivity!r}: valid are {', '.join(SENSITIVITIES)}")
         if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
+        check_unit(self.unit)
+        if self.n_levels < 2:
+            raise BudgetError(f"n_levels must be at least 2 (the uniform level and another), got {self.n_levels}")
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
             raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
 
@@ -162,6 +172,8 @@ def guided_budget(
     heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     prot = protections(model, budget, targets)
+    if guide.sensitivity == "measured":
+        return _measured(model, tokenizer, budget, base, targets, goal, prot, stats, guide, heads, log)
     if guide.sensitivity == "kept":
         fisher = {t.name: sum(f[t.name] for f in fisher_by_cap.values()) for t in targets}
     elif guide.sensitivity == "generic":
@@ -192,10 +204,27 @@ def guided_budget(
     return Allocation(budget, info)
 
 
+def _measured(model, tokenizer, budget: Budget, base: Setting, targets, goal: int, prot, stats, guide: Guide, heads,
+              log) -> Allocation:
+    overrides, info = measured_allocation(
+        model, tokenizer, guide.keep, base, targets, goal, _levels(base, False, guide.spread), prot, stats,
+        guide.unit, guide.n_levels, guide.samples, log,
+    )
+    budget.overrides = overrides
+    info = {"keep": guide.keep, "sensitivity": "measured", "uniform": base.to_dict(), "spread": list(guide.spread),
+            "protected_heads": str(heads) if heads is not None else None, "target_bits": goal, **info}
+    return Allocation(budget, info)
+
+
 def budget_document(budget: Budget) -> dict[str, Any]:
     """A budget file's content (YAML/JSON mapping) that reproduces ``budget``."""
     doc: dict[str, Any] = {**budget.default, "targets": ",".join(budget.targets)}
-    doc["overrides"] = [{"match": o.match, **o.setting} for o in budget.overrides]
+    doc["overrides"] = [
+        {**({"layers": sorted(o.layers)} if o.layers is not None else {}),
+         **({"matrices": sorted(o.matrices)} if o.matrices is not None else {}),
+         **({"match": o.match} if o.match is not None else {}), **o.setting}
+        for o in budget.overrides
+    ]
     if budget.protect_heads is not None:
         doc["protect"] = {"heads": str(budget.protect_heads), "whole": bool(budget.whole_heads)}
     return doc

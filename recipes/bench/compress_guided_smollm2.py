@@ -12,7 +12,11 @@ Variants, each at the exact size of the uniform setting (bits of the compressed 
 * ``protect:<cap>``: the capability's top-8 heads (gradient importance) protected whole, the
   rest uniform with the cost spread over the level below (``flat``);
 * ``fisher:<cap>``: Fisher-guided allocation from the capability's text, no protection;
-* ``guided:<cap>``: both (what ``capsense compress --keep <cap>`` does).
+* ``guided:<cap>``: both (what ``capsense compress --keep <cap>`` does);
+* ``measured:<cap>``: levels per unit (a layer's attention or MLP) priced by the capability's
+  loss measured in the uniformly compressed model (``--sensitivity measured``), no protection.
+
+``--variants uniform,measured`` runs only the variants whose name starts with one of these.
 
 dL (nats/token) on the first ``--probes`` documents of each capability; sensitivities and
 heads come from the capability's last 32 documents and Wanda calibrates on the default
@@ -62,7 +66,7 @@ def first_layers_budget(model, base: dict, n_first: int = 3, boost: float = 0.3)
     return Budget(default=uniform_budget(base).default, overrides=ov)
 
 
-def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top_k=8):
+def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top_k=8, measured=("kind", 6, "")):
     """(name, a function returning (budget, info)) for each variant; budgets are built only when needed."""
     uni = uniform_budget(base)
 
@@ -83,6 +87,14 @@ def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top
             yield f"{name}{tag}:{cap}", guided([cap], sens, k)
     for cap in keep[1:]:
         yield f"protect{'' if top_k == 8 else f'k{top_k}'}:" + cap, guided([cap], "flat", top_k)
+    unit, n_levels, spread_tag = measured
+    mtag = spread_tag + ("" if unit == "kind" else f"-{unit}") + ("" if n_levels == 6 else f"-n{n_levels}")
+    for cap in keep:
+        def make(cap=cap):
+            g = Guide([cap], sensitivity="measured", protect_top_k=0, spread=spread, unit=unit, n_levels=n_levels)
+            al = guided_budget(model, tok, uni, stats, g, print)
+            return al.budget, al.info
+        yield f"measured{mtag}:{cap}", make
 
 
 def results_table(records) -> str:
@@ -119,6 +131,9 @@ def main() -> None:
     ap.add_argument("--spread-rtn", default=None, help="--spread for RTN settings (default: --spread).")
     ap.add_argument("--protect-k", type=int, default=8, help="Heads protected per kept capability.")
     ap.add_argument("--protect-k-rtn", type=int, default=None, help="--protect-k for RTN settings (16-bit heads are dear).")
+    ap.add_argument("--variants", default=None, help="Only variants whose name starts with one of these (comma-separated).")
+    ap.add_argument("--measured-unit", default="kind", help="measured: unit of allocation (kind or layer).")
+    ap.add_argument("--measured-levels", type=int, default=6, help="measured: levels per unit.")
     args = ap.parse_args()
     if args.table:
         print(results_table(read_jsonl(args.out)))
@@ -143,9 +158,12 @@ def main() -> None:
         text = args.spread_rtn if base["method"] == "rtn" and args.spread_rtn else args.spread
         spread = tuple(float(x) for x in text.split(","))
         top_k = args.protect_k_rtn if base["method"] == "rtn" and args.protect_k_rtn is not None else args.protect_k
-        tag = ("" if spread == (0.4, 2.0) else f"~{spread[0]:g}-{spread[1]:g}") + ("" if top_k == 8 else f"k{top_k}")
-        for name, make in variants(model, tok, base, stats, keep, fisher_cache, spread, tag, top_k):
-            if all(f"{label}|{name}|{c}" in done for c in CAPS):
+        spread_tag = "" if spread == (0.4, 2.0) else f"~{spread[0]:g}-{spread[1]:g}"
+        tag = spread_tag + ("" if top_k == 8 else f"k{top_k}")
+        wanted = tuple(args.variants.split(",")) if args.variants else ("",)
+        measured = (args.measured_unit, args.measured_levels, spread_tag)
+        for name, make in variants(model, tok, base, stats, keep, fisher_cache, spread, tag, top_k, measured):
+            if all(f"{label}|{name}|{c}" in done for c in CAPS) or not name.startswith(wanted):
                 continue
             t0 = time.time()
             budget, info = make()
@@ -156,6 +174,7 @@ def main() -> None:
                        "nll": m.nll, "nll0": base_nll[c], "dL": m.nll - base_nll[c], "acc": m.acc,
                        "size_ratio": res.summary["size_ratio"], "target_bits_per_param": res.summary["target_bits_per_param"],
                        "protected_heads": info.get("protected_heads"), "probes": args.probes,
+                       **({"per_unit": info["per_unit"]} if "per_unit" in info else {}),
                        "seconds": round(time.time() - t0, 1)}
                 append_jsonl(args.out, rec)
                 print(f"{label:14s} {name:16s} {c:10s} dL={rec['dL']:+.4f} size={rec['size_ratio']:.5f}", flush=True)

@@ -34,7 +34,8 @@ Cost: ``units x (levels - 1)`` forwards over ``samples`` short documents per kep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -150,20 +151,65 @@ def probe_loss(model: nn.Module, probes: Mapping[str, object]) -> float:
     return sum(measure_probe(model, p, cap).nll for cap, p in probes.items())
 
 
+class Replay:
+    """Replays the uniformly compressed model's block outputs, so a unit's measurement starts at its layer.
+
+    Blocks before a unit's layer hold the uniform weights while the unit is measured, so their
+    outputs are those of the uniform pass: :meth:`record` keeps every block's output of each call
+    during that pass, and inside :meth:`from_layer` the blocks before ``layer`` return the
+    recorded output of block ``layer - 1`` instead of computing (the same batches run in the
+    same order every time). On SmolLM2 this halves the measurement time.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        from capsense.core.arch import arch_spec, unwrap
+
+        self.blocks = list(unwrap(model).get_submodule(arch_spec(model).layers))
+        self.outputs: list[list] = [[] for _ in self.blocks]
+
+    def record(self, fn: Callable[[], float]) -> float:
+        """Run ``fn`` keeping each block's output of every call."""
+        self.outputs = [[] for _ in self.blocks]
+        hooks = [b.register_forward_hook(lambda _m, _a, out, i=i: self.outputs[i].append(out))
+                 for i, b in enumerate(self.blocks)]
+        try:
+            return fn()
+        finally:
+            for h in hooks:
+                h.remove()
+
+    @contextmanager
+    def from_layer(self, layer: int) -> Iterator[None]:
+        """Blocks ``< layer`` skip their computation and hand on the recorded input of ``layer``."""
+        if layer == 0:
+            yield
+            return
+        saved = self.outputs[layer - 1]
+        for b in self.blocks[:layer]:
+            calls = iter(saved)
+            b.forward = lambda *_a, _calls=calls, **_k: next(_calls)
+        try:
+            yield
+        finally:
+            for b in self.blocks[:layer]:
+                del b.forward
+
+
 @torch.no_grad()
 def measure_costs(
     units: Sequence[Unit], levels: Sequence[Setting], base: Setting, original: Mapping[str, torch.Tensor],
     stats, prot: Mapping[str, object], loss: Callable[[], float], progress: Callable[[int], None] | None = None,
+    replay: Replay | None = None,
 ) -> tuple[float, dict[str, list[Candidate]]]:
     """(uniform loss, each unit's candidates): the model must hold the uniform compression.
 
     Every unit at every level is set, measured and put back to the uniform weights, so the
-    model ends as it started.
+    model ends as it started. With ``replay``, blocks before a unit's layer are not recomputed.
     """
     from capsense.compress.apply import stats_for
 
     uniform = {t.name: t.get().clone() for u in units for t in u.targets}
-    l_u = loss()
+    l_u = replay.record(loss) if replay is not None else loss()
     cands: dict[str, list[Candidate]] = {}
     for u in units:
         out = []
@@ -180,7 +226,8 @@ def measure_costs(
                 else:
                     for t, a in applied:
                         t.set(a.weight)
-                    out.append(Candidate(s, bits, loss() - l_u))
+                    with replay.from_layer(u.layer) if replay is not None else nullcontext():
+                        out.append(Candidate(s, bits, loss() - l_u))
                     for t in u.targets:
                         t.set(uniform[t.name])
             if progress and s != base:
@@ -208,12 +255,13 @@ def monotone(cands: Sequence[Candidate]) -> list[Candidate]:
 def measured_allocation(
     model: nn.Module, tokenizer, keep: Sequence[str], base: Setting, targets: Sequence[Target], goal: int,
     levels: Sequence[Setting], prot: Mapping[str, object], stats, unit: str = "kind", n_levels: int = 6,
-    samples: int = 32, log: Callable[[str], None] | None = None, progress: bool = True,
+    samples: int = 32, log: Callable[[str], None] | None = None, progress: bool = True, replay: bool = True,
 ) -> tuple[list[Override], dict]:
     """Per-unit overrides of ``base`` at most ``goal`` bits, least measured loss of ``keep``; and what chose them.
 
     ``levels``: the method's candidate levels (thinned to ``n_levels`` by :func:`ladder`);
-    ``prot``: each target's protection. The model's weights are the same on return.
+    ``prot``: each target's protection; ``replay``: reuse the uniform pass's outputs of the blocks
+    before each unit (:class:`Replay`). The model's weights are the same on return.
     """
     from tqdm.auto import tqdm
 
@@ -233,7 +281,7 @@ def measured_allocation(
             for t in targets:
                 t.set(base.apply(t.name, original[t.name], stats_for(t, base, stats), prot.get(t.name), acc.BASE_BITS).weight)
         l_u, cands = measure_costs(units, ladder_, base, original, stats, prot, lambda: probe_loss(model, probes),
-                                   bar.update)
+                                   bar.update, Replay(model) if replay else None)
     finally:
         bar.close()
         for t in targets:

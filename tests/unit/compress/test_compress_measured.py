@@ -183,3 +183,25 @@ def test_cli_measured_keep_writes_the_allocation(tmp_path):
     assert sum(a["bits"] for a in meta["matrices"]) == al["allocated_bits"] <= al["target_bits"]
     doc = yaml.safe_load((out / "budget.yaml").read_text())
     assert doc["method"] == "rtn" and len(doc["overrides"]) == sum(v != "rtn@3b/g128" for v in al["per_unit"].values())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "gemma2", "phi3"])
+def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
+    from capsense.compress.measured import Replay, allocation_probes, probe_loss
+
+    model, tok = make_tiny_model(arch), make_char_tokenizer()
+    targets = find_targets(model)
+    orig = {t.name: t.get().clone() for t in targets}
+    base = QuantSetting("rtn", 3, 128)
+    levels = [QuantSetting("rtn", 2, 0), base, QuantSetting("rtn", 4, 32)]
+    for t in targets:
+        t.set(base.apply(t.name, orig[t.name], None, None, 16).weight)
+    probes = allocation_probes(tok, ["math", "code"], 3)
+    units = units_of(targets, "kind")
+    plain = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes))
+    replayed = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes), replay=Replay(model))
+    assert replayed[0] == plain[0]
+    assert replayed[1] == plain[1]  # bit for bit: the replayed blocks would have computed the same
+    assert any(c.cost != 0 for cs in plain[1].values() for c in cs)
+    for b in Replay(model).blocks:  # every block computes again afterwards
+        assert "forward" not in vars(b)

@@ -65,6 +65,7 @@ class Guide:
     spread: tuple[float, float] = (0.4, 2.0)  # levels' size per parameter within these factors of the uniform's
     unit: str = "kind"  # measured only: "kind" (a layer's attention or MLP) or "layer"
     n_levels: int = 6  # measured only: levels per unit (one measured forward each)
+    rounds: int = 1  # measured only: > 1 measures again around the previous round's allocation
 
     def __post_init__(self) -> None:
         from capsense.compress.measure import parse_capabilities
@@ -75,6 +76,8 @@ class Guide:
         if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
         check_unit(self.unit)
+        if self.rounds < 1:
+            raise BudgetError(f"rounds must be at least 1, got {self.rounds}")
         if self.n_levels < 2:
             raise BudgetError(f"n_levels must be at least 2 (the uniform level and another), got {self.n_levels}")
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
@@ -208,7 +211,7 @@ def _measured(model, tokenizer, budget: Budget, base: Setting, targets, goal: in
               log) -> Allocation:
     overrides, info = measured_allocation(
         model, tokenizer, guide.keep, base, targets, goal, _levels(base, False, guide.spread), prot, stats,
-        guide.unit, guide.n_levels, guide.samples, log,
+        guide.unit, guide.n_levels, guide.samples, log, rounds=guide.rounds,
     )
     budget.overrides = overrides
     info = {"keep": guide.keep, "sensitivity": "measured", "uniform": base.to_dict(), "spread": list(guide.spread),

@@ -43,7 +43,7 @@ from torch import nn
 
 import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate
-from capsense.compress.budget import Budget, BudgetError, Override
+from capsense.compress.budget import BudgetError, Override
 from capsense.compress.methods import Setting
 from capsense.compress.targets import Target
 
@@ -199,21 +199,24 @@ class Replay:
 def measure_costs(
     units: Sequence[Unit], levels: Sequence[Setting], base: Setting, original: Mapping[str, torch.Tensor],
     stats, prot: Mapping[str, object], loss: Callable[[], float], progress: Callable[[int], None] | None = None,
-    replay: Replay | None = None,
+    replay: Replay | None = None, held: Mapping[str, Setting] | None = None,
 ) -> tuple[float, dict[str, list[Candidate]]]:
-    """(uniform loss, each unit's candidates): the model must hold the uniform compression.
+    """(loss of the model as it is, each unit's candidates): the model must hold ``base`` on every
+    unit, or the level ``held`` names for it; a candidate's cost is its loss change from there.
 
-    Every unit at every level is set, measured and put back to the uniform weights, so the
-    model ends as it started. With ``replay``, blocks before a unit's layer are not recomputed.
+    Every unit at every level is set, measured and put back, so the model ends as it started.
+    With ``replay``, blocks before a unit's layer are not recomputed.
     """
     from capsense.compress.apply import stats_for
 
+    held = held or {}
     uniform = {t.name: t.get().clone() for u in units for t in u.targets}
     l_u = replay.record(loss) if replay is not None else loss()
     cands: dict[str, list[Candidate]] = {}
     for u in units:
+        now = held.get(u.name, base)
         out = []
-        for s in sorted(levels, key=lambda s: s != base):  # base first: ties keep the uniform level
+        for s in sorted(levels, key=lambda s: s != now):  # the held level first: ties keep it
             try:
                 applied = [(t, s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name),
                                        acc.BASE_BITS)) for t in u.targets]
@@ -221,7 +224,7 @@ def measure_costs(
                 applied = None  # a level this unit cannot take
             if applied is not None:
                 bits = sum(a.bits for _, a in applied)
-                if s == base:
+                if s == now:
                     out.append(Candidate(s, bits, 0.0))
                 else:
                     for t, a in applied:
@@ -230,7 +233,7 @@ def measure_costs(
                         out.append(Candidate(s, bits, loss() - l_u))
                     for t in u.targets:
                         t.set(uniform[t.name])
-            if progress and s != base:
+            if progress and s != now:
                 progress(1)
         cands[u.name] = out
     return l_u, cands
@@ -252,20 +255,31 @@ def monotone(cands: Sequence[Candidate]) -> list[Candidate]:
     return out
 
 
+def _hold(units: Sequence[Unit], choice: Mapping[str, Setting], original, stats, prot) -> None:
+    """Put each unit's matrices at its chosen level."""
+    from capsense.compress.apply import stats_for
+
+    for u in units:
+        s = choice[u.name]
+        for t in u.targets:
+            t.set(s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name), acc.BASE_BITS).weight)
+
+
 def measured_allocation(
     model: nn.Module, tokenizer, keep: Sequence[str], base: Setting, targets: Sequence[Target], goal: int,
     levels: Sequence[Setting], prot: Mapping[str, object], stats, unit: str = "kind", n_levels: int = 6,
     samples: int = 32, log: Callable[[str], None] | None = None, progress: bool = True, replay: bool = True,
+    rounds: int = 1,
 ) -> tuple[list[Override], dict]:
     """Per-unit overrides of ``base`` at most ``goal`` bits, least measured loss of ``keep``; and what chose them.
 
     ``levels``: the method's candidate levels (thinned to ``n_levels`` by :func:`ladder`);
-    ``prot``: each target's protection; ``replay``: reuse the uniform pass's outputs of the blocks
-    before each unit (:class:`Replay`). The model's weights are the same on return.
+    ``prot``: each target's protection; ``replay``: reuse the outputs of the blocks before each
+    unit (:class:`Replay`); ``rounds`` > 1 measures again around the previous round's allocation
+    and allocates from those costs (interactions the first round's uniform context misses).
+    The model's weights are the same on return.
     """
     from tqdm.auto import tqdm
-
-    from capsense.compress.apply import stats_for
 
     log = log or (lambda _m: None)
     units = units_of(targets, unit)
@@ -273,25 +287,28 @@ def measured_allocation(
     ladder_ = ladder(base, levels, n_levels, sample)
     probes = allocation_probes(tokenizer, keep, samples)
     original = {t.name: t.get().clone() for t in targets}
-    log(f"measured sensitivity: {len(units)} units x {len(ladder_) - 1} levels "
+    log(f"measured sensitivity: {len(units)} units x {len(ladder_) - 1} levels x {rounds} round(s) "
         f"({', '.join(s.label for s in ladder_)}) on {samples} documents of {', '.join(keep)}")
-    bar = tqdm(total=len(units) * (len(ladder_) - 1), desc="sensitivity", unit="fwd", disable=not progress)
+    bar = tqdm(total=rounds * len(units) * (len(ladder_) - 1), desc="sensitivity", unit="fwd", disable=not progress)
+    choice = {u.name: base for u in units}
+    losses = []
     try:
-        with torch.no_grad():
-            for t in targets:
-                t.set(base.apply(t.name, original[t.name], stats_for(t, base, stats), prot.get(t.name), acc.BASE_BITS).weight)
-        l_u, cands = measure_costs(units, ladder_, base, original, stats, prot, lambda: probe_loss(model, probes),
-                                   bar.update, Replay(model) if replay else None)
+        for _ in range(rounds):
+            _hold(units, choice, original, stats, prot)
+            l_now, cands = measure_costs(units, ladder_, base, original, stats, prot, lambda: probe_loss(model, probes),
+                                         bar.update, Replay(model) if replay else None, held=choice)
+            losses.append(l_now)
+            chosen = allocate({k: monotone(cs) for k, cs in cands.items()}, goal)
+            choice = {k: c.setting for k, c in chosen.items()}
     finally:
         bar.close()
         for t in targets:
             t.set(original[t.name])
-    chosen = allocate({k: monotone(cs) for k, cs in cands.items()}, goal)
     by_name = {u.name: u for u in units}
     overrides = [by_name[k].override(c.setting) for k, c in chosen.items() if c.setting != base]
     info = {
-        "unit": unit, "levels": [s.label for s in ladder_], "allocation_documents": samples,
-        "uniform_loss": l_u, "estimated_cost": sum(c.cost for c in chosen.values()),
+        "unit": unit, "levels": [s.label for s in ladder_], "allocation_documents": samples, "rounds": rounds,
+        "uniform_loss": losses[0], "round_losses": losses, "estimated_cost": sum(c.cost for c in chosen.values()),
         "allocated_bits": sum(c.bits for c in chosen.values()),
         "per_unit": {k: c.setting.label for k, c in chosen.items()},
         "measured_costs": {k: {c.setting.label: round(c.cost, 5) for c in cs} for k, cs in cands.items()},

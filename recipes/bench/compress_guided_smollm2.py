@@ -66,7 +66,7 @@ def first_layers_budget(model, base: dict, n_first: int = 3, boost: float = 0.3)
     return Budget(default=uniform_budget(base).default, overrides=ov)
 
 
-def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top_k=8, measured=("kind", 6, "")):
+def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top_k=8, measured=("kind", 6, "", 1)):
     """(name, a function returning (budget, info)) for each variant; budgets are built only when needed."""
     uni = uniform_budget(base)
 
@@ -87,11 +87,13 @@ def variants(model, tok, base: dict, stats, keep, fisher_cache, spread, tag, top
             yield f"{name}{tag}:{cap}", guided([cap], sens, k)
     for cap in keep[1:]:
         yield f"protect{'' if top_k == 8 else f'k{top_k}'}:" + cap, guided([cap], "flat", top_k)
-    unit, n_levels, spread_tag = measured
-    mtag = spread_tag + ("" if unit == "kind" else f"-{unit}") + ("" if n_levels == 6 else f"-n{n_levels}")
+    unit, n_levels, spread_tag, rounds = measured
+    mtag = spread_tag + ("" if unit == "kind" else f"-{unit}") + ("" if n_levels == 6 else f"-n{n_levels}") + (
+        "" if rounds == 1 else f"-r{rounds}")
     for cap in keep:
         def make(cap=cap):
-            g = Guide([cap], sensitivity="measured", protect_top_k=0, spread=spread, unit=unit, n_levels=n_levels)
+            g = Guide([cap], sensitivity="measured", protect_top_k=0, spread=spread, unit=unit, n_levels=n_levels,
+                      rounds=rounds)
             al = guided_budget(model, tok, uni, stats, g, print)
             return al.budget, al.info
         yield f"measured{mtag}:{cap}", make
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="Only variants whose name starts with one of these (comma-separated).")
     ap.add_argument("--measured-unit", default="kind", help="measured: unit of allocation (kind or layer).")
     ap.add_argument("--measured-levels", type=int, default=6, help="measured: levels per unit.")
+    ap.add_argument("--measured-rounds", type=int, default=1, help="measured: rounds of measuring and allocating.")
     args = ap.parse_args()
     if args.table:
         print(results_table(read_jsonl(args.out)))
@@ -161,7 +164,7 @@ def main() -> None:
         spread_tag = "" if spread == (0.4, 2.0) else f"~{spread[0]:g}-{spread[1]:g}"
         tag = spread_tag + ("" if top_k == 8 else f"k{top_k}")
         wanted = tuple(args.variants.split(",")) if args.variants else ("",)
-        measured = (args.measured_unit, args.measured_levels, spread_tag)
+        measured = (args.measured_unit, args.measured_levels, spread_tag, args.measured_rounds)
         for name, make in variants(model, tok, base, stats, keep, fisher_cache, spread, tag, top_k, measured):
             if all(f"{label}|{name}|{c}" in done for c in CAPS) or not name.startswith(wanted):
                 continue

@@ -205,3 +205,20 @@ def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
     assert any(c.cost != 0 for cs in plain[1].values() for c in cs)
     for b in Replay(model).blocks:  # every block computes again afterwards
         assert "forward" not in vars(b)
+
+
+def test_a_second_round_measures_around_the_first_allocation(trained):
+    model, tok, orig = trained
+    model.load_state_dict(orig)
+    _plant(model, 0)
+    one = _measured(model, tok, RTN3)
+    two = _measured(model, tok, RTN3, rounds=2)
+    assert two.info["round_losses"][0] == one.info["uniform_loss"]
+    # the first round's allocation, measured: lower loss on the allocation documents than uniform
+    assert two.info["round_losses"][1] < two.info["round_losses"][0]
+    assert two.info["allocated_bits"] <= two.info["target_bits"]
+    held = two.info["measured_costs"]
+    assert all(held[u][one.info["per_unit"][u]] == 0.0 for u in held)  # costs are relative to round 1's levels
+    with pytest.raises(BudgetError, match="rounds must be at least 1"):
+        Guide(["math"], sensitivity="measured", rounds=0)
+    model.load_state_dict(orig)

@@ -108,12 +108,11 @@ def ladder(base: Setting, levels: Sequence[Setting], n: int, sample: Sequence[to
     if len(pool) <= n:
         return pool
     lo, hi = bits(pool[0]), bits(pool[-1])
+    goals = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    goals.remove(min(goals, key=lambda g: abs(g - bits(base))))  # the base takes the goal nearest it
     picked = {base}
-    for g in (lo + (hi - lo) * i / (n - 1) for i in range(n)):
-        free = [s for s in pool if s not in picked]
-        if len(picked) >= n or not free:
-            break
-        picked.add(min(free, key=lambda s: abs(bits(s) - g)))
+    for g in goals:
+        picked.add(min((s for s in pool if s not in picked), key=lambda s: abs(bits(s) - g)))
     return sorted(picked, key=bits)
 
 

@@ -153,9 +153,12 @@ def main() -> None:
         base_nll[c] = measure_probe(model, probes[c], c).nll
     targets = find_targets(model)
     saved = {t.name: t.get().clone() for t in targets}
-    stats, _ = calibrate(model, tok, uniform_budget({"method": "wanda", "density": 0.5}))
+    chosen = [int(x) for x in args.settings.split(",")]
+    stats = {}  # Wanda's calibration, only when a chosen setting needs it
+    if any(parse_setting(SETTINGS[i]).calibrated for i in chosen):
+        stats, _ = calibrate(model, tok, uniform_budget({"method": "wanda", "density": 0.5}))
     fisher_cache: dict = {}
-    for i in (int(x) for x in args.settings.split(",")):
+    for i in chosen:
         base = SETTINGS[i]
         label = parse_setting(base).label
         text = args.spread_rtn if base["method"] == "rtn" and args.spread_rtn else args.spread

@@ -28,8 +28,13 @@ inputs are already noisy). Each unit is measured once per level against that con
 treating the costs as additive is the one approximation left (interactions between units
 that both move are ignored).
 
-Cost: ``units x (levels - 1)`` forwards over ``samples`` short documents per kept capability
-(SmolLM2-135M, 60 units x 5 levels x 32 documents: a few minutes on 2 CPU cores).
+Cost: ``rounds x units x (levels - 1)`` forwards over ``samples`` documents per kept capability,
+each starting at its unit's layer (:class:`Replay`). SmolLM2-135M on 2 CPU cores: a full
+forward over 32 math documents takes about 7 s, so 30 layers x 3 levels take about 6 minutes;
+60 attention/MLP units x 5 levels about 20.
+
+Measured outcome (``recipes/results/RESULTS-compress.md``): on SmolLM2 at 3-bit RTN the
+measured allocation did *not* beat uniform on the held-out probes; see there for why.
 """
 
 from __future__ import annotations

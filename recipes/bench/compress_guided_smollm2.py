@@ -181,6 +181,8 @@ def main() -> None:
                        "size_ratio": res.summary["size_ratio"], "target_bits_per_param": res.summary["target_bits_per_param"],
                        "protected_heads": info.get("protected_heads"), "probes": args.probes,
                        **({"per_unit": info["per_unit"]} if "per_unit" in info else {}),
+                       **({"measured_costs": info["measured_costs"], "levels": info["levels"]}
+                          if "measured_costs" in info and name.endswith(":" + c) else {}),
                        "seconds": round(time.time() - t0, 1)}
                 append_jsonl(args.out, rec)
                 print(f"{label:14s} {name:16s} {c:10s} dL={rec['dL']:+.4f} size={rec['size_ratio']:.5f}", flush=True)

@@ -125,3 +125,21 @@ def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path
     for name, f in fishers[0].items():
         assert torch.equal(f, fishers[1][name]) and float(f.abs().sum()) > 0, name
     _assert_same_checkpoint(tmp_path / "plain", tmp_path / "hooked")
+
+
+def test_distill_under_a_device_map_equals_the_single_device_student(tmp_path, tiny_dir):
+    student = tmp_path / "student"
+    assert _compress(tiny_dir, student, ["--method", "magnitude", "--density", "0.5"]).exit_code == 0
+    args = ["distill", str(student), "--teacher", str(tiny_dir), "--epochs", "1", "--texts", "3", "--gen-tokens", "2",
+            "--seq-len", "24", "--lr", "1e-3", "--capabilities", "qa", "--probes", "2"]
+    plain, mapped, refused = tmp_path / "plain", tmp_path / "mapped", tmp_path / "refused"
+    r = CliRunner().invoke(main, [*args, "--out", str(plain)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, [*args, "--out", str(mapped), "--device-map", json.dumps(ON_CPU)])
+    assert r.exit_code == 0, r.output
+    _assert_same_checkpoint(plain, mapped)
+    trained, pruned = (load_file(p / "model.safetensors")["model.layers.0.mlp.up_proj.weight"] for p in (mapped, student))
+    assert not torch.equal(trained, pruned) and torch.equal(trained == 0, pruned == 0)  # trained, masks kept
+    r = CliRunner().invoke(main, [*args, "--out", str(refused), "--device-map", json.dumps({**ON_CPU, "lm_head": "disk"})])
+    assert r.exit_code == 1 and "distillation trains the student's weights in place" in r.output, r.output
+    assert "Traceback" not in r.output and not refused.exists() and not (tmp_path / "refused.partial").exists()

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import N_LAYERS, save_tiny_folder
+from conftest import N_LAYERS
 from safetensors.torch import load_file
 
 from capsense.cli import main
@@ -17,20 +17,10 @@ MODULES = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(N_LAYERS))
 ON_CPU = {m: "cpu" for m in MODULES}  # one entry per module: the map as a user would write it for GPUs
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_folder("llama", tmp_path_factory.mktemp("tiny-placed"))
 
 
-@pytest.fixture(scope="module")
-def calib_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("calib") / "calib.txt"
-    p.write_text("\n".join(f"Seven {i} boats sailed past the harbour wall at {i * 3} o'clock." for i in range(10)))
-    return p
-
-
-def _compress(tiny_dir, out, args, *extra):
-    return CliRunner().invoke(main, ["compress", str(tiny_dir), *map(str, args), "--out", str(out), *extra])
+def _compress(tiny_model_dir, out, args, *extra):
+    return CliRunner().invoke(main, ["compress", str(tiny_model_dir), *map(str, args), "--out", str(out), *extra])
 
 
 def _assert_same_checkpoint(a, b) -> None:
@@ -47,26 +37,26 @@ def _assert_same_checkpoint(a, b) -> None:
     ["--method", "rtn", "--bits", "3", "--group-size", "16", "--save-dtype", "bfloat16"],
     ["--method", "svd-llm", "--ratio", "0.5"],
 ])
-def test_compress_under_a_device_map_equals_the_single_device_checkpoint(tmp_path, tiny_dir, calib_file, args):
+def test_compress_under_a_device_map_equals_the_single_device_checkpoint(tmp_path, tiny_model_dir, calib_file, args):
     args = [*args, "--calibration", calib_file, "--calibration-samples", 6]
     plain, mapped = tmp_path / "plain", tmp_path / "mapped"
-    r = _compress(tiny_dir, plain, args)
+    r = _compress(tiny_model_dir, plain, args)
     assert r.exit_code == 0, r.output
-    r = _compress(tiny_dir, mapped, args, "--device-map", json.dumps(ON_CPU))
+    r = _compress(tiny_model_dir, mapped, args, "--device-map", json.dumps(ON_CPU))
     assert r.exit_code == 0, r.output
     _assert_same_checkpoint(plain, mapped)
-    base = load_file(tiny_dir / "model.safetensors")["model.layers.1.mlp.up_proj.weight"]
+    base = load_file(tiny_model_dir / "model.safetensors")["model.layers.1.mlp.up_proj.weight"]
     assert not torch.equal(load_file(mapped / "model.safetensors")["model.layers.1.mlp.up_proj.weight"].to(base.dtype), base)
     a, b = (json.loads((p / "capsense.json").read_text()) for p in (plain, mapped))
     assert a["matrices"] == b["matrices"] and a["summary"] == b["summary"]
 
 
-def test_parallelize_and_keep_under_a_device_map(tmp_path, tiny_dir):
+def test_parallelize_and_keep_under_a_device_map(tmp_path, tiny_model_dir):
     """``--parallelize`` (auto: all on cpu here) and the gradient of a kept capability (``--keep``)."""
     args = ["--method", "magnitude", "--density", "0.5", "--keep", "math", "--calibration-samples", 4, "--protect-top-k", 1]
     plain, mapped = tmp_path / "plain", tmp_path / "mapped"
-    assert _compress(tiny_dir, plain, args).exit_code == 0
-    r = _compress(tiny_dir, mapped, args, "--parallelize")
+    assert _compress(tiny_model_dir, plain, args).exit_code == 0
+    r = _compress(tiny_model_dir, mapped, args, "--parallelize")
     assert r.exit_code == 0, r.output
     _assert_same_checkpoint(plain, mapped)
     assert (mapped / "budget.yaml").read_text() == (plain / "budget.yaml").read_text()
@@ -77,10 +67,10 @@ def test_parallelize_and_keep_under_a_device_map(tmp_path, tiny_dir):
     ({**ON_CPU, "model.layers.2": "cuda:3"}, "device 'cuda:3' does not exist on this machine: available devices are cpu"),
     ("{model", "device_map is not valid JSON"),
 ])
-def test_bad_device_map_is_one_message_and_writes_nothing(tmp_path, tiny_dir, device_map, message):
+def test_bad_device_map_is_one_message_and_writes_nothing(tmp_path, tiny_model_dir, device_map, message):
     out = tmp_path / "out"
     spec = device_map if isinstance(device_map, str) else json.dumps(device_map)
-    r = _compress(tiny_dir, out, ["--method", "rtn", "--bits", "4"], "--device-map", spec)
+    r = _compress(tiny_model_dir, out, ["--method", "rtn", "--bits", "4"], "--device-map", spec)
     assert r.exit_code == 1, r.output
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("Error: ") and message in last and r.output.count("Error") == 1, r.output
@@ -88,18 +78,18 @@ def test_bad_device_map_is_one_message_and_writes_nothing(tmp_path, tiny_dir, de
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
 
 
-def test_offload_refusal_says_what_to_do(tiny_dir):
+def test_offload_refusal_says_what_to_do(tiny_model_dir):
     from capsense.core.models import load_model
     from capsense.core.placement import DeviceError, check_weights_in_memory, offloaded_weights
 
-    model, _ = load_model(str(tiny_dir), device_map=json.dumps({**ON_CPU, "model.embed_tokens": "disk"}))
+    model, _ = load_model(str(tiny_model_dir), device_map=json.dumps({**ON_CPU, "model.embed_tokens": "disk"}))
     assert offloaded_weights(model) == ["model.embed_tokens.weight"]
     with pytest.raises(DeviceError, match=r"compression edits.*: use a device map that keeps every module on a device"):
         check_weights_in_memory(model, "compression edits every weight in place")
-    check_weights_in_memory(load_model(str(tiny_dir), device_map=json.dumps(ON_CPU))[0], "x")  # nothing offloaded
+    check_weights_in_memory(load_model(str(tiny_model_dir), device_map=json.dumps(ON_CPU))[0], "x")  # nothing offloaded
 
 
-def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path, tiny_dir, calib_file):
+def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path, tiny_model_dir, calib_file):
     """A model dispatched with accelerate's hooks (as a multi-GPU map leaves it; forced here on cpu)
     calibrates, takes gradients, compresses and saves exactly like the plain model."""
     from accelerate import dispatch_model
@@ -111,8 +101,8 @@ def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path
     from capsense.compress.targets import find_targets
     from capsense.core.models import load_model
 
-    plain, tok = load_model(str(tiny_dir))
-    hooked = dispatch_model(load_model(str(tiny_dir))[0], device_map=ON_CPU, main_device="cpu", force_hooks=True)
+    plain, tok = load_model(str(tiny_model_dir))
+    hooked = dispatch_model(load_model(str(tiny_model_dir))[0], device_map=ON_CPU, main_device="cpu", force_hooks=True)
     assert hasattr(hooked.model.layers[1], "_hf_hook")
     samples, _ = calibration_samples(str(calib_file), tok, 4)
     budget = uniform_budget({"method": "wanda", "density": 0.5})
@@ -127,10 +117,10 @@ def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path
     _assert_same_checkpoint(tmp_path / "plain", tmp_path / "hooked")
 
 
-def test_distill_under_a_device_map_equals_the_single_device_student(tmp_path, tiny_dir):
+def test_distill_under_a_device_map_equals_the_single_device_student(tmp_path, tiny_model_dir):
     student = tmp_path / "student"
-    assert _compress(tiny_dir, student, ["--method", "magnitude", "--density", "0.5"]).exit_code == 0
-    args = ["distill", str(student), "--teacher", str(tiny_dir), "--epochs", "1", "--texts", "3", "--gen-tokens", "2",
+    assert _compress(tiny_model_dir, student, ["--method", "magnitude", "--density", "0.5"]).exit_code == 0
+    args = ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "1", "--texts", "3", "--gen-tokens", "2",
             "--seq-len", "24", "--lr", "1e-3", "--capabilities", "qa", "--probes", "2"]
     plain, mapped, refused = tmp_path / "plain", tmp_path / "mapped", tmp_path / "refused"
     r = CliRunner().invoke(main, [*args, "--out", str(plain)])

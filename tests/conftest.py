@@ -112,3 +112,11 @@ def save_tiny_folder(arch: str, path, seed: int = 0, **overrides):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return save_tiny_folder("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def calib_file(tmp_path_factory):
+    """A small calibration text file (one sentence per line) for compression tests."""
+    p = tmp_path_factory.mktemp("calib") / "calib.txt"
+    p.write_text("\n".join(f"The quick brown fox {i} jumps over the lazy dog number {i * 7}." for i in range(12)))
+    return p

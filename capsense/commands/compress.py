@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import dtype_option, out_option, overwrite_option
+from capsense.commands.options import device_map_from, device_map_option, dtype_option, out_option, overwrite_option
 from capsense.commands.output import echo_written, log
 
 
@@ -39,21 +39,27 @@ from capsense.commands.output import echo_written, log
               "exact for large perturbations such as 2-3-bit RTN), generic or flat (controls).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
+@device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
-             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity, budget_size, out, overwrite):
+             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity, budget_size,
+             device_map, parallelize, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Pruned weights are zeros, RTN weights are dequantized, low-rank matrices are the
     reconstructed products; capsense.json records the method, settings, achieved density,
-    bits per parameter, parameter ratio and calibration data.
+    bits per parameter, parameter ratio and calibration data. With --device-map the model is
+    spread over devices (weights must stay in device memory: a map that offloads them to
+    CPU memory or disk is refused); the checkpoint is the one compressed without a map.
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import check_model
+    from capsense.core.placement import parse_device_map
     from capsense.errors import CapsenseError
 
     check_output_dir(out, overwrite)  # before any heavy import
+    placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
     check_model(model)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, rtn, svd, asvd, svd-llm) or `budget_file` FILE")
@@ -75,7 +81,7 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
                       size_ratio=budget_size, samples=calibration_samples)
     result = compress_checkpoint(
         model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
-        dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, guide=guide,
+        dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, guide=guide, device_map=placed,
     )
     s = result.summary
     click.echo(

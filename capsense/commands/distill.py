@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import out_option, overwrite_option
+from capsense.commands.options import device_map_from, device_map_option, out_option, overwrite_option
 from capsense.commands.output import echo_written
 
 
@@ -19,29 +19,32 @@ from capsense.commands.output import echo_written
 @click.option("--capabilities", default="math,code,qa,arithmetic,induction", show_default=True,
               help="Capabilities whose dL (vs the teacher, first --probes documents) is measured after each epoch.")
 @click.option("--probes", type=int, default=32, show_default=True)
+@device_map_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
-def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, capabilities, probes, out, overwrite):
+def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, capabilities, probes, device_map, parallelize,
+            out, overwrite):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
-    after each epoch and the fit dL(E) = d0 + a*log(1+E).
+    after each epoch and the fit dL(E) = d0 + a*log(1+E). With --device-map both models are
+    spread over devices (the student's weights must stay in device memory).
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import check_model
+    from capsense.core.placement import parse_device_map
 
     check_output_dir(out, overwrite)  # before any heavy import
+    placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
     check_model(student)
     check_model(teacher)
-    from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, run_distill
+    from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, load_models, run_distill
     from capsense.compress.measure import parse_capabilities
-    from capsense.core.models import load_model
 
     caps = parse_capabilities(capabilities)
     cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
                         epochs=epochs, lr=lr)
-    s_model, tok = load_model(student)
-    t_model, _ = load_model(teacher)
+    s_model, t_model, tok = load_models(cfg, placed)
     evaluate = capability_evaluator(t_model, tok, caps, probes)
     records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok))
     for r in records:

@@ -202,18 +202,25 @@ def compress_checkpoint(
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
     guide=None,
+    device_map: str | dict[str, Any] | None = None,
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
     With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
     the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
+    ``device_map`` (:mod:`capsense.core.placement`) spreads the model over devices: calibration
+    and gradients run where the layers live, each matrix is compressed on CPU and written back to
+    its device, so the checkpoint equals the one compressed without a map; a map that offloads
+    weights to CPU memory or disk is refused before anything is computed or written.
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import load_model
+    from capsense.core.placement import check_weights_in_memory
 
     log = log or (lambda _m: None)
     check_output_dir(out, overwrite)  # fail before the slow part
-    model, tokenizer = load_model(model_name, dtype=dtype)
+    model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
+    check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
     check_plan(model, budget, planned)
     needed, _ = needs_calibration(planned)

@@ -24,6 +24,7 @@ from torch import nn
 
 from capsense.errors import CapsenseError
 from capsense.compress.targets import Target
+from capsense.core.placement import input_device
 
 DEFAULT_CALIBRATION = "prose,math,code,qa"
 
@@ -49,13 +50,13 @@ class InputStats:
             self.abs_sum = torch.zeros(self.n_in, dtype=torch.float64)
 
     def add(self, x: torch.Tensor, gram: bool) -> None:
-        x = x.detach().reshape(-1, self.n_in).float()
+        x = x.detach().reshape(-1, self.n_in).float()  # on the layer's device (any, under a device map)
         self.n_tokens += x.shape[0]
-        self.sq_sum += x.pow(2).sum(0).double()
-        self.abs_sum += x.abs().sum(0).double()
+        self.sq_sum += x.pow(2).sum(0).double().cpu()
+        self.abs_sum += x.abs().sum(0).double().cpu()
         if gram:
             # one sample's product in float32 (fast), the running sum in float64 (exact enough)
-            g = (x.T @ x).double()
+            g = (x.T @ x).double().cpu()
             self.gram = g if self.gram is None else self.gram + g
 
     @property
@@ -105,7 +106,7 @@ def collect_stats(
             stats[_name].add(x, gram)
 
         handles.append(t.module.register_forward_pre_hook(hook))
-    device = next(model.parameters()).device
+    device = input_device(model)
     try:
         for ids in samples:
             seen.clear()

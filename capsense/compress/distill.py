@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
 
 
@@ -65,7 +66,7 @@ def build_corpus(teacher: nn.Module, tokenizer, cfg: DistillConfig) -> list[list
     samples, _ = calibration_samples(cfg.sources, tokenizer, cfg.n_texts, max_tokens=cfg.seq_len - cfg.gen_tokens)
     out = []
     for ids in samples:
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=input_device(teacher))
         if cfg.gen_tokens:
             x = teacher.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=cfg.gen_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
@@ -157,7 +158,7 @@ def run_distill(
     check_output_dir(out, overwrite)
     work = out.parent / (out.name + ".partial")
     work.mkdir(parents=True, exist_ok=True)
-    student, teacher, tokenizer = models or _load(cfg)
+    student, teacher, tokenizer = models or load_models(cfg)
     _check_pruned(cfg.student)
     corpus = _corpus(work, teacher, tokenizer, cfg)
     run = _Run(cfg, work, student, teacher, corpus, evaluate)
@@ -220,10 +221,10 @@ class _Run:
 
 
 def _train_step(student, teacher, ids, params, masks, opt) -> float:
-    x = torch.tensor([ids])
     with torch.no_grad():
-        t_logits = teacher(input_ids=x, use_cache=False).logits
-    loss = kd_loss(student(input_ids=x, use_cache=False).logits, t_logits)
+        t_logits = teacher(input_ids=torch.tensor([ids], device=input_device(teacher)), use_cache=False).logits
+    s_logits = student(input_ids=torch.tensor([ids], device=input_device(student)), use_cache=False).logits
+    loss = kd_loss(s_logits, t_logits.to(s_logits.device))  # under device maps the LM heads may differ
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -233,11 +234,15 @@ def _train_step(student, teacher, ids, params, masks, opt) -> float:
     return float(loss.detach())
 
 
-def _load(cfg: DistillConfig):
+def load_models(cfg: DistillConfig, device_map: str | dict[str, Any] | None = None) -> tuple[nn.Module, nn.Module, Any]:
+    """The student, the teacher and the tokenizer, each placed by ``device_map``
+    (:mod:`capsense.core.placement`); a student whose weights the map offloads is refused."""
     from capsense.core.models import load_model
+    from capsense.core.placement import check_weights_in_memory
 
-    student, tokenizer = load_model(cfg.student)
-    teacher, _ = load_model(cfg.teacher)
+    student, tokenizer = load_model(cfg.student, device_map=device_map)
+    check_weights_in_memory(student, "distillation trains the student's weights in place and saves them")
+    teacher, _ = load_model(cfg.teacher, device_map=device_map)
     return student, teacher, tokenizer
 
 

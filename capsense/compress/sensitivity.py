@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from capsense.compress.targets import Target, out_projection_name
+from capsense.core.placement import input_device
 
 
 def fisher_diagonal(
@@ -28,7 +29,7 @@ def fisher_diagonal(
     params = list(model.parameters())
     was = [p.requires_grad for p in params]
     fisher = {t.name: torch.zeros(t.shape, dtype=torch.float32) for t in targets}
-    device = next(model.parameters()).device
+    device = input_device(model)
     try:
         for p in params:
             p.requires_grad_(False)

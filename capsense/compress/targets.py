@@ -46,12 +46,14 @@ class Target:
         return int(self.module.weight.numel())
 
     def get(self) -> torch.Tensor:
-        """The weight as ``[out, in]`` (a view for Linear, a transposed view for Conv1D)."""
-        w = self.module.weight.data
+        """The weight as ``[out, in]`` on CPU: a view of it there (transposed for Conv1D), a copy
+        where a device map put the layer on another device. Compression computes on CPU one
+        matrix at a time, so its result does not depend on where the layers live."""
+        w = self.module.weight.data.cpu()
         return w.t() if self.transposed else w
 
     def set(self, w: torch.Tensor) -> None:
-        """Write an ``[out, in]`` weight back in place, in the module's dtype."""
+        """Write an ``[out, in]`` weight back in place (on the weight's own device), in the module's dtype."""
         dst = self.module.weight.data
         dst.copy_((w.t() if self.transposed else w).to(dst.dtype))
 

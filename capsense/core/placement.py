@@ -12,7 +12,8 @@ Every device named must exist here; a wrong one is refused before the model load
 the devices there are. Under several processes on one machine, a strategy map gives each
 process its own GPUs (GPU ``g`` goes to local process ``g % processes``, as lm-eval does).
 Knockout hooks move their masks to wherever the activations are, so ablation works on any
-placement, disk offload included.
+placement, disk offload included. What edits weights in place and saves them (compression)
+needs every weight in device memory: :func:`check_weights_in_memory` refuses offloaded ones.
 """
 
 from __future__ import annotations
@@ -143,16 +144,38 @@ def _offload_folder() -> str:
 
 def input_device(model) -> "Any":
     """The device a model's input ids go to: its embedding's (accelerate's execution device
-    when the weights are offloaded)."""
+    when the weights are offloaded; a module without embeddings: its first weight's)."""
     import torch
 
-    emb = model.get_input_embeddings()
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if get is not None else None
+    if emb is None:  # a plain module (no embedding): where its weights are
+        return next(model.parameters()).device
     hook = getattr(emb, "_hf_hook", None)
     dev = getattr(hook, "execution_device", None)
     if dev is not None:
         return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
     w = emb.weight
     return torch.device("cpu") if w.device.type == "meta" else w.device
+
+
+def offloaded_weights(model) -> list[str]:
+    """Names of the parameters a device map offloaded (to CPU memory beside GPUs, or to disk):
+    accelerate's hooks hold their values outside the model and the model's own are on ``meta``."""
+    return [name for name, p in model.named_parameters() if p.device.type == "meta"]
+
+
+def check_weights_in_memory(model, why: str) -> None:
+    """Raise :class:`DeviceError` if the device map offloaded any weight (see :func:`offloaded_weights`);
+    ``why`` says what needs every weight in place (``"compression edits ... and saves ..."``)."""
+    off = offloaded_weights(model)
+    if off:
+        shown = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
+        raise DeviceError(
+            f"the device map offloaded {len(off)} weights ({shown}) to CPU memory or disk, where accelerate's hooks "
+            f"keep them outside the model; {why}: use a device map that keeps every module on a device (GPUs, or "
+            "cpu on a machine without GPUs), or no `device_map` on a machine whose memory holds the model"
+        )
 
 
 MAX_MASKS_PER_FORWARD = 64

@@ -31,7 +31,7 @@ from capsense.localize.prior import PriorSettings, prior_guided
 from capsense.localize.refine import head_set_masks
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
-from capsense.scoring.attribution import attribute_probes, check_gradient_metric
+from capsense.scoring.attribution import Attribution, attribute_probes, check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
 
 ATTRIBUTION_FILE = "attribution.json"
@@ -39,20 +39,30 @@ ATTRIBUTION_FILE = "attribution.json"
 
 def run_attribution(s: Search) -> dict[str, np.ndarray]:
     """Per task (target and controls) the estimated relative damage of knocking out each head;
-    read from the run folder when an earlier attempt computed it."""
+    read from the run folder when an earlier attempt computed it.
+
+    Under several processes each computes its share of the batches (:func:`attribute_probes`);
+    the main process writes ``attribution.json`` and hands every process its estimates.
+    """
     check_gradient_metric(s.cfg.metric)
-    path = Path(s.cfg.out) / ATTRIBUTION_FILE
-    if path.is_file():
-        return {t: np.asarray(v, dtype=float) for t, v in json.loads(path.read_text())["estimate"].items()}
-    atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size)
-    est = {t: a.flat() / a.nll if a.nll else a.flat() for t, a in atts.items()}
+    ctx = s.run.ctx
+    stored = ctx.on_main(lambda: load_estimates(s.cfg))  # one answer for all: all compute, or none
+    if stored is not None:
+        return stored
+    atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size, ctx=ctx)
+    return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts))
+
+
+def _write_attribution(path: Path, atts: dict[str, Attribution]) -> dict[str, np.ndarray]:
+    """``attribution.json`` (atomically); returns the estimates as written."""
+    est = {t: [round(float(x), 8) for x in (a.flat() / a.nll if a.nll else a.flat())] for t, a in atts.items()}
     atomic_write_json(path, {
-        "estimate": {t: [round(float(x), 8) for x in v] for t, v in est.items()},
+        "estimate": est,
         "clean_nll": {t: a.nll for t, a in atts.items()},
         "meaning": "first-order estimate of the relative nll worsening when a head is zero-ablated "
                    "(-d nll/d xi / nll, xi = the head's multiplier at the output projection), flat head order",
     })
-    return {t: np.round(v, 8) for t, v in est.items()}
+    return {t: np.asarray(v, dtype=float) for t, v in est.items()}  # as a resumed run reads them
 
 
 def load_estimates(cfg: LocateConfig) -> dict[str, np.ndarray] | None:

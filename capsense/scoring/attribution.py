@@ -9,7 +9,9 @@ the slice becomes ``mean + xi * (x - mean)`` and 0 is mean ablation). The score 
     nll(head ablated) - nll(clean)  ~=  -d nll / d xi[l, h]     (at xi = 1)
 
 for all heads from one backward pass per batch (attribution patching; Michel et al. 2019's
-head importance). The estimate is linear: saturated attention and cancelling paths make it
+head importance). Each batch's gradient is computed on its own and the batches are summed in
+order, so the batches can be split across processes (:func:`attribute_probes`) without
+changing a bit of the result. The estimate is linear: saturated attention and cancelling paths make it
 miss heads (false negatives, even wrong signs), so capsense uses it to decide where to spend
 real knockouts, never as the answer (:mod:`capsense.localize.prior`).
 """
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from capsense.core.ablation import check_ablation_mode, scale_heads
+from capsense.core.distributed import DistContext, split
 from capsense.errors import CapsenseError
 from capsense.scoring.probe import Probe, ProbeScorer, output_logits, pad_right, scored_hidden
 
@@ -65,6 +68,15 @@ class Attribution:
     def flat(self) -> np.ndarray:
         """:attr:`estimate` as a flat vector in head-index order (``layer * n_heads + head``)."""
         return self.estimate.reshape(-1)
+
+
+@dataclass(frozen=True)
+class BatchTerm:
+    """One batch's share of a probe's attribution: its part of the nll and of the gradient."""
+
+    batch: int
+    nll: float
+    gradient: np.ndarray  # [n_layers, n_heads], float64
 
 
 @contextmanager
@@ -119,6 +131,11 @@ class AttributionScorer:
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, torch.tensor(tgt, device=device)[:, None])
         return -logp.sum() / self.n_tokens
 
+    @property
+    def n_batches(self) -> int:
+        """Forward-and-backward passes one attribution takes (batches of counted requests)."""
+        return -(-len(self.requests) // self.batch_size)
+
     def _batches(self):
         for b0 in range(0, len(self.requests), self.batch_size):
             yield self.requests[b0 : b0 + self.batch_size]
@@ -132,22 +149,57 @@ class AttributionScorer:
                 total += float(self._batch_nll(reqs))
         return total
 
-    def attribute(self, scale: torch.Tensor | None = None) -> Attribution:
-        """The nll and its gradient at ``scale`` (default: all ones, the clean model)."""
+    def _multipliers(self, scale: torch.Tensor | None) -> torch.Tensor:
         dtype = torch.float64 if next(self.model.parameters()).dtype == torch.float64 else torch.float32
         xi = torch.ones(self.layout.n_layers, self.layout.n_heads, dtype=dtype) if scale is None else scale.detach().to(dtype)
-        xi = xi.clone().requires_grad_(True)
-        total = 0.0
+        return xi.clone().requires_grad_(True)
+
+    def terms(self, batches: Sequence[int], scale: torch.Tensor | None = None) -> list[BatchTerm]:
+        """The nll share and gradient of each batch in ``batches`` (indices below :attr:`n_batches`),
+        each from its own forward and backward at ``scale`` (default: all ones, the clean model)."""
+        every = list(self._batches())
+        xi = self._multipliers(scale)
+        out = []
         with _frozen(self.model), torch.enable_grad(), scale_heads(self.model, xi, self.means):
-            for reqs in self._batches():
-                loss = self._batch_nll(reqs)
-                loss.backward()
-                total += float(loss.detach())
-        assert xi.grad is not None
-        return Attribution(total, xi.grad.detach().cpu().double().numpy(), self.ablation)
+            for b in batches:
+                loss = self._batch_nll(every[b])
+                (grad,) = torch.autograd.grad(loss, xi)
+                out.append(BatchTerm(b, float(loss.detach()), grad.detach().cpu().double().numpy()))
+        return out
+
+    def combine(self, terms: Sequence[BatchTerm]) -> Attribution:
+        """The probe's :class:`Attribution` from all of its batch terms, summed in batch order
+        (the same sum whichever processes computed them, so the result is the same to the bit)."""
+        ordered = sorted(terms, key=lambda t: t.batch)
+        if [t.batch for t in ordered] != list(range(self.n_batches)):
+            raise AttributionError(f"attribution of {self.probe.name!r} needs each of its {self.n_batches} batches once, "
+                                   f"got {[t.batch for t in ordered]}")
+        total, grad = 0.0, np.zeros((self.layout.n_layers, self.layout.n_heads))
+        for t in ordered:
+            total += t.nll
+            grad = grad + t.gradient
+        return Attribution(total, grad, self.ablation)
+
+    def attribute(self, scale: torch.Tensor | None = None) -> Attribution:
+        """The nll and its gradient at ``scale`` (default: all ones, the clean model)."""
+        return self.combine(self.terms(range(self.n_batches), scale))
 
 
 def attribute_probes(model: nn.Module, probes: dict[str, Probe], batch_size: int = 16, ablation: str = "zero",
-                     means: dict[int, torch.Tensor] | None = None) -> dict[str, Attribution]:
-    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch."""
-    return {name: AttributionScorer(model, p, batch_size, ablation, means).attribute() for name, p in probes.items()}
+                     means: dict[int, torch.Tensor] | None = None, ctx: DistContext | None = None) -> dict[str, Attribution]:
+    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch.
+
+    Under several processes (``ctx``) the batches of all probes are cut into one contiguous
+    share per process; every process computes its share, the terms are exchanged, and each
+    probe's terms are summed in batch order, so every process (and a lone one) gets the same
+    result to the bit.
+    """
+    ctx = ctx or DistContext()
+    scorers = {name: AttributionScorer(model, p, batch_size, ablation, means) for name, p in probes.items()}
+    jobs = [(name, b) for name, sc in scorers.items() for b in range(sc.n_batches)]
+    mine: dict[str, list[int]] = {}
+    for name, b in split(jobs, ctx)[ctx.rank]:
+        mine.setdefault(name, []).append(b)
+    local = [(name, t) for name, batches in mine.items() for t in scorers[name].terms(batches)]
+    terms = [item for share in ctx.gather(local) for item in share]
+    return {name: sc.combine([t for n, t in terms if n == name]) for name, sc in scorers.items()}

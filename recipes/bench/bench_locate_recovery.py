@@ -85,7 +85,7 @@ def prior_curve(run: Path, task: str, eff: np.ndarray) -> list[dict]:
     return out
 
 
-def cs_curve(run: Path, task: str, eff: np.ndarray) -> list[dict]:
+def cs_curve(run: Path, task: str, eff: np.ndarray, solver: str = "lasso") -> list[dict]:
     from capsense.localize.fit import design_matrix
     from capsense.localize.solvers import make_solver
 
@@ -97,7 +97,7 @@ def cs_curve(run: Path, task: str, eff: np.ndarray) -> list[dict]:
     for m in CS_CHECKPOINTS:
         if len(evals) < m + 1:
             break
-        scores = make_solver("lasso", None, 0).fit(design_matrix(evals[: m + 1], N), y[: m + 1]).scores_
+        scores = make_solver(solver, None, 0, confidence=False).fit(design_matrix(evals[: m + 1], N), y[: m + 1]).scores_
         top = [int(h) for h in scores.top(5)]
         out.append({"fe": round(float(costs[m]), 2), "masks": m, "overlap": overlap(top, eff), "top5": [name(h) for h in top]})
     return out

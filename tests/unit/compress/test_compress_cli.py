@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import save_tiny_folder, tiny_inputs
+from conftest import tiny_inputs
 from test_compress_fit import _synthetic_grid
 
 from capsense.cli import main
@@ -17,24 +17,14 @@ def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_folder("llama", tmp_path_factory.mktemp("tiny-llama-compress"))
 
 
-@pytest.fixture(scope="module")
-def calib_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("calib") / "calib.txt"
-    p.write_text("\n".join(f"The quick brown fox {i} jumps over the lazy dog number {i * 7}." for i in range(12)))
-    return p
-
-
-def _compressed_in_memory(tiny_dir, setting, calib_file=None):
+def _compressed_in_memory(tiny_model_dir, setting, calib_file=None):
     from capsense.compress.apply import calibrate, compress_model
     from capsense.compress.budget import uniform_budget
     from capsense.core.models import load_model
 
-    model, tok = load_model(str(tiny_dir))
+    model, tok = load_model(str(tiny_model_dir))
     b = uniform_budget(setting)
     stats, _ = calibrate(model, tok, b, str(calib_file), 8) if calib_file else ({}, [])
     compress_model(model, b, stats)
@@ -47,11 +37,11 @@ def _compressed_in_memory(tiny_dir, setting, calib_file=None):
     (["--method", "svd-llm", "--ratio", "0.6"], {"method": "svd-llm", "ratio": 0.6}),
     (["--method", "wanda", "--density", "0.4", "--targets", "mlp"], None),
 ])
-def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_dir, calib_file, args, setting):
+def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_model_dir, calib_file, args, setting):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "out"
-    r = run("compress", tiny_dir, *args, "--calibration", calib_file, "--calibration-samples", 8, "--out", out)
+    r = run("compress", tiny_model_dir, *args, "--calibration", calib_file, "--calibration-samples", 8, "--out", out)
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["method"] == args[1]
@@ -63,7 +53,7 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_di
         assert all(m["kind"] == "mlp" for m in meta["matrices"])
         assert meta["calibration"][0]["kind"] == "file"
         return
-    expected = _compressed_in_memory(tiny_dir, setting, calib_file if setting["method"] == "svd-llm" else None)
+    expected = _compressed_in_memory(tiny_model_dir, setting, calib_file if setting["method"] == "svd-llm" else None)
     x = tiny_inputs()
     with torch.no_grad():
         assert torch.allclose(loaded(x).logits, expected(x).logits, atol=1e-5)
@@ -86,9 +76,9 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_di
     (["--method", "magnitude"], "magnitude needs a density"),
     ([], "give --method"),
 ])
-def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_dir, args, message):
+def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_model_dir, args, message):
     out = tmp_path / "out"
-    r = run("compress", tiny_dir, *args, "--out", out)
+    r = run("compress", tiny_model_dir, *args, "--out", out)
     assert r.exit_code == 1
     last = r.output.strip().splitlines()[-1]  # (a model load may print a progress bar first)
     assert last.startswith("Error: ") and message in last and r.output.count("Error") == 1
@@ -96,16 +86,16 @@ def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_dir
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
 
 
-def test_compress_refuses_existing_output(tmp_path, tiny_dir):
+def test_compress_refuses_existing_output(tmp_path, tiny_model_dir):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    r = run("compress", tiny_dir, "--method", "magnitude", "--density", "0.5", "--out", out)
+    r = run("compress", tiny_model_dir, "--method", "magnitude", "--density", "0.5", "--out", out)
     assert r.exit_code == 1 and "not empty" in r.output
     assert (out / "keep.txt").read_text() == "x"
 
 
-def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_dir):
+def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_model_dir):
     from capsense.core.heads import HeadsFile, write_heads_file
 
     write_heads_file(tmp_path / "heads.json", HeadsFile("tiny", [{"layer": 2, "head": 1}]))
@@ -113,11 +103,11 @@ def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_dir):
         "method: magnitude\ndensity: 0.25\noverrides:\n  - layers: 0\n    skip: true\nprotect:\n  heads: heads.json\n"
     )
     out = tmp_path / "out"
-    r = run("compress", tiny_dir, "--budget", tmp_path / "budget.yaml", "--out", out)
+    r = run("compress", tiny_model_dir, "--budget", tmp_path / "budget.yaml", "--out", out)
     assert r.exit_code == 0, r.output
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     comp = AutoModelForCausalLM.from_pretrained(out)
     o_base, o_comp = base.model.layers[2].self_attn.o_proj.weight, comp.model.layers[2].self_attn.o_proj.weight
     assert torch.equal(o_comp[:, 16:32], o_base[:, 16:32])
@@ -127,20 +117,20 @@ def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_dir):
     assert meta["budget"]["protect"]["heads"] == "heads.json"
 
 
-def test_measure(tmp_path, tiny_dir):
+def test_measure(tmp_path, tiny_model_dir):
     out = tmp_path / "m.json"
-    r = run("measure", tiny_dir, "--capabilities", "qa,math", "--probes", 3, "--out", out)
+    r = run("measure", tiny_model_dir, "--capabilities", "qa,math", "--probes", 3, "--out", out)
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
     assert set(data["capabilities"]) == {"qa", "math"}
     assert data["capabilities"]["qa"]["n_docs"] == 3 and data["capabilities"]["qa"]["nll"] > 0
-    r = run("measure", tiny_dir, "--capabilities", "qa,poetry")
+    r = run("measure", tiny_model_dir, "--capabilities", "qa,poetry")
     assert r.exit_code == 1 and "unknown capability 'poetry': valid capabilities are math, code, qa" in r.output
 
 
-def test_grid_appends_and_resumes(tmp_path, tiny_dir, calib_file):
+def test_grid_appends_and_resumes(tmp_path, tiny_model_dir, calib_file):
     out = tmp_path / "grid.jsonl"
-    args = ["grid", tiny_dir, "--methods", "magnitude,wanda", "--densities", "0.8,0.5", "--capabilities", "qa",
+    args = ["grid", tiny_model_dir, "--methods", "magnitude,wanda", "--densities", "0.8,0.5", "--capabilities", "qa",
             "--probes", 3, "--calibration", calib_file, "--calibration-samples", 4, "--out", out, "--no-progress"]
     r = run(*args)
     assert r.exit_code == 0, r.output

@@ -87,6 +87,30 @@ def test_two_processes_give_the_same_run_as_one(toy, reference, tmp_path):
     assert r.stdout.count("top heads:") == 1  # the main process reports, once
 
 
+def _guided_args(toy, out):
+    model, tasks = toy
+    return ["locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
+            "--limit", "40", "--batch-size", "8", "--method", "prior-guided", "--top-m", "4", "--quiet", "--out", str(out)]
+
+
+def test_attribution_split_across_two_processes_equals_one(toy, tmp_path):
+    """The gradient attribution's batches (5 per task here) split over 2 processes: the same
+    attribution.json to the byte, the same knockouts and heads.json; a rerun reuses the file."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(_single(_guided_args(toy, one)), env=ENV, check=True, capture_output=True)
+    r = subprocess.run(_launch(2, _guided_args(toy, two)), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (two / "attribution.json").read_bytes() == (one / "attribution.json").read_bytes()
+    assert _evaluations(two) == _evaluations(one)
+    assert json.loads((two / "heads.json").read_text()) == json.loads((one / "heads.json").read_text())
+    manifest = json.loads((two / "manifest.json").read_text())
+    assert manifest["forward_equivalents"] == json.loads((one / "manifest.json").read_text())["forward_equivalents"]
+    stamp = (two / "attribution.json").stat().st_mtime_ns
+    r = subprocess.run(_single(_guided_args(toy, two)), env=ENV, capture_output=True, text=True)  # resume, 1 process
+    assert r.returncode == 0 and "masks already evaluated" in r.stderr, r.stderr[-3000:]
+    assert (two / "attribution.json").stat().st_mtime_ns == stamp  # read back, not computed again
+
+
 def _rank_pid(launcher: psutil.Process, rank: int) -> int:
     for child in launcher.children(recursive=True):
         try:

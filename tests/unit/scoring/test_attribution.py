@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 from capsense.core.ablation import HeadAblator
+from capsense.core.distributed import DistContext
 from capsense.errors import CapsenseError
 from capsense.scoring.attribution import AttributionError, AttributionScorer, attribute_probes, check_gradient_metric
 from capsense.scoring.probe import Probe, ProbeScorer
@@ -160,3 +164,55 @@ def test_metric_without_gradient_is_refused(metric):
     msg = str(e.value)
     assert "nll" in msg and metric in msg and "exhaustive" in msg and "cs" in msg
     check_gradient_metric("nll")  # no error
+
+
+class _ThreadWorld(DistContext):
+    """A world of processes simulated by threads: ``gather`` exchanges through shared slots."""
+
+    def __init__(self, rank: int, world: int, slots: list, barrier: threading.Barrier) -> None:
+        super().__init__(rank=rank, world=world)
+        object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "sync", barrier)
+
+    def gather(self, obj):
+        self.slots[self.rank] = obj
+        self.sync.wait()
+        return list(self.slots)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_batches_split_across_processes_give_the_same_attribution_to_the_bit(world):
+    model = make_tiny_model("llama")
+    probes = {"t": _probe(7, seed=3), "mc": _choice_probe()}
+    alone = attribute_probes(model, probes, batch_size=2)
+    slots: list = [None] * world
+    barrier = threading.Barrier(world, timeout=60)
+    results: dict[int, dict] = {}
+
+    def work(rank: int) -> None:
+        results[rank] = attribute_probes(copy.deepcopy(model), probes, batch_size=2,
+                                         ctx=_ThreadWorld(rank, world, slots, barrier))
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shares = [[(name, term.batch) for name, term in share] for share in slots]
+    assert all(shares) and sum(map(len, shares)) == len({x for s in shares for x in s}) == 4 + 2  # each batch once
+    for rank in range(world):
+        for name, att in alone.items():
+            assert results[rank][name].nll == att.nll
+            np.testing.assert_array_equal(results[rank][name].gradient, att.gradient)
+
+
+def test_batch_terms_sum_in_batch_order_whatever_order_they_come_in():
+    model = make_tiny_model("gpt2")
+    scorer = AttributionScorer(model, _probe(7), batch_size=2)
+    terms = scorer.terms(range(scorer.n_batches))
+    assert scorer.n_batches == 4 and len({t.gradient.tobytes() for t in terms}) == 4
+    whole = scorer.attribute()
+    mixed = scorer.combine(scorer.terms([3, 1]) + scorer.terms([0, 2]))
+    assert mixed.nll == whole.nll and mixed.gradient.tobytes() == whole.gradient.tobytes()
+    with pytest.raises(AttributionError, match="needs each of its 4 batches once"):
+        scorer.combine(terms[:3])

@@ -1,0 +1,135 @@
+"""``capsense compress --device-map``: the checkpoint equals the single-device one to the bit;
+offloaded weights and devices that do not exist are refused with one message, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import N_LAYERS
+from safetensors.torch import load_file
+
+from capsense.cli import main
+
+MODULES = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(N_LAYERS)), "model.norm", "model.rotary_emb", "lm_head"]
+ON_CPU = {m: "cpu" for m in MODULES}  # one entry per module: the map as a user would write it for GPUs
+
+
+
+
+def _compress(tiny_model_dir, out, args, *extra):
+    return CliRunner().invoke(main, ["compress", str(tiny_model_dir), *map(str, args), "--out", str(out), *extra])
+
+
+def _assert_same_checkpoint(a, b) -> None:
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())  # no offload artifacts
+    assert json.loads((a / "config.json").read_text()) == json.loads((b / "config.json").read_text())
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert wa[k].dtype == wb[k].dtype and torch.equal(wa[k], wb[k]), k
+
+
+@pytest.mark.parametrize("args", [
+    ["--method", "wanda", "--density", "0.5"],
+    ["--method", "rtn", "--bits", "3", "--group-size", "16", "--save-dtype", "bfloat16"],
+    ["--method", "svd-llm", "--ratio", "0.5"],
+])
+def test_compress_under_a_device_map_equals_the_single_device_checkpoint(tmp_path, tiny_model_dir, calib_file, args):
+    args = [*args, "--calibration", calib_file, "--calibration-samples", 6]
+    plain, mapped = tmp_path / "plain", tmp_path / "mapped"
+    r = _compress(tiny_model_dir, plain, args)
+    assert r.exit_code == 0, r.output
+    r = _compress(tiny_model_dir, mapped, args, "--device-map", json.dumps(ON_CPU))
+    assert r.exit_code == 0, r.output
+    _assert_same_checkpoint(plain, mapped)
+    base = load_file(tiny_model_dir / "model.safetensors")["model.layers.1.mlp.up_proj.weight"]
+    assert not torch.equal(load_file(mapped / "model.safetensors")["model.layers.1.mlp.up_proj.weight"].to(base.dtype), base)
+    a, b = (json.loads((p / "capsense.json").read_text()) for p in (plain, mapped))
+    assert a["matrices"] == b["matrices"] and a["summary"] == b["summary"]
+
+
+def test_parallelize_and_keep_under_a_device_map(tmp_path, tiny_model_dir):
+    """``--parallelize`` (auto: all on cpu here) and the gradient of a kept capability (``--keep``)."""
+    args = ["--method", "magnitude", "--density", "0.5", "--keep", "math", "--calibration-samples", 4, "--protect-top-k", 1]
+    plain, mapped = tmp_path / "plain", tmp_path / "mapped"
+    assert _compress(tiny_model_dir, plain, args).exit_code == 0
+    r = _compress(tiny_model_dir, mapped, args, "--parallelize")
+    assert r.exit_code == 0, r.output
+    _assert_same_checkpoint(plain, mapped)
+    assert (mapped / "budget.yaml").read_text() == (plain / "budget.yaml").read_text()
+
+
+@pytest.mark.parametrize("device_map, message", [
+    ({**ON_CPU, "model.layers.1": "disk"}, "the device map offloaded 9 weights (model.layers.1.self_attn.q_proj.weight, "),
+    ({**ON_CPU, "model.layers.2": "cuda:3"}, "device 'cuda:3' does not exist on this machine: available devices are cpu"),
+    ("{model", "device_map is not valid JSON"),
+])
+def test_bad_device_map_is_one_message_and_writes_nothing(tmp_path, tiny_model_dir, device_map, message):
+    out = tmp_path / "out"
+    spec = device_map if isinstance(device_map, str) else json.dumps(device_map)
+    r = _compress(tiny_model_dir, out, ["--method", "rtn", "--bits", "4"], "--device-map", spec)
+    assert r.exit_code == 1, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and message in last and r.output.count("Error") == 1, r.output
+    assert "Traceback" not in r.output
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_offload_refusal_says_what_to_do(tiny_model_dir):
+    from capsense.core.models import load_model
+    from capsense.core.placement import DeviceError, check_weights_in_memory, offloaded_weights
+
+    model, _ = load_model(str(tiny_model_dir), device_map=json.dumps({**ON_CPU, "model.embed_tokens": "disk"}))
+    assert offloaded_weights(model) == ["model.embed_tokens.weight"]
+    with pytest.raises(DeviceError, match=r"compression edits.*: use a device map that keeps every module on a device"):
+        check_weights_in_memory(model, "compression edits every weight in place")
+    check_weights_in_memory(load_model(str(tiny_model_dir), device_map=json.dumps(ON_CPU))[0], "x")  # nothing offloaded
+
+
+def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path, tiny_model_dir, calib_file):
+    """A model dispatched with accelerate's hooks (as a multi-GPU map leaves it; forced here on cpu)
+    calibrates, takes gradients, compresses and saves exactly like the plain model."""
+    from accelerate import dispatch_model
+
+    from capsense.compress.apply import calibrate, compress_model
+    from capsense.compress.budget import uniform_budget
+    from capsense.compress.calibration import calibration_samples
+    from capsense.compress.sensitivity import fisher_diagonal
+    from capsense.compress.targets import find_targets
+    from capsense.core.models import load_model
+
+    plain, tok = load_model(str(tiny_model_dir))
+    hooked = dispatch_model(load_model(str(tiny_model_dir))[0], device_map=ON_CPU, main_device="cpu", force_hooks=True)
+    assert hasattr(hooked.model.layers[1], "_hf_hook")
+    samples, _ = calibration_samples(str(calib_file), tok, 4)
+    budget = uniform_budget({"method": "wanda", "density": 0.5})
+    fishers = []
+    for model, name in ((plain, "plain"), (hooked, "hooked")):
+        fishers.append(fisher_diagonal(model, find_targets(model), samples))
+        stats, _ = calibrate(model, tok, budget, str(calib_file), 6)
+        compress_model(model, budget, stats)
+        model.save_pretrained(tmp_path / name)
+    for name, f in fishers[0].items():
+        assert torch.equal(f, fishers[1][name]) and float(f.abs().sum()) > 0, name
+    _assert_same_checkpoint(tmp_path / "plain", tmp_path / "hooked")
+
+
+def test_distill_under_a_device_map_equals_the_single_device_student(tmp_path, tiny_model_dir):
+    student = tmp_path / "student"
+    assert _compress(tiny_model_dir, student, ["--method", "magnitude", "--density", "0.5"]).exit_code == 0
+    args = ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "1", "--texts", "3", "--gen-tokens", "2",
+            "--seq-len", "24", "--lr", "1e-3", "--capabilities", "qa", "--probes", "2"]
+    plain, mapped, refused = tmp_path / "plain", tmp_path / "mapped", tmp_path / "refused"
+    r = CliRunner().invoke(main, [*args, "--out", str(plain)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, [*args, "--out", str(mapped), "--device-map", json.dumps(ON_CPU)])
+    assert r.exit_code == 0, r.output
+    _assert_same_checkpoint(plain, mapped)
+    trained, pruned = (load_file(p / "model.safetensors")["model.layers.0.mlp.up_proj.weight"] for p in (mapped, student))
+    assert not torch.equal(trained, pruned) and torch.equal(trained == 0, pruned == 0)  # trained, masks kept
+    r = CliRunner().invoke(main, [*args, "--out", str(refused), "--device-map", json.dumps({**ON_CPU, "lm_head": "disk"})])
+    assert r.exit_code == 1 and "distillation trains the student's weights in place" in r.output, r.output
+    assert "Traceback" not in r.output and not refused.exists() and not (tmp_path / "refused.partial").exists()

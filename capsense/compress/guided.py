@@ -142,10 +142,8 @@ def target_bits(model: nn.Module, base: Setting, targets, size_ratio: float | No
 def _levels(base: Setting, flat: bool, spread: tuple[float, float]) -> list[Setting]:
     """Candidate levels: size per parameter within ``spread`` of ``base`` (the second-order cost
     estimate is trusted only near it), or for ``flat`` just ``base`` and the level below it."""
-    ref = (512, 1536)  # a typical matrix: the sizes of group-size levels differ there
-
     def bits(s: Setting) -> int:
-        return s.size(ref, None, acc.BASE_BITS)[1]
+        return s.typical_bits(acc.BASE_BITS)
 
     b0 = bits(base)
     if flat:

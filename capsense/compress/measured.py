@@ -102,10 +102,8 @@ def ladder(base: Setting, levels: Sequence[Setting], n: int, sample: Sequence[to
     """
     if n < 2:
         raise BudgetError(f"a measured allocation needs at least 2 levels per unit, got {n}")
-    ref = (512, 1536)
-
     def bits(s: Setting) -> int:
-        return s.size(ref, None, acc.BASE_BITS)[1]
+        return s.typical_bits(acc.BASE_BITS)
 
     pool = sorted({*levels, base}, key=bits)
     if sample:
@@ -211,8 +209,6 @@ def measure_costs(
     Every unit at every level is set, measured and put back, so the model ends as it started.
     With ``replay``, blocks before a unit's layer are not recomputed.
     """
-    from capsense.compress.apply import stats_for
-
     held = held or {}
     uniform = {t.name: t.get().clone() for u in units for t in u.targets}
     l_u = replay.record(loss) if replay is not None else loss()
@@ -222,8 +218,7 @@ def measure_costs(
         out = []
         for s in sorted(levels, key=lambda s: s != now):  # the held level first: ties keep it
             try:
-                applied = [(t, s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name),
-                                       acc.BASE_BITS)) for t in u.targets]
+                applied = [(t, _applied(t, s, original, stats, prot)) for t in u.targets]
             except (BudgetError, ValueError):
                 applied = None  # a level this unit cannot take
             if applied is not None:
@@ -259,14 +254,18 @@ def monotone(cands: Sequence[Candidate]) -> list[Candidate]:
     return out
 
 
-def _hold(units: Sequence[Unit], choice: Mapping[str, Setting], original, stats, prot) -> None:
-    """Put each unit's matrices at its chosen level."""
+def _applied(t: Target, s: Setting, original: Mapping[str, torch.Tensor], stats, prot: Mapping[str, object]):
+    """Target ``t``'s original weight compressed at ``s`` (its calibration statistics and protection)."""
     from capsense.compress.apply import stats_for
 
+    return s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name), acc.BASE_BITS)
+
+
+def _hold(units: Sequence[Unit], choice: Mapping[str, Setting], original, stats, prot) -> None:
+    """Put each unit's matrices at its chosen level."""
     for u in units:
-        s = choice[u.name]
         for t in u.targets:
-            t.set(s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name), acc.BASE_BITS).weight)
+            t.set(_applied(t, choice[u.name], original, stats, prot).weight)
 
 
 def measured_allocation(

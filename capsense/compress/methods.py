@@ -22,6 +22,7 @@ from capsense.compress.prune import apply_mask, check_density, check_scope, magn
 from capsense.compress.protect import Protection
 from capsense.compress.quantize import check_bits, check_group_size, rtn_bits, rtn_quantize
 
+TYPICAL_SHAPE = (512, 1536)
 SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "skip"}
 
 
@@ -89,6 +90,11 @@ class Setting:
     def size(self, shape: tuple[int, int], prot: Protection | None, base_bits: int) -> tuple[int, int]:
         """Exact (stored parameters, bits) of a matrix of ``shape`` under this setting."""
         raise NotImplementedError  # pragma: no cover
+
+    def typical_bits(self, base_bits: int = 16) -> int:
+        """Exact bits on a typical matrix (512 x 1536, where group-size levels differ in size):
+        how allocations order and compare the method's levels."""
+        return self.size(TYPICAL_SHAPE, None, base_bits)[1]
 
     def apply(self, name: str, w: torch.Tensor, stats, prot: Protection | None, base_bits: int,
               cache: dict | None = None) -> Applied:

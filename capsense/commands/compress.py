@@ -35,8 +35,8 @@ from capsense.commands.output import echo_written, log
               help="With --keep: heads protected whole per kept capability (0: none; default 8, RTN 0).")
 @click.option("--sensitivity", default="kept", show_default=True,
               help="With --keep: how levels are priced: kept (gradient Fisher of the kept capabilities), measured "
-              "(their loss measured per layer attention/MLP and level in the uniformly compressed model; slower, "
-              "exact for large perturbations such as 2-3-bit RTN), generic or flat (controls).")
+              "(their loss measured per layer attention/MLP and level in the uniformly compressed model; slower, and "
+              "on SmolLM2 it did not beat kept at 3-bit RTN), generic or flat (controls).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
 @device_map_option()

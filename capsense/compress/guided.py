@@ -9,9 +9,10 @@ Design (why it is built this way):
   capabilities (their last documents, never the probe documents that measure them) gives the
   Fisher diagonal ``F`` of their loss for every weight, so every matrix, layer and head gets a
   sensitivity from the same few seconds of compute, for any capability and model. The estimate
-  is second order: it underprices large perturbations (2-3-bit RTN), where ``sensitivity=
-  "measured"`` (:mod:`capsense.compress.measured`) prices each layer's attention/MLP levels by
-  the kept capabilities' loss measured in the uniformly compressed model instead.
+  is second order: it underprices large perturbations (2-3-bit RTN). ``sensitivity="measured"``
+  (:mod:`capsense.compress.measured`) prices each layer's attention/MLP levels by the kept
+  capabilities' loss measured in the uniformly compressed model instead; on SmolLM2 at 3-bit RTN
+  that did not do better (recipes/results/RESULTS-compress.md), so the default stays the Fisher.
 * **Whole heads protected.** The kept capability's most important heads (by the same Fisher
   estimate, or a located heads file) keep their query rows, their KV group's key/value rows
   and their output-projection columns dense and at full precision; their cost counts in the

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from conftest import HEAD_DIM, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
+from conftest import HEAD_DIM, make_char_tokenizer, make_tiny_model, tiny_inputs
 
 from capsense.cli import main
 from capsense.compress.allocate import Candidate, allocate
@@ -144,10 +144,10 @@ def test_budget_file_reproduces_the_allocation(guided_case, tmp_path):
     assert all(torch.equal(t.get(), w1[t.name]) for t in find_targets(model))
 
 
-def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path):
+def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path, tiny_model_dir):
     with pytest.raises(MeasureError, match="valid capabilities are"):
         Guide(["poetry"])
-    tiny = save_tiny_folder("llama", tmp_path / "tiny")
+    tiny = tiny_model_dir
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "poetry",
                                   "--out", str(out)])
@@ -160,8 +160,8 @@ def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path):
     assert r.output.count("Error") == 1 and not out.exists()
 
 
-def test_keep_writes_allocation_and_budget_file(tmp_path):
-    tiny = save_tiny_folder("llama", tmp_path / "tiny")
+def test_keep_writes_allocation_and_budget_file(tmp_path, tiny_model_dir):
+    tiny = tiny_model_dir
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
                                   "--calibration-samples", "4", "--protect-top-k", "1", "--out", str(out)])

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from conftest import make_char_tokenizer, make_tiny_model, save_tiny_folder
+from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.cli import main
 from capsense.compress.apply import calibrate, compress_model
@@ -156,14 +156,14 @@ def test_ladder_keeps_the_base_and_drops_dominated_levels():
         ladder(base, base.levels(), 1)
 
 
-def test_bad_measured_input_is_one_clear_message(tmp_path):
+def test_bad_measured_input_is_one_clear_message(tmp_path, tiny_model_dir):
     with pytest.raises(BudgetError, match="valid units are kind, layer"):
         Guide(["math"], sensitivity="measured", unit="head")
     with pytest.raises(BudgetError, match="n_levels must be at least 2"):
         Guide(["math"], sensitivity="measured", n_levels=1)
     with pytest.raises(BudgetError, match="valid are kept, generic, flat, measured"):
         Guide(["math"], sensitivity="measure")
-    tiny = save_tiny_folder("llama", tmp_path / "tiny")
+    tiny = tiny_model_dir
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
                                   "--sensitivity", "guess", "--out", str(out)])
@@ -171,8 +171,8 @@ def test_bad_measured_input_is_one_clear_message(tmp_path):
     assert r.output.count("Error") == 1
 
 
-def test_cli_measured_keep_writes_the_allocation(tmp_path):
-    tiny = save_tiny_folder("llama", tmp_path / "tiny")
+def test_cli_measured_keep_writes_the_allocation(tmp_path, tiny_model_dir):
+    tiny = tiny_model_dir
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
                                   "--sensitivity", "measured", "--calibration-samples", "4", "--out", str(out)])

@@ -27,7 +27,7 @@ def toy(tmp_path_factory):
 def _args(toy, out, *extra):
     model, tasks = toy
     return [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--method", "cs",
-            "--heads-per-mask", "2", "--quiet", "--out", str(out), *extra]  # a later --method overrides cs
+            "--heads-per-mask", "2", "--quiet", "--out", str(out), "--controls", "none", *extra]  # later options override
 
 
 def _locate(toy, out, *extra):
@@ -283,7 +283,7 @@ def test_task_metric_named_at_run_time(toy, tmp_path):
     model, tasks = toy
     out = tmp_path / "fn"
     args = [str(model), "--task", TOY_GEN_FN, "--include-path", str(tasks), "--limit", "4", "--heads-per-mask", "3",
-            "--masks", "2", "--method", "cs", "--metric", "len@chars", "--quiet", "--out", str(out)]
+            "--masks", "2", "--method", "cs", "--metric", "len@chars", "--controls", "none", "--quiet", "--out", str(out)]
     r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]

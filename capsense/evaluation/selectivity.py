@@ -5,10 +5,15 @@ measured about where it was. Validation rows come in three roles: the ``target``
 ``searched`` controls (scored by the locate run on other documents: the choice could fit
 them); and the ``held-out`` controls (tasks the search never scored: the honest test). For
 every off-target row the verdict takes the relative *worsening* (+0.1 = 10% worse, whichever
-way the metric points) and compares it with the ``tolerance`` and with the random K-head sets
-of the same validation (their worst worsening and their mean + 2 sd: what knocking out K heads
-at random costs that row). The verdict says "selective" only when every off-target row is within
-tolerance; rows within tolerance but above the random-K band are named as a caution.
+way the metric points) and compares it with the ``tolerance`` and with its noise: the random
+K-head sets of the same validation (the band up to their mean + 2 sd, at least their worst: what
+knocking out K heads at random costs that row). A row *fails* when it is beyond both: worse than
+the tolerance and worse than K random heads make it. The verdict says "selective" only when no
+row fails, and names the rows beyond tolerance but within noise, and those within tolerance but
+above the random band, so a reader sees every caveat. Why noise counts: the first SmolLM2 run with
+the default suite moved numbers-and-dates accuracy from 0.36 to 0.32 on 25 held-out documents,
+one document, -11%, exactly what the worst random set did (-11%); a one-document flip is the
+resolution of such a control, not collateral damage.
 
 Which rows count: each task is judged by its task-level metric: its accuracy-like metrics
 where the clean model scores at least ``MIN_BASE_SCORE`` on them, else (an accuracy of 0.05
@@ -42,9 +47,14 @@ class OffTarget:
     ablated: float
     worsening: float
     random_worst: float | None
-    random_band: float | None  # mean + 2 sd of the random sets' worsening
+    random_band: float | None  # the random sets' worsening: up to max(mean + 2 sd, worst)
     within_tolerance: bool
-    within_random: bool
+    within_random: bool | None  # None: no random set to compare with
+
+    @property
+    def fails(self) -> bool:
+        """Beyond the tolerance and beyond what K random heads cost: collateral damage."""
+        return not self.within_tolerance and self.within_random is not True
 
 
 def lower_is_better(metric: str, declared: bool | None) -> bool:
@@ -81,14 +91,14 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
             continue
         rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
         worst = max(rw) if rw else None
-        band = float(np.mean(rw) + 2 * np.std(rw)) if rw else None
+        band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
         judged.append(OffTarget(
             task=r.task, metric=r.metric, role="searched" if r.task in searched else "held-out", base=r.base,
             ablated=r.ablated, worsening=w, random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
-            within_random=(not rw) or w <= max(0.0, worst, band),
+            within_random=(w <= max(0.0, band)) if rw else None,
         ))
-    failing = [j for j in judged if not j.within_tolerance]
-    caution = [j for j in judged if j.within_tolerance and not j.within_random]
+    failing = [j for j in judged if j.fails]
+    caution = [j for j in judged if not j.fails and j.within_random is not None and j.within_tolerance != j.within_random]
     worst = max(judged, key=lambda j: j.worsening, default=None)
     worst_held = max((j for j in judged if j.role == "held-out"), key=lambda j: j.worsening, default=None)
     return {
@@ -111,9 +121,14 @@ def verdict_line(judged, failing, caution, worst, tolerance: float) -> str:
     if not judged:
         return "selectivity not judged: no off-target task with a usable metric was validated"
     if failing:
-        return (f"NOT selective: {len(failing)} off-target row(s) beyond the {100 * tolerance:.0f}% tolerance; worst "
-                + _say(max(failing, key=lambda j: j.worsening)))
-    line = f"selective: every off-target change within {100 * tolerance:.0f}% ({len(judged)} rows); worst " + _say(worst)
-    if caution:
-        line += "; above the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in caution)
+        return (f"NOT selective: {len(failing)} off-target row(s) beyond the {100 * tolerance:.0f}% tolerance and the "
+                "random-K band; worst " + _say(max(failing, key=lambda j: j.worsening)))
+    line = (f"selective: every off-target change within {100 * tolerance:.0f}% or within what K random heads cost "
+            f"({len(judged)} rows); worst " + _say(worst))
+    beyond = [j for j in caution if not j.within_tolerance]
+    above = [j for j in caution if j.within_tolerance]
+    if beyond:
+        line += "; beyond tolerance but within the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in beyond)
+    if above:
+        line += "; within tolerance but above the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in above)
     return line

@@ -196,7 +196,8 @@ def screen_step(cfg: LocateConfig, result: LocateResult, layout: HeadLayout, log
     """The collateral screen (:mod:`capsense.localize.screen`) on the heads measured alone: excluded
     heads rank after every clean head, whatever their target effect. Costs no evaluation: every
     mask was scored on the controls already."""
-    result.screen = collateral_screen(result.control_effects, z=cfg.screen, floor=cfg.tolerance / max(1, cfg.top_k))
+    result.screen = collateral_screen(result.control_effects, z=cfg.screen, floor=cfg.tolerance / max(1, cfg.top_k),
+                                      spread=result.estimates)
     result.scores = put_last(result.scores, sorted(result.screen.excluded))
     if result.screen.excluded:
         name = lambda h: str(Head.from_index(h, layout.n_heads))  # noqa: E731

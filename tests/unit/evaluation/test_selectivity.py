@@ -28,6 +28,9 @@ def test_selective_only_when_every_off_target_row_is_within_tolerance():
     assert v["worst"]["worsening"] == pytest.approx(0.05)
     assert {r["task"] for r in v["rows"]} == {"capsense_prose", "capsense_qa"}
 
+    rows.append(row("capsense_sequence", "acc", 0.36, 0.32, [0.36, 0.32, 0.40]))  # -11%, as a random set did
+    v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
+    assert v["selective"] and "beyond tolerance but within the random-K band: capsense_sequence acc" in v["line"]
     rows.append(row("capsense_recall", "acc", 0.65, 0.25, [0.66, 0.62]))  # a held-out control wrecked
     v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
     assert not v["selective"]
@@ -50,7 +53,9 @@ def test_direction_low_accuracies_and_the_random_band():
                                                              ("c", "exact_match"), ("d", "nats_per_token")]
     assert judged["b"]["worsening"] == pytest.approx(-0.05)
     assert judged["c"]["worsening"] == pytest.approx(0.04)
-    assert v["selective"] and not judged["d"]["within_random"] and "above the random-K band: d" in v["line"]
+    assert v["selective"] and not judged["d"]["within_random"] and "within tolerance but above the random-K band: d" in v["line"]
+    no_random = judge([row("x", "acc", 0.5, 0.3)], "t", [])  # 40% worse and no random set to call it noise
+    assert not no_random["selective"]
     assert not judge([row("t", "acc", 0.7, 0.0)], "t", [])["selective"]  # nothing off-target: not judged
 
 

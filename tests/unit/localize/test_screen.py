@@ -82,3 +82,15 @@ def test_put_last_keeps_the_order_of_the_rest():
     imp = np.array([0.5, 0.9, 0.1, 0.7, -2.0])
     s = put_last(HeadScores(imp, np.ones(5), imp.copy()), [1, 3])
     assert list(s.rank) == [0, 2, 4, 1, 3]
+
+
+def test_noise_from_every_heads_estimate_not_the_biased_sample_measured_alone():
+    # measured alone: a few generic heads with huge effects (what an estimate flags) and one
+    # head that hurts the control by 0.28; their spread would hide it
+    measured = np.full(100, np.nan)
+    measured[:6] = [1.3, 0.7, 0.55, 0.4, 0.3, 0.01]
+    measured[50] = 0.28
+    assert 50 not in collateral_screen({"facts": measured}, z=3.0).excluded
+    estimates = np.random.default_rng(0).normal(0, 0.03, 100)  # every head: most do nothing to facts
+    s = collateral_screen({"facts": measured}, z=3.0, spread={"facts": estimates})
+    assert 50 in s.excluded and s.noise["facts"] < 0.05

@@ -94,3 +94,16 @@ def test_noise_from_every_heads_estimate_not_the_biased_sample_measured_alone():
     estimates = np.random.default_rng(0).normal(0, 0.03, 100)  # every head: most do nothing to facts
     s = collateral_screen({"facts": measured}, z=3.0, spread={"facts": estimates})
     assert 50 in s.excluded and s.noise["facts"] < 0.05
+
+
+def test_refine_draws_only_from_clean_heads_measured_alone():
+    from capsense.localize.fit import LocateResult
+    from capsense.localize.run import refine_candidates
+
+    imp = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2])
+    effect = np.array([0.9, 0.8, np.nan, 0.6, 0.5, np.nan, 0.3, 0.2])  # 2 and 5 never knocked out alone
+    control = np.array([0.0, 0.5, np.nan, 0.0, 0.0, np.nan, 0.0, 0.0])  # 1 hurts the control
+    result = LocateResult(HeadScores(imp, np.ones(8), imp.copy()), None, effect, {"c": control}, 9, {}, 0.0)
+    result.screen = collateral_screen(result.control_effects, z=3.0, floor=0.01)
+    assert refine_candidates(result, 3) == [0, 3, 4, 6, 7]
+    assert refine_candidates(result, 6) == [0, 2, 3, 4, 5, 6, 7]  # too few measured: the clean ranking

@@ -160,12 +160,16 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         "",
     ]
     est = result.estimates is not None
+    worst = result.screen is not None
     hdr = ("| rank | head | importance | confidence | target effect |" + (" estimate |" if est else "")
-           + "".join(f" {c} effect |" for c in cfg.controls))
-    lines += [hdr, "|" + "---|" * (5 + est + len(cfg.controls))]
+           + (" worst control |" if worst else "") + "".join(f" {c} effect |" for c in cfg.controls))
+    lines += [hdr, "|" + "---|" * (5 + est + worst + len(cfg.controls))]
     for r in recs[:15]:
         row = f"| {r['rank']} | {Head(r['layer'], r['head'])} | {r['importance']} | {r['confidence']} | {_pct(r['target_effect'])} |"
         row += f" {_pct(r.get('estimate'))} |" if est else ""
+        if worst:
+            w = r.get("worst_control")
+            row += f" {w['task']} {_pct(w['effect'])}{' (set aside)' if r.get('collateral') else ''} |" if w else " |"
         row += "".join(f" {_pct(r.get('control_effects', {}).get(c))} |" for c in cfg.controls)
         lines.append(row)
     if result.screen is not None:

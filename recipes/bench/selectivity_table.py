@@ -63,8 +63,18 @@ def main() -> None:
     top_k = len(HeadSet.parse(args.old))
     new_spec = "+".join(str(h) for h in hf.head_set.top(top_k))
     results = {}
+    done = run.parent / "validate" / "validation.json"  # the recipe's own validation of the chosen set, when it matches
+    if done.is_file():
+        data = json.loads(done.read_text())
+        if data.get("heads") == new_spec and all(len(v) <= args.limit for v in data["samples"].values()) \
+                and len(data.get("random_sets", [])) == args.random:
+            results["new"] = {"heads": new_spec, "rows": data["rows"], "verdict": data["verdict"],
+                              "random_sets": data["random_sets"], "samples": {t: len(d) for t, d in data["samples"].items()},
+                              "from": str(done)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in (("new", new_spec), ("old", args.old)):
+            if name in results:
+                continue
             folder = Path(tmp) / name
             folder.mkdir()
             rows, info = validate(model, heads_file_for(run, spec, folder), top_k, n_random=args.random, limit=args.limit)

@@ -63,7 +63,7 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     check_model(model)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, rtn, svd, asvd, svd-llm) or `budget_file` FILE")
-    from capsense.compress.apply import compress_checkpoint
+    from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.calibration import DEFAULT_CALIBRATION
 

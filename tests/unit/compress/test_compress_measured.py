@@ -11,11 +11,12 @@ from click.testing import CliRunner
 from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.cli import main
-from capsense.compress.apply import calibrate, compress_model
+from capsense.compress.engine import calibrate, compress_model
 from capsense.compress.budget import BudgetError, load_budget, uniform_budget
 from capsense.compress.calibration import calibration_samples
-from capsense.compress.guided import Guide, guided_budget, write_budget_file
-from capsense.compress.measured import ladder, measure_costs, units_of
+from capsense.compress.guided import Guide, guided_budget
+from capsense.compress.budget import write_budget_file
+from capsense.compress.measured_sensitivity import ladder, measure_costs, units_of
 from capsense.compress.methods import QuantSetting, parse_setting
 from capsense.compress.targets import find_targets
 
@@ -187,7 +188,7 @@ def test_cli_measured_keep_writes_the_allocation(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "gemma2", "phi3"])
 def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
-    from capsense.compress.measured import Replay, allocation_probes, probe_loss
+    from capsense.compress.measured_sensitivity import Replay, allocation_probes, probe_loss
 
     model, tok = make_tiny_model(arch), make_char_tokenizer()
     targets = find_targets(model)

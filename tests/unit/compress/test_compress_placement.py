@@ -94,7 +94,7 @@ def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path
     calibrates, takes gradients, compresses and saves exactly like the plain model."""
     from accelerate import dispatch_model
 
-    from capsense.compress.apply import calibrate, compress_model
+    from capsense.compress.engine import calibrate, compress_model
     from capsense.compress.budget import uniform_budget
     from capsense.compress.calibration import calibration_samples
     from capsense.compress.sensitivity import fisher_diagonal

@@ -49,6 +49,7 @@ from torch import nn
 import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate
 from capsense.compress.budget import BudgetError, Override
+from capsense.compress.engine import stats_for
 from capsense.compress.methods import Setting
 from capsense.compress.targets import Target
 
@@ -135,20 +136,14 @@ def _undominated(pool: Sequence[Setting], sample: Sequence[torch.Tensor], bits) 
 
 def allocation_probes(tokenizer, keep: Sequence[str], n: int) -> dict:
     """Each kept capability's last ``n`` documents as a probe (disjoint from the first-document probes)."""
-    from capsense.compress.measure import task_of
-    from capsense.scoring.probe import Probe, load_task
+    from capsense.compress.capability_loss import capability_probe
 
-    probes = {}
-    for cap in keep:
-        task = task_of(cap)
-        n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)
-        probes[cap] = Probe.from_task(task, tokenizer, doc_ids=list(range(max(n_docs - n, 0), n_docs)))
-    return probes
+    return {cap: capability_probe(cap, tokenizer, n, "calibration") for cap in keep}
 
 
 def probe_loss(model: nn.Module, probes: Mapping[str, object]) -> float:
     """Sum over the probes of the model's loss (nats/token), as it stands."""
-    from capsense.compress.measure import measure_probe
+    from capsense.compress.capability_loss import measure_probe
 
     return sum(measure_probe(model, p, cap).nll for cap, p in probes.items())
 
@@ -256,8 +251,6 @@ def monotone(cands: Sequence[Candidate]) -> list[Candidate]:
 
 def _applied(t: Target, s: Setting, original: Mapping[str, torch.Tensor], stats, prot: Mapping[str, object]):
     """Target ``t``'s original weight compressed at ``s`` (its calibration statistics and protection)."""
-    from capsense.compress.apply import stats_for
-
     return s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name), acc.BASE_BITS)
 
 

@@ -188,7 +188,8 @@ def test_cli_measured_keep_writes_the_allocation(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "gemma2", "phi3"])
 def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
-    from capsense.compress.measured_sensitivity import Replay, allocation_probes, probe_loss
+    from capsense.compress.measured_sensitivity import allocation_probes, probe_loss
+    from capsense.core.replay import BlockReplay
 
     model, tok = make_tiny_model(arch), make_char_tokenizer()
     targets = find_targets(model)
@@ -200,11 +201,11 @@ def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
     probes = allocation_probes(tok, ["math", "code"], 3)
     units = units_of(targets, "kind")
     plain = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes))
-    replayed = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes), replay=Replay(model))
+    replayed = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes), replay=BlockReplay(model))
     assert replayed[0] == plain[0]
     assert replayed[1] == plain[1]  # bit for bit: the replayed blocks would have computed the same
     assert any(c.cost != 0 for cs in plain[1].values() for c in cs)
-    for b in Replay(model).blocks:  # every block computes again afterwards
+    for b in BlockReplay(model).blocks:  # every block computes again afterwards
         assert "forward" not in vars(b)
 
 

@@ -20,15 +20,23 @@ calibration its last), :mod:`.capability_loss` (per-capability nats/token on the
 the compact pruning relation and other predictors, budgeted selection, reports).
 """
 
-from capsense.compress.budget import METHODS, Budget, BudgetError, load_budget, normalize_setting, uniform_budget
-from capsense.compress.capabilities import CAPABILITIES, MeasureError
-from capsense.compress.capability_loss import build_probes, measure
-from capsense.compress.engine import CompressionError, CompressionResult, compress_model
-from capsense.compress.pipeline import compress_checkpoint
-from capsense.compress.targets import find_targets
+import importlib
 
-__all__ = [
-    "CAPABILITIES", "METHODS", "Budget", "BudgetError", "CompressionError", "CompressionResult", "MeasureError",
-    "build_probes", "compress_checkpoint", "compress_model", "find_targets", "load_budget", "measure",
-    "normalize_setting", "uniform_budget",
-]
+# Package-level names, imported on first use: ``capsense.compress.capabilities`` (checked by the
+# CLI before anything heavy loads) must not pull torch in through this package's __init__.
+_NAMES = {
+    "METHODS": "budget", "Budget": "budget", "BudgetError": "budget", "load_budget": "budget",
+    "normalize_setting": "budget", "uniform_budget": "budget",
+    "CAPABILITIES": "capabilities", "MeasureError": "capabilities",
+    "build_probes": "capability_loss", "measure": "capability_loss",
+    "CompressionError": "engine", "CompressionResult": "engine", "compress_model": "engine",
+    "compress_checkpoint": "pipeline",
+    "find_targets": "targets",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'capsense.compress' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"capsense.compress.{_NAMES[name]}"), name)

@@ -24,7 +24,9 @@ import torch
 from torch import nn
 
 from capsense.errors import CapsenseError
-from capsense.compress.capabilities import CAPABILITIES, document_ids
+from capsense.compress.capabilities import (
+    CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message,
+)
 from capsense.compress.targets import Target
 from capsense.core.placement import input_device
 
@@ -153,13 +155,14 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
     from capsense.scoring.probe import ProbeError, load_task
 
     task = CAPABILITIES.get(source, source)
-    looks_like_task = source in CAPABILITIES or (" " not in source and "\n" not in source and len(source) < 80)
-    if looks_like_task:
+    if looks_like_task(source):
+        if misspelt_task_message(source):
+            raise CalibrationError(misspelt_task_message(source))
         try:
             task_obj = load_task(task, tokenizer=tokenizer)
         except ProbeError as e:
-            if source in CAPABILITIES or os.sep in source:
-                raise CalibrationError(str(e)) from None
+            if source in CAPABILITIES or os.sep in source or close_capability(source):
+                raise CalibrationError(f"{e}{close_capability(source)}") from None
         else:
             docs = task_obj.eval_docs
             ids = document_ids(len(docs), n, "calibration")[::-1]  # the last first

@@ -9,7 +9,9 @@ text) reads its **last** ones. :func:`document_ids` is the one place that split 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
+from pathlib import Path
 
 from capsense.errors import CapsenseError
 
@@ -60,3 +62,38 @@ def document_ids(n_docs: int, n: int, use: str) -> list[int]:
         raise ValueError(f"use must be one of {USES}, got {use!r}")  # a programming error, not user input
     n = max(min(n, n_docs), 0)
     return list(range(n)) if use == "probe" else list(range(n_docs - n, n_docs))
+
+
+def looks_like_task(source: str) -> bool:
+    """A calibration source that may name a capability or task (one word), not literal text."""
+    return source in CAPABILITIES or (" " not in source and "\n" not in source and len(source) < 80)
+
+
+def close_capability(source: str) -> str:
+    """`` (did you mean math?)`` when ``source`` is a near miss of a capability name, else ``""``."""
+    close = difflib.get_close_matches(source, list(CAPABILITIES), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close and source not in CAPABILITIES else ""
+
+
+def misspelt_task_message(source: str) -> str:
+    """The error for a one-word calibration source that is a misspelt capsense task (``capsense_mathh``),
+    ``""`` for anything else; cheap (capsense's task YAMLs, no lm-eval import). Without it the typo
+    was read as literal calibration text."""
+    from capsense.tasks import UnknownTaskError, check_task_names
+
+    if Path(source).is_file() or not looks_like_task(source) or source in CAPABILITIES:
+        return ""
+    try:
+        check_task_names([source])
+    except UnknownTaskError as e:
+        return f"calibration source {source!r}: {e}"
+    return ""
+
+
+def check_calibration_spec(spec: str) -> None:
+    """Every comma-separated source of a ``calibration`` spec spelt right, before a model loads."""
+    if Path(spec).is_file():
+        return
+    for source in (s.strip() for s in spec.split(",")):
+        if source and misspelt_task_message(source):
+            raise MeasureError(misspelt_task_message(source))

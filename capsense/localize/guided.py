@@ -152,4 +152,5 @@ def expected_prior_evaluations(cfg: LocateConfig, n: int) -> int:
 
 
 register(Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
-                identity_keys=("top_k", "top_m", "group_size", "budget", "metric"), attribution=True))
+                identity_keys=("top_k", "top_m", "group_size", "budget", "metric"), attribution=True,
+                options=("budget", "top_m", "group_size")))

@@ -88,6 +88,12 @@ class Method:
     random_masks: bool = False  # masks of k heads (``sparsity`` / ``heads_per_mask`` apply)
     refines: bool = True  # measure-and-choose may follow (by default in selective mode)
     attribution: bool = False  # computes a gradient attribution (3 forward-equivalents)
+    options: tuple[str, ...] = ()  # the settings of METHOD_OPTIONS it reads
+
+
+#: Settings only some methods read; one given to a method that does not read it is an error
+#: (it used to be ignored in silence: ``--heads-per-mask 999`` with prior-guided ran as if unset).
+METHOD_OPTIONS = ("masks", "sparsity", "heads_per_mask", "design", "solver", "alpha", "budget", "top_m", "group_size")
 
 
 #: Name -> method; ``--method`` accepts these names.
@@ -105,8 +111,23 @@ def get_method(cfg: LocateConfig) -> Method:
     choice("method", cfg.method, list(METHODS))
     method = METHODS[cfg.method]
     if cfg.refine and not method.refines:
-        raise LocateError(f"--refine does not apply to --method {cfg.method}, which measures its own top-K set")
+        raise LocateError(f"`refine` does not apply to `method` {cfg.method}, which measures its own top-K set")
+    check_method_options(cfg, method)
     return method
+
+
+def check_method_options(cfg: LocateConfig, method: Method) -> None:
+    """Refuse settings of other methods: a value set (not None, not the default) that ``method`` does not read."""
+    from dataclasses import fields
+
+    default = {f.name: f.default for f in fields(LocateConfig)}
+    foreign = [o for o in METHOD_OPTIONS
+               if o not in method.options and getattr(cfg, o) is not None and getattr(cfg, o) != default[o]]
+    if foreign:
+        readers = "; ".join(f"`{o}` is read by {', '.join(m.name for m in METHODS.values() if o in m.options)}"
+                            for o in foreign)
+        raise LocateError(f"{', '.join(f'`{o}`' for o in foreign)} {'does' if len(foreign) == 1 else 'do'} not apply "
+                          f"to `method` {cfg.method}: {readers}")
 
 
 def refine_budget(cfg: LocateConfig) -> int:
@@ -144,7 +165,8 @@ def search_cs(s: Search) -> Found:
 
 
 register(Method("cs", search_cs, fit_regression, lambda cfg, n: cfg.masks + 1,
-                identity_keys=("design", "heads_per_mask"), random_masks=True))
+                identity_keys=("design", "heads_per_mask"), random_masks=True,
+                options=("masks", "sparsity", "heads_per_mask", "design", "solver", "alpha")))
 
 
 # -- exhaustive --------------------------------------------------------------------------
@@ -239,4 +261,5 @@ def fit_thompson(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateRe
 
 
 register(Method("thompson", search_thompson, fit_thompson, lambda cfg, n: cfg.masks + 1,
-                identity_keys=("design", "heads_per_mask", "metric", "solver", "alpha"), random_masks=True))
+                identity_keys=("design", "heads_per_mask", "metric", "solver", "alpha"), random_masks=True,
+                options=("masks", "sparsity", "heads_per_mask", "solver", "alpha")))

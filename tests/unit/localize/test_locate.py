@@ -26,8 +26,10 @@ def toy(tmp_path_factory):
 
 def _args(toy, out, *extra):
     model, tasks = toy
+    method = extra[list(extra).index("--method") + 1] if "--method" in extra else "cs"
+    per_mask = ["--heads-per-mask", "2"] if method in ("cs", "thompson") else []  # read by random-mask methods only
     return [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--method", "cs",
-            "--heads-per-mask", "2", "--quiet", "--out", str(out), *extra]  # a later --method overrides cs
+            *per_mask, "--quiet", "--out", str(out), *extra]  # a later --method overrides cs
 
 
 def _locate(toy, out, *extra):
@@ -112,7 +114,8 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
 @pytest.mark.parametrize("method, n_evals", [("exhaustive", 13), ("greedy", 13 + 11 + 10), ("thompson", 13)])
 def test_baselines(toy, tmp_path, method, n_evals):
     out = tmp_path / method
-    r = _locate(toy, out, "--method", method, "--masks", "12", "--top-k", "3")
+    masks = ["--masks", "12"] if method == "thompson" else []  # the baselines that sweep every head take none
+    r = _locate(toy, out, "--method", method, *masks, "--top-k", "3")
     assert r.exit_code == 0, r.output
     hf = load_heads_file(out / "heads.json")
     assert hf.meta["method"] == method and hf.meta["n_evaluations"] == n_evals
@@ -144,9 +147,11 @@ def test_exhaustive_effects_are_measured_single_head_changes(toy, tmp_path):
     (["--tolerance", "-0.1"], "--tolerance must be a relative worsening >= 0"),
     (["--top-k", "0"], "--top-k must be at least 1, got 0"),
     (["--method", "greedy", "--refine", "4"], "--refine does not apply to --method greedy"),
+    (["--method", "prior-guided", "--masks", "5", "--heads-per-mask", "999"],
+     "Error: --masks, --heads-per-mask do not apply to --method prior-guided: --masks is read by cs, thompson"),
 ])
 def test_bad_input_is_one_clear_message(toy, tmp_path, extra, message):
-    args = _args(toy, tmp_path / "bad", "--masks", "4")
+    args = _args(toy, tmp_path / "bad", *(["--masks", "4"] if "--masks" not in extra else []))
     if "--sparsity" in extra:  # replace --heads-per-mask 2
         i = args.index("--heads-per-mask")
         del args[i : i + 2]

@@ -17,6 +17,10 @@ from pathlib import Path
 from capsense.errors import CapsenseError
 
 PREFIX = "capsense_"
+#: capsense tasks whose lm-eval ``acc`` (greedy exact match of the whole continuation) is no
+#: accuracy: prose continues with whole sentences that no model reproduces token for token, so
+#: it reads 0 for every model and head set; validation tables leave it out.
+WITHOUT_ACCURACY = frozenset({"capsense_prose"})
 _TASK_LINE = re.compile(r"^(?:task|tag):\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
 
 

@@ -97,3 +97,28 @@ def test_metric_without_gradient_is_one_message_and_writes_nothing(toy, tmp_path
     assert r.exit_code == 1, r.output
     assert "nll" in r.output and "exhaustive" in r.output and "cs" in r.output and "Traceback" not in r.output
     assert not out.exists()
+
+
+def test_heatmap_leaves_heads_never_measured_alone_unpainted(tmp_path):
+    """prior-guided ranks unmeasured heads with a sentinel below the measured ones (min - 1): the
+    heatmap painted it as a small negative importance and let it set the colour scale."""
+    import matplotlib.image
+    import numpy as np
+
+    from capsense.core.arch import HeadLayout
+    from capsense.localize.fit import single_head_scores
+    from capsense.localize.outputs import heatmap, heatmap_grid
+    from capsense.localize.store import Evaluation
+
+    layout = HeadLayout(2, 2, 4)
+    evals = [Evaluation(index=i, heads=h, scores={}) for i, h in enumerate(([], [0], [3]))]
+    imp, seen = single_head_scores(evals, np.array([1.0, 3.0, 1.5]), 4)
+    unmeasured = seen == 0
+    assert unmeasured.tolist() == [False, True, True, False] and imp[1] < min(imp[0], imp[3])  # the sentinel
+    grid, lim = heatmap_grid(imp, layout, unmeasured)
+    assert grid.mask.tolist() == [[False, True], [True, False]]
+    assert lim == max(abs(imp[0]), abs(imp[3]))  # the scale of the measured heads alone
+    heatmap(tmp_path / "h.png", imp, layout, "t", unmeasured=unmeasured)
+    rgb = (matplotlib.image.imread(tmp_path / "h.png")[..., :3] * 255).round()
+    grey = (np.abs(rgb - 211).max(axis=-1) < 1).mean()
+    assert grey > 0.05, grey  # two lightgrey cells (without them: a few anti-aliased pixels, about 0.01%)

@@ -37,7 +37,7 @@ from capsense.compress.methods import (
     METHODS, SETTING_KEYS, BudgetError, Setting, method_family, parse_setting, setting_label,
 )
 from capsense.compress.protect import Protection, ProtectionError, head_protection
-from capsense.compress.targets import KINDS, Target, parse_kinds
+from capsense.compress.targets import KINDS, Target, TargetError, parse_kinds
 
 PRUNE_METHODS = tuple(m for m, c in METHODS.items() if c.family == "prune")
 QUANT_METHODS = tuple(m for m, c in METHODS.items() if c.family == "quant")
@@ -168,7 +168,7 @@ def uniform_budget(setting: Mapping[str, Any], targets: str | Sequence[str] | No
     """A budget applying one setting to every target matrix."""
     try:
         kinds = parse_kinds(targets)
-    except ValueError as e:
+    except TargetError as e:
         raise BudgetError(str(e)) from None
     return Budget(default=normalize_setting(setting), targets=kinds)
 
@@ -203,7 +203,7 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
         default.update({k: v for k, v in cli_setting.items() if v is not None})
     try:
         kinds = parse_kinds(targets if targets is not None else data.get("targets"))
-    except ValueError as e:
+    except TargetError as e:
         raise BudgetError(str(e)) from None
     overrides = [Override.from_dict(d, i) for i, d in enumerate(data.get("overrides") or [])]
     budget = Budget(default=normalize_setting(default), targets=kinds, overrides=overrides, source={"budget_file": str(p)})

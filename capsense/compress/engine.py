@@ -54,7 +54,7 @@ def plan(model: nn.Module, budget: Budget) -> list[tuple[Target, Setting | None]
     """Each target matrix with its setting (None = stays dense). Validates every setting."""
     try:
         return [(t, budget.setting_for(t)) for t in find_targets(model, budget.targets)]
-    except ValueError as e:
+    except CapsenseError as e:
         raise CompressionError(str(e)) from None
 
 
@@ -175,7 +175,7 @@ def compress_model(
             prot = protected.get(t.name)
             try:
                 out = s.apply(t.name, t.get(), stats_for(t, s, stats), prot, base_bits, factor_cache)
-            except ValueError as e:
+            except CapsenseError as e:  # e.g. a Gram matrix the calibration data leaves singular
                 raise CompressionError(f"{t.name}: {e}") from None
             t.set(out.weight)
             accounts[t.name] = _account(t, s, out, prot)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from capsense.errors import CapsenseError
 from capsense.compress.checks import unit_fraction
 
 LOWRANK_METHODS = ("svd", "asvd", "svd-llm")
@@ -34,7 +35,7 @@ def rank_for_ratio(shape: tuple[int, int], ratio: float) -> int:
     ratio = check_ratio(ratio)
     r = min(int(ratio * m * n / (m + n) + 1e-9), min(m, n))
     if r < 1:
-        raise ValueError(
+        raise CapsenseError(
             f"parameter ratio {ratio} leaves no rank for a {m}x{n} matrix: rank 1 needs a ratio of at least "
             f"{(m + n) / (m * n):.4g}"
         )
@@ -107,7 +108,7 @@ def whitening_factor(gram: torch.Tensor, jitter: float = 1e-6) -> torch.Tensor:
         if int(info) == 0:
             return L
         eps *= 10
-    raise ValueError("calibration Gram matrix is not positive definite even with jitter: use more calibration data")
+    raise CapsenseError("calibration Gram matrix is not positive definite even with jitter: use more calibration data")
 
 
 def svd_llm(weight: torch.Tensor, rank: int, gram: torch.Tensor) -> torch.Tensor:

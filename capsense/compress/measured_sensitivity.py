@@ -53,6 +53,7 @@ from capsense.compress.engine import stats_for
 from capsense.compress.methods import Setting
 from capsense.compress.targets import Target
 from capsense.core.replay import BlockReplay
+from capsense.errors import CapsenseError
 
 # How targets group into units: a name and the override condition of a unit.
 UNITS: dict[str, Callable[[Target], tuple[int, str | None]]] = {
@@ -129,7 +130,7 @@ def _undominated(pool: Sequence[Setting], sample: Sequence[torch.Tensor], bits) 
         try:
             err[s] = sum(float((w.float() - s.apply("sample", w, None, None, acc.BASE_BITS).weight).pow(2).sum())
                          for w in sample) / norm
-        except (BudgetError, ValueError):
+        except CapsenseError:
             continue  # a level needing calibration or a rank the sample cannot take: kept
     return [s for s in pool if s not in err or not any(
         bits(o) <= bits(s) and err[o] < err[s] for o in err if o != s)]
@@ -171,7 +172,7 @@ def measure_costs(
         for s in sorted(levels, key=lambda s: s != now):  # the held level first: ties keep it
             try:
                 applied = [(t, _applied(t, s, original, stats, prot)) for t in u.targets]
-            except (BudgetError, ValueError):
+            except CapsenseError:
                 applied = None  # a level this unit cannot take
             if applied is not None:
                 bits = sum(a.bits for _, a in applied)

@@ -113,7 +113,7 @@ class Setting:
         for s in levels:
             try:
                 applied = s.apply(name, w, stats, prot, base_bits, cache)
-            except (BudgetError, ValueError):
+            except CapsenseError:
                 continue  # a level this matrix cannot take (a rank below 1)
             out.append((s, applied.bits, float((f * (w.float() - applied.weight.float()).pow(2)).sum())))
         return out
@@ -263,7 +263,7 @@ class LowRankSetting(Setting):
         fr, fc = prot.free_shape(shape) if prot is not None else shape
         try:
             return rank_for_ratio((fr, fc), self.ratio)
-        except ValueError as e:
+        except CapsenseError as e:
             raise BudgetError(str(e)) from None
 
     def size(self, shape, prot, base_bits):
@@ -315,7 +315,7 @@ def parse_setting(setting: Mapping[str, Any]) -> Setting | None:
         raise BudgetError(f"unknown method {method!r}: valid methods are {', '.join(METHODS)}")
     try:
         parsed = cls.parse(str(method), setting)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, CapsenseError) as e:  # int("x") / float("x") of a user's value, or its range
         raise BudgetError(str(e)) from None
     own = FAMILY_KEYS[cls.family]
     given = [k for f, keys in FAMILY_KEYS.items() for k in keys if k not in own and setting.get(k) is not None]

@@ -66,7 +66,7 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
             try:
                 s = normalize_setting(raw)
                 kinds = parse_kinds(targets)
-            except (BudgetError, ValueError) as e:
+            except CapsenseError as e:
                 raise GridError(f"settings entry {i} ({raw}): {e}") from None
             s["targets"] = ",".join(kinds)
             if s not in out:

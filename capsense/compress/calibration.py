@@ -91,7 +91,7 @@ def collect_stats(
 ) -> dict[str, InputStats]:
     """Run ``samples`` (token id lists) through ``model``; statistics of each target's input."""
     if not samples:
-        raise CalibrationError("no calibration samples: give a task, a file or text with --calibration")
+        raise CalibrationError("no calibration samples: give a task, a file or text with `calibration`")
     stats = {t.name: InputStats(t.shape[1]) for t in targets}
     # q/k/v (and gate/up) read the same input tensor: accumulate it once and share the stats.
     # Holding each input until the sample ends keeps its memory from being reused by a
@@ -175,10 +175,10 @@ def calibration_samples(
 ) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """Token id lists for ``spec`` (comma-separated sources share ``n_samples``) and their provenance."""
     if n_samples < 1:
-        raise CalibrationError(f"--calibration-samples must be at least 1, got {n_samples}")
+        raise CalibrationError(f"`calibration_samples` must be at least 1, got {n_samples}")
     sources = [s.strip() for s in spec.split(",") if s.strip()] if not Path(spec).is_file() else [spec]
     if not sources:
-        raise CalibrationError("empty --calibration: give a task, a file or text")
+        raise CalibrationError("empty `calibration`: give a task, a file or text")
     per = [n_samples // len(sources) + (i < n_samples % len(sources)) for i in range(len(sources))]
     samples: list[list[int]] = []
     info = []

@@ -33,7 +33,7 @@ def capability_probe(capability: str, tokenizer, n: int, use: str = "probe") -> 
 def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64) -> dict[str, Probe]:
     """The fixed probe set of each capability: the first ``n_probes`` documents of its task."""
     if n_probes < 1:
-        raise MeasureError(f"--probes must be at least 1, got {n_probes}")
+        raise MeasureError(f"`probes` must be at least 1, got {n_probes}")
     return {cap: capability_probe(cap, tokenizer, n_probes) for cap in parse_capabilities(capabilities)}
 
 

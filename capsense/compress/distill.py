@@ -105,7 +105,7 @@ class _State:
             return 0, 0
         st = torch.load(self.path, weights_only=False)
         if st["config"] != asdict(self.cfg):
-            raise DistillError(f"{self.path.parent} holds another distillation ({st['config']}): use another --out")
+            raise DistillError(f"{self.path.parent} holds another distillation ({st['config']}): use another `out`")
         with torch.no_grad():
             for p, w in zip(params, st["weights"]):
                 p.copy_(w)

@@ -128,7 +128,7 @@ class MaskRunner:
             elif ev.heads != heads:
                 raise RunStoreError(
                     f"mask {idx} in {self.store.path} knocks out other heads than this run's mask {idx}: "
-                    "the settings or capsense changed; choose another --out"
+                    "the settings or capsense changed; choose another `out`"
                 )
             else:
                 self._count(ev.heads)

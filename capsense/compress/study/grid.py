@@ -158,7 +158,7 @@ def _check_resumable(out: Path, existing: Sequence[Mapping[str, Any]], fp: Mappi
     for r in existing:
         if r.get("grid") != fp:
             raise GridError(
-                f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another --out"
+                f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another `out`"
             )
 
 

@@ -34,18 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from capsense.compress.methods import (
-    METHODS, SETTING_KEYS, BudgetError, Setting, method_family, parse_setting, setting_label,
+    METHODS, SETTING_KEYS, BudgetError, Setting, parse_setting, setting_label,
 )
 from capsense.compress.protect import Protection, ProtectionError, head_protection
 from capsense.compress.targets import KINDS, Target, TargetError, parse_kinds
 
-PRUNE_METHODS = tuple(m for m, c in METHODS.items() if c.family == "prune")
-QUANT_METHODS = tuple(m for m, c in METHODS.items() if c.family == "quant")
-LOWRANK_METHODS = tuple(m for m, c in METHODS.items() if c.family == "lowrank")
-CALIBRATED = {m for m, c in METHODS.items() if m in c.calibrated_methods}
 
 __all__ = [
-    "CALIBRATED", "METHODS", "SETTING_KEYS", "Budget", "BudgetError", "Override", "load_budget", "method_family",
+    "METHODS", "SETTING_KEYS", "Budget", "BudgetError", "Override", "load_budget",
     "normalize_setting", "protections", "setting_label", "uniform_budget",
 ]
 
@@ -254,7 +250,7 @@ def budget_document(budget: Budget) -> dict[str, Any]:
 
 
 def write_budget_file(path, budget: Budget) -> None:
-    """Write ``budget`` as a YAML budget file (``capsense compress --budget`` reproduces it)."""
+    """Write ``budget`` as a YAML budget file (``capsense compress --budget-file`` reproduces it)."""
     import yaml
 
     from capsense.core.files import atomic_write_text

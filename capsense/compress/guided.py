@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 import capsense.compress.accounting as acc
+from capsense.core.registry import Registry
 from capsense.compress.allocate import Candidate, allocate, matrix_candidates
 from capsense.compress.budget import Budget, BudgetError, Override, protections
 from capsense.compress.capabilities import parse_capabilities
@@ -41,7 +42,10 @@ from capsense.compress.measured_sensitivity import check_unit, measured_allocati
 from capsense.compress.methods import Setting, parse_setting
 from capsense.compress.targets import find_targets
 
-SENSITIVITIES = ("kept", "generic", "flat", "measured")
+#: How levels are priced (see :class:`Guide`).
+SENSITIVITIES: Registry[str] = Registry("sensitivity", "sensitivities", BudgetError)
+for _name in ("kept", "generic", "flat", "measured"):
+    SENSITIVITIES.register(_name, _name)
 
 
 @dataclass
@@ -71,8 +75,7 @@ class Guide:
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)
-        if self.sensitivity not in SENSITIVITIES:
-            raise BudgetError(f"unknown sensitivity {self.sensitivity!r}: valid are {', '.join(SENSITIVITIES)}")
+        SENSITIVITIES.check(self.sensitivity)
         if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
         check_unit(self.unit)

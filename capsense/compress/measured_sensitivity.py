@@ -52,14 +52,14 @@ from capsense.compress.budget import BudgetError, Override
 from capsense.compress.engine import stats_for
 from capsense.compress.methods import Setting
 from capsense.compress.targets import Target
+from capsense.core.registry import Registry
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
 
 # How targets group into units: a name and the override condition of a unit.
-UNITS: dict[str, Callable[[Target], tuple[int, str | None]]] = {
-    "kind": lambda t: (t.layer, t.kind),  # a layer's attention matrices, or its MLP matrices
-    "layer": lambda t: (t.layer, None),  # all of a layer's target matrices
-}
+UNITS: Registry[Callable[[Target], tuple[int, str | None]]] = Registry("unit", "units", BudgetError)
+UNITS.register("kind", lambda t: (t.layer, t.kind))  # a layer's attention matrices, or its MLP matrices
+UNITS.register("layer", lambda t: (t.layer, None))  # all of a layer's target matrices
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,7 @@ class Unit:
 
 def check_unit(unit: str) -> str:
     """``unit`` if it names a unit kind, else :class:`BudgetError` listing the valid ones."""
-    if unit not in UNITS:
-        raise BudgetError(f"unknown allocation unit {unit!r}: valid units are {', '.join(UNITS)}")
-    return unit
+    return UNITS.check(unit)
 
 
 def units_of(targets: Sequence[Target], unit: str) -> list[Unit]:

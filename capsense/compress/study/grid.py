@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 from capsense.compress.budget import BudgetError, normalize_setting, uniform_budget
 from capsense.compress.methods import Setting, parse_setting
@@ -75,7 +76,10 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
 
 
 # The value list that spans each family's axis in a grid: (setting key, name of the list).
-GRID_AXES = {"prune": ("density", "densities"), "quant": ("bits", "bits"), "lowrank": ("ratio", "ratios")}
+#: Method family -> (setting key, the grid field listing its values).
+GRID_AXES: Registry[tuple[str, str]] = Registry("family", "families", GridError)
+for _family, _axis in (("prune", ("density", "densities")), ("quant", ("bits", "bits")), ("lowrank", ("ratio", "ratios"))):
+    GRID_AXES.register(_family, _axis)
 
 
 def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[float] | None],
@@ -87,7 +91,7 @@ def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[fl
     for m in methods:
         cls = METHODS.get(m)
         if cls is None:
-            raise GridError(f"unknown method {m!r}: valid methods are {', '.join(METHODS)}")
+            raise GridError(METHODS.unknown_message(m))
         key, name = GRID_AXES[cls.family]
         if not values.get(name):
             raise GridError(f"{m} needs a list of {name}")

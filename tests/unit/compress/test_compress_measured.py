@@ -162,13 +162,13 @@ def test_bad_measured_input_is_one_clear_message(tmp_path, tiny_model_dir):
         Guide(["math"], sensitivity="measured", unit="head")
     with pytest.raises(BudgetError, match="n_levels must be at least 2"):
         Guide(["math"], sensitivity="measured", n_levels=1)
-    with pytest.raises(BudgetError, match="valid are kept, generic, flat, measured"):
+    with pytest.raises(BudgetError, match="valid sensitivities are kept, generic, flat, measured"):
         Guide(["math"], sensitivity="measure")
     tiny = tiny_model_dir
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
                                   "--sensitivity", "guess", "--out", str(out)])
-    assert r.exit_code == 1 and "valid are kept, generic, flat, measured" in r.output and not out.exists()
+    assert r.exit_code == 1 and "valid sensitivities are kept, generic, flat, measured" in r.output and not out.exists()
     assert r.output.count("Error") == 1
 
 

@@ -20,7 +20,7 @@ def located(tmp_path_factory):
     run = root / "run"
     r = CliRunner().invoke(main, [
         "locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
-        "--limit", "15", "--method", "cs", "--masks", "10", "--heads-per-mask", "2", "--quiet", "--out", str(run),
+        "--limit", "15", "--method", "cs", "--masks", "10", "--heads-per-mask", "2", "--no-progress", "--out", str(run),
     ], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return model, tasks, run

@@ -23,7 +23,7 @@ def toy(tmp_path_factory):
 
 def _locate(toy, out, *extra):
     model, tasks = toy
-    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--quiet", "--out", str(out), *extra]
+    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--no-progress", "--out", str(out), *extra]
     return CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
 
 
@@ -62,7 +62,7 @@ def test_prior_guided_is_the_default_and_hands_on_measured_heads(toy, tmp_path):
 
 def test_budget_caps_the_forward_equivalents(toy, tmp_path):
     out = tmp_path / "small"
-    assert _locate(toy, out, "--budget", "6").exit_code == 0
+    assert _locate(toy, out, "--fe-budget", "6").exit_code == 0
     assert _fe(out) <= 6 + 1e-9  # the clean forward and a few knockouts after the attribution
 
 
@@ -93,7 +93,7 @@ def test_metric_without_gradient_is_one_message_and_writes_nothing(toy, tmp_path
     out = tmp_path / "bad"
     model, tasks = toy
     r = CliRunner().invoke(main, ["locate", str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "4",
-                                  "--quiet", "--out", str(out), "--method", method, "--metric", "acc"])
+                                  "--no-progress", "--out", str(out), "--method", method, "--metric", "acc"])
     assert r.exit_code == 1, r.output
     assert "nll" in r.output and "exhaustive" in r.output and "cs" in r.output and "Traceback" not in r.output
     assert not out.exists()

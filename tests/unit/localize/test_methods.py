@@ -46,7 +46,7 @@ def _cfg(**kw) -> LocateConfig:
 
 def test_registry_holds_the_methods_and_names_them_on_a_bad_one():
     assert {"cs", "exhaustive", "greedy", "thompson"} <= set(METHODS)
-    with pytest.raises(LocateError, match="unknown method 'nope': valid values are cs, exhaustive, greedy, thompson"):
+    with pytest.raises(LocateError, match="unknown `method` 'nope': valid methods are cs, exhaustive, greedy, thompson, attribution, prior-guided"):
         get_method(_cfg(method="nope"))
     with pytest.raises(LocateError, match="`refine` does not apply to `method` greedy"):
         get_method(_cfg(method="greedy", refine=3))

@@ -36,8 +36,8 @@ from typing import Any
 from capsense.compress.methods import (
     METHODS, SETTING_KEYS, BudgetError, Setting, parse_setting, setting_label,
 )
-from capsense.compress.protect import Protection, ProtectionError, head_protection
-from capsense.compress.targets import KINDS, Target, TargetError, parse_kinds
+from capsense.compress.protect import Protection, head_protection
+from capsense.compress.targets import KINDS, Target, parse_kinds
 
 
 __all__ = [
@@ -162,10 +162,7 @@ class Budget:
 
 def uniform_budget(setting: Mapping[str, Any], targets: str | Sequence[str] | None = None) -> Budget:
     """A budget applying one setting to every target matrix."""
-    try:
-        kinds = parse_kinds(targets)
-    except TargetError as e:
-        raise BudgetError(str(e)) from None
+    kinds = parse_kinds(targets)
     return Budget(default=normalize_setting(setting), targets=kinds)
 
 
@@ -197,10 +194,7 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
         if cli_setting.get("method") and cli_setting["method"] != default.get("method"):
             default = {}
         default.update({k: v for k, v in cli_setting.items() if v is not None})
-    try:
-        kinds = parse_kinds(targets if targets is not None else data.get("targets"))
-    except TargetError as e:
-        raise BudgetError(str(e)) from None
+    kinds = parse_kinds(targets if targets is not None else data.get("targets"))
     overrides = [Override.from_dict(d, i) for i, d in enumerate(data.get("overrides") or [])]
     budget = Budget(default=normalize_setting(default), targets=kinds, overrides=overrides, source={"budget_file": str(p)})
     protect = data.get("protect")
@@ -233,10 +227,7 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
 
 def protections(model, budget: Budget, targets: Sequence[Target]) -> dict[str, Protection]:
     """Protected rows/columns of each target holding a protected head (columns only unless ``whole_heads``)."""
-    try:
-        return head_protection(model, budget.protect_heads, targets, whole=budget.whole_heads)
-    except ProtectionError as e:
-        raise BudgetError(str(e)) from None
+    return head_protection(model, budget.protect_heads, targets, whole=budget.whole_heads)
 
 
 def budget_document(budget: Budget) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
+from capsense.compress.checks import BudgetError
 from capsense.compress.lowrank import check_ratio, factorize, rank_for_ratio, reconstruct
 from capsense.compress.prune import apply_mask, check_density, check_scope, magnitude_scores, mask_from_scores, wanda_scores
 from capsense.compress.protect import Protection
@@ -25,10 +26,6 @@ from capsense.compress.quantize import check_bits, check_group_size, rtn_bits, r
 
 TYPICAL_SHAPE = (512, 1536)
 SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "skip"}
-
-
-class BudgetError(CapsenseError):
-    """A setting or budget file that cannot be used."""
 
 
 @dataclass(frozen=True)

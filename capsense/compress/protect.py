@@ -21,12 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsense.errors import CapsenseError
+from capsense.compress.checks import BudgetError
 from capsense.compress.targets import Target, out_projection_name
 
 
-class ProtectionError(CapsenseError):
-    """Heads that cannot be protected in this model."""
+ProtectionError = BudgetError  # heads that cannot be protected in this model
 
 
 @dataclass

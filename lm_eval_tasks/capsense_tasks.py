@@ -73,3 +73,38 @@ __all__ += ["sequence"]
 
 def sequence(**metadata):
     return to_dataset(_sequence.make_docs(), metadata)
+
+
+# -- the control suites (capsense.tasks.suite): screened in the search, or kept apart for validation --
+from capsense.tasks import dates as _dates  # noqa: E402
+from capsense.tasks import dialogue as _dialogue  # noqa: E402
+from capsense.tasks import facts as _facts  # noqa: E402
+from capsense.tasks import names as _names  # noqa: E402
+from capsense.tasks import recall as _recall  # noqa: E402
+from capsense.tasks import syntax as _syntax  # noqa: E402
+
+__all__ += ["dates", "dialogue", "facts", "names", "recall", "syntax"]
+
+
+def facts(**metadata):
+    return to_dataset(_facts.make_docs(), metadata)
+
+
+def names(**metadata):
+    return to_dataset(_names.make_docs(), metadata)
+
+
+def dates(**metadata):
+    return to_dataset(_dates.make_docs(), metadata)
+
+
+def syntax(**metadata):
+    return to_dataset(_syntax.make_docs(), metadata)
+
+
+def dialogue(**metadata):
+    return to_dataset(_dialogue.make_docs(), metadata)
+
+
+def recall(**metadata):
+    return to_dataset(_recall.make_docs(), metadata)

@@ -17,7 +17,15 @@ from capsense.commands.output import echo_written, log
 @click.command("locate")
 @click.argument("model")
 @click.option("--task", required=True, help="Target lm-eval task (capsense's lm_eval_tasks/ are always included).")
-@click.option("--controls", help="Comma-separated control tasks: rank heads that hurt the target but not these.")
+@click.option("--controls", default="default", show_default=True,
+              help="Control tasks and suites, comma-separated: rank heads that hurt the target but not these, and set "
+                   "aside heads that hurt any of them. 'default' is the broad control suite (factual recall, names, "
+                   "numbers and dates, code lines, dialogue, prose, multiple choice); add tasks "
+                   "(default,capsense_arithmetic), drop some (-capsense_dates); 'none' for no controls.")
+@click.option("--control-limit", type=int, help="Documents per control task (default: --limit).")
+@click.option("--screen", type=float, default=3.0, show_default=True,
+              help="Collateral screen: a head whose damage to a control exceeds this many robust noises (and "
+                   "--tolerance / --top-k) is not handed on; 0 turns it off.")
 @click.option("--metric", default="nll", show_default=True,
               help="nll (nats/token of the reference continuation), acc (greedy exact match / multiple-choice "
                    "accuracy), or one of the target task's own lm-eval metrics (e.g. exact_match, "
@@ -46,7 +54,7 @@ from capsense.commands.output import echo_written, log
               help="prior-guided: heads per group knockout over the rest (a group that hurts is split).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
-              help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with --controls, else 0).")
+              help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -64,7 +72,7 @@ from capsense.commands.output import echo_written, log
 @click.option("--no-progress", "quiet", is_flag=True, help="No progress bar.")
 @old_name("--quiet", "--no-progress", "quiet", is_flag=True)
 @old_name("--budget", "--fe-budget", "budget", type=float)
-def locate(model: str, task: str, controls: str | None, metric: str, limit: int, masks: int, sparsity: float | None,
+def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, top_k: int, refine: int | None, tolerance: float,
            seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str,
@@ -87,7 +95,7 @@ def locate(model: str, task: str, controls: str | None, metric: str, limit: int,
     if masks_per_forward != "auto" and not masks_per_forward.isdigit():
         raise CapsenseError(f"--masks-per-forward must be auto or a number of masks, got {masks_per_forward!r}")
     cfg = LocateConfig(
-        model=model, task=task, out=str(out), controls=csv_list(controls), metric=metric, limit=limit, masks=masks,
+        model=model, task=task, out=str(out), controls=csv_list(controls), control_limit=control_limit, screen=screen, metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
         seed=seed, batch_size=batch_size,

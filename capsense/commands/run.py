@@ -44,6 +44,6 @@ def run(recipe: Path, out: Path | None, dry_run: bool, quiet: bool) -> None:
     for result in results:
         if result.validation_table:
             click.echo(f"\n{result.task}: top-{result.validation_info['top_k']} = {result.validation_info['heads']}\n"
-                       + result.validation_table)
+                       + result.validation_table + f"\nVerdict: {result.validation_info['verdict']['line']}")
         written += result.written
     echo_written(written)

@@ -19,7 +19,10 @@ from capsense.commands.output import echo_written
 @click.option("--heads", "heads", required=True, type=click.Path(path_type=Path),
               help="heads.json of a locate run (its manifest.json says which documents to hold out).")
 @top_k_option(5, "Ablate the first K heads.")
-@click.option("--tasks", required=True, help="Comma-separated lm-eval tasks: the target and the controls.")
+@click.option("--tasks", help="Comma-separated lm-eval tasks and suites (default: the run's target, its controls and "
+                               "the held-out control suite, which the search never scored).")
+@click.option("--tolerance", type=float, default=0.10, show_default=True,
+              help="Largest relative worsening of an off-target task for the verdict 'selective'.")
 @click.option("--random", "n_random", type=click.IntRange(min=0), default=3, show_default=True,
               help="Random K-head ablations to compare with.")
 @limit_option(100, "Held-out documents per task.")
@@ -31,14 +34,14 @@ from capsense.commands.output import echo_written
 @include_path_option()
 @unsafe_code_option()
 @out_option("Folder for validation.json/.md/.png.")
-def validate(model: str, heads: Path, top_k: int, tasks: str, n_random: int, limit: int, seed: int,
+def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: float, n_random: int, limit: int, seed: int,
              batch_size: int, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
              out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
     from capsense.evaluation.validate import check_validate
 
-    task_list = csv_list(tasks)
-    check_validate(model, heads, top_k, task_list, limit, include_path, out)  # before any heavy import
+    task_list = csv_list(tasks) if tasks else None
+    check_validate(model, heads, top_k, task_list, limit, include_path, out, tolerance)  # before any heavy import
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate as run_validate, write_validation
 
@@ -47,7 +50,7 @@ def validate(model: str, heads: Path, top_k: int, tasks: str, n_random: int, lim
         rows, info = run_validate(
             model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
             device=device, dtype=dtype, include_path=list(include_path), device_map=device_map_from(device_map, parallelize),
-            confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase,
+            confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase, tolerance=tolerance,
         )
     progress.close()
     from capsense.core.distributed import is_main_process
@@ -56,4 +59,5 @@ def validate(model: str, heads: Path, top_k: int, tasks: str, n_random: int, lim
         return  # under accelerate launch the main process writes and prints
     written = write_validation(out, rows, info)
     click.echo(format_validation(rows))
+    click.echo(f"\nVerdict: {info['verdict']['line']}")
     echo_written(written)

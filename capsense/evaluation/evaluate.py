@@ -85,6 +85,7 @@ class MetricRow:
     task: str
     metric: str
     values: dict[str, float]  # label (e.g. "base", "ablated") -> value
+    higher_is_better: bool | None = None  # as the task declares the metric (None: not declared)
 
 
 def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32",
@@ -135,8 +136,8 @@ def evaluate_head_sets(
     from capsense.scoring.probe import quiet_request_building
 
     with quiet_request_building(progress is not None):
-        results = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, limit=limit, samples=samples,
-                                  confirm_run_unsafe_code=confirm_run_unsafe_code)
+        results, direction = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, limit=limit,
+                                             samples=samples, confirm_run_unsafe_code=confirm_run_unsafe_code)
     lm.set_heads(HeadSet())
     lm.quiet_requests = False
     if results is None:  # lm-eval's data parallel (accelerate launch on GPUs): the main process has the results
@@ -151,15 +152,20 @@ def evaluate_head_sets(
             if metrics is not None and name not in metrics:
                 continue
             label = name if filt == "none" else key
-            rows.append(MetricRow(task, label, {lab: float(results[lab][task][key]) for lab in head_sets}))
+            hib = direction.get(task, {}).get(name)
+            rows.append(MetricRow(task, label, {lab: float(results[lab][task][key]) for lab in head_sets},
+                                  None if hib is None else bool(hib)))
     return rows
 
 
-def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kwargs: Any) -> dict[str, Any] | None:
-    """lm-eval's results per head set; None on a process that lm-eval's data parallel gives none."""
+def _run_conditions(lm, head_sets, tasks, manager, progress, display_names,
+                    **kwargs: Any) -> tuple[dict[str, Any] | None, dict[str, dict[str, bool]]]:
+    """lm-eval's results per head set (None on a process that lm-eval's data parallel gives none),
+    and each task's metric directions (lm-eval's ``higher_is_better``)."""
     import lm_eval
 
     results: dict[str, Any] = {}
+    direction: dict[str, dict[str, bool]] = {}
     elsewhere = False
     for label, heads in head_sets.items():
         if progress is not None:
@@ -171,9 +177,10 @@ def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, **kw
             elsewhere = True
             continue
         results[label] = out["results"]
+        direction.update(out.get("higher_is_better") or {})
         if progress is not None:
             progress.update()
-    return None if elsewhere else results
+    return (None if elsewhere else results), direction
 
 
 def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:

@@ -8,9 +8,9 @@
     locate:                           # any LocateConfig field; task may be a list of targets,
                                       # and a field may map targets to values (metric: {gsm8k: exact_match})
       task: capsense_induction
-      controls: [capsense_prose, capsense_arithmetic]
+      controls: [default, capsense_arithmetic]   # default: the "default" control suite; [none]: no controls
       masks: 150
-    validate:                         # optional; tasks default to the target + controls
+    validate:                         # optional; tasks default to the target, its controls and the held-out suite
       top_k: 5
       random: 3
       limit: 100
@@ -34,7 +34,7 @@ class RecipeError(CapsenseError):
 
 _LOCATE_FIELDS = {f.name for f in fields(LocateConfig)} - {"model", "out", "task"}
 _VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "device_map", "dtype",
-                    "include_path", "confirm_run_unsafe_code"}
+                    "include_path", "confirm_run_unsafe_code", "tolerance"}
 
 
 def load_recipe(path: str | Path) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
     steps = []
     for t in targets:
         run_dir = root / t if len(targets) > 1 else root
-        kwargs = {k: v for k, v in loc.items() if k not in per_target}
+        kwargs = {"controls": ["default"], **{k: v for k, v in loc.items() if k not in per_target}}
         kwargs.update({k: v[t] for k, v in per_target.items() if t in v})
         try:
             cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **kwargs)
@@ -86,7 +86,7 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
             raise RecipeError(f"recipe locate section: {e}") from None
         val = data.get("validate")
         if val is not None:
-            val = {"tasks": [t, *cfg.controls], **val, "out": str(run_dir / "validate")}
+            val = {"tasks": None, **val, "out": str(run_dir / "validate")}
         steps.append((cfg, val))
     return steps
 
@@ -100,5 +100,6 @@ def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[st
                      f"--method {cfg.method} " + (f"--fe-budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
                      + f"--limit {cfg.limit} --out {cfg.out}")
         if val:
-            lines.append(f"  validate --top-k {val.get('top_k', 5)} --tasks {','.join(val['tasks'])} --out {val['out']}")
+            tasks = ",".join(val["tasks"]) if val["tasks"] else "<target, controls, held-out suite>"
+            lines.append(f"  validate --top-k {val.get('top_k', 5)} --tasks {tasks} --out {val['out']}")
     return lines

@@ -13,6 +13,7 @@ from typing import Any
 
 from capsense.evaluation.preflight import check_locate, check_output_folder
 from capsense.tasks import check_task_names
+from capsense.tasks.suite import expand_controls
 
 Step = tuple[Any, "dict[str, Any] | None"]  # (LocateConfig, validate settings)
 
@@ -33,7 +34,8 @@ def check_steps(steps: list[Step]) -> None:
     for cfg, val in steps:
         check_locate(cfg)
         if val:
-            check_task_names(val["tasks"], val.get("include_path", cfg.include_path))
+            if val["tasks"]:
+                check_task_names(expand_controls(val["tasks"], cfg.task), val.get("include_path", cfg.include_path))
             check_output_folder(val["out"], "validate `out`")
 
 
@@ -41,6 +43,7 @@ def validate_kwargs(cfg: Any, val: dict[str, Any]) -> dict[str, Any]:
     """The :func:`capsense.evaluation.validate.validate` settings of a recipe's validate section."""
     return dict(
         n_random=int(val.get("random", 3)), limit=val.get("limit", 100), seed=int(val.get("seed", 0)),
+        tolerance=float(val.get("tolerance", 0.10)),
         batch_size=int(val.get("batch_size", 16)), device=val.get("device", cfg.device),
         dtype=val.get("dtype", "float32"), include_path=val.get("include_path", cfg.include_path),
         confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),

@@ -22,7 +22,9 @@ from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
 from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError
+from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, judge
 from capsense.tasks import WITHOUT_ACCURACY, check_task_names
+from capsense.tasks.suite import expand_controls, held_out_controls
 
 
 class ValidateError(CapsenseError):
@@ -42,6 +44,7 @@ class ValidationRow:
     random_change_rel_mean: float | None
     random_change_rel_sd: float | None
     random_values: list[float]
+    higher_is_better: bool | None = None
 
 
 def used_documents(heads_path: Path) -> dict[str, list[int]]:
@@ -84,13 +87,29 @@ def random_head_sets(n_layers: int, n_heads: int, k: int, count: int, seed: int,
     return [HeadSet.from_pairs([pool[i] for i in rng.choice(len(pool), size=k, replace=False)]) for _ in range(count)]
 
 
+def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
+    """The tasks to validate on: ``tasks`` (suite names expanded: ``capsense_induction,held-out``),
+    or by default the locate run's target, its controls and the held-out suite
+    (:data:`capsense.tasks.suite.HELD_OUT`) minus anything the run scored."""
+    target = hf.meta.get("task")
+    controls = list(hf.meta.get("controls") or [])
+    if tasks:
+        return expand_controls(tasks, target or "")
+    if not target:
+        raise ValidateError("the heads file does not say which task it was located for: give `tasks`")
+    return [target, *controls, *held_out_controls(target, controls)]
+
+
 def check_validate(
-    model: str, heads: str | Path, top_k: int, tasks: Sequence[str], limit: int | None = 100,
-    include_path: Sequence[str] = (), out: str | Path | None = None,
+    model: str, heads: str | Path, top_k: int, tasks: Sequence[str] | None, limit: int | None = 100,
+    include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
 ) -> HeadsFile:
     """Every check that needs neither torch nor lm-eval nor the model; returns the heads file."""
     heads_path = Path(heads)
     hf = load_heads_file(heads_path)
+    if not tolerance >= 0:
+        raise ValidateError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
+    tasks = validation_tasks(hf, tasks)
     if top_k < 1:
         raise ValidateError(f"`top_k` must be at least 1, got {top_k}")
     if top_k > len(hf.heads):
@@ -113,7 +132,7 @@ def validate(
     model: str,
     heads: str | Path,
     top_k: int,
-    tasks: Sequence[str],
+    tasks: Sequence[str] | None = None,
     n_random: int = 3,
     limit: int | None = 100,
     seed: int = 0,
@@ -125,8 +144,12 @@ def validate(
     log=print,
     progress: Any = None,
     device_map: str | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
-    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs.
+    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs,
+    and judge selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``.
+
+    ``tasks``: by default the run's target, its controls and the held-out control suite.
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is
     labelled with each condition (base, top-K, random i) as it runs. Under ``accelerate launch``
@@ -138,7 +161,8 @@ def validate(
     from capsense.tasks import task_manager
 
     heads_path = Path(heads)
-    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path)
+    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance)
+    tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)
     used = used_documents(heads_path)
@@ -161,6 +185,7 @@ def validate(
         "random_sets": [str(h) for h in randoms], "samples": samples,
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
+        "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance),
     }
     return rows, info
 
@@ -179,6 +204,7 @@ def validation_rows(raw: Sequence[Any], n_random: int) -> list[ValidationRow]:
             random_mean=float(np.mean(rv)) if rv else None, random_sd=float(np.std(rv)) if rv else None,
             random_change_rel_mean=float(np.mean(rrel)) if rrel else None,
             random_change_rel_sd=float(np.std(rrel)) if rrel else None, random_values=rv,
+            higher_is_better=getattr(r, "higher_is_better", None),
         ))
     return rows
 
@@ -197,6 +223,15 @@ def format_validation(rows: Sequence[ValidationRow]) -> str:
     return "\n".join(lines)
 
 
+def verdict_lines(info: dict[str, Any]) -> list[str]:
+    """The verdict paragraph of validation.md (empty for a validation without one)."""
+    v = info.get("verdict")
+    if not v:
+        return []
+    roles = ", ".join(f"{j['task']} ({j['role']})" for j in {j["task"]: j for j in v["rows"]}.values())
+    return [f"**Verdict: {v['line']}.**", "", f"Off-target tasks judged: {roles or 'none'}.", ""]
+
+
 def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, Any]) -> list[Path]:
     """validation.json, validation.md and validation.png in ``out``."""
     from capsense.evaluation.validation_chart import validation_chart
@@ -213,6 +248,7 @@ def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, A
         "",
         format_validation(rows),
         "",
+        *verdict_lines(info),
         "![validation](validation.png)",
         "",
     ]

@@ -13,8 +13,10 @@ from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
 from capsense.localize.refine import DEFAULT_TOLERANCE
+from capsense.localize.screen import DEFAULT_SCREEN_Z
 from capsense.localize.solvers import SOLVERS
 from capsense.scoring import METRICS
+from capsense.tasks.suite import expand_controls
 
 
 class LocateError(CapsenseError):
@@ -28,7 +30,11 @@ class LocateConfig:
     model: str
     task: str
     out: str
+    # control tasks and suites ("default", "held-out"), expanded on construction (capsense.tasks.suite);
+    # empty: not selective. The CLI and recipes default to the "default" suite.
     controls: list[str] = field(default_factory=list)
+    control_limit: int | None = None  # documents per control task (None: `limit`)
+    screen: float = DEFAULT_SCREEN_Z  # collateral screen: robust z beyond which a control's damage excludes a head; 0 = off
     metric: str = "nll"
     limit: int | None = 100  # paper: 100 samples per mask
     masks: int = 100  # paper: 100 masks
@@ -56,6 +62,9 @@ class LocateConfig:
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
     task_metric_higher_is_better: bool = True  # set by locate from the task when --metric is the task's own
+
+    def __post_init__(self) -> None:
+        self.controls = expand_controls(self.controls, self.task)
 
     def check(self) -> None:
         """Raise :class:`LocateError` for settings that are wrong before any model is loaded.
@@ -85,6 +94,12 @@ class LocateConfig:
             raise LocateError(f"--masks must be at least 2, got {self.masks}")
         if self.limit is not None and self.limit < 1:
             raise LocateError(f"--limit must be at least 1, got {self.limit}")
+        if self.control_limit is not None and self.control_limit < 1:
+            raise LocateError(f"`control_limit` must be at least 1 document per control task, got {self.control_limit}")
+        if self.control_limit is not None and not self.controls:
+            raise LocateError("`control_limit` applies to control tasks, and this run has none (`controls`)")
+        if not self.screen >= 0:
+            raise LocateError(f"`screen` must be a robust z-score >= 0 (0 = no collateral screen), got {self.screen}")
         if self.alpha is not None and self.alpha <= 0:
             raise LocateError(f"--alpha must be positive, got {self.alpha}")
         if self.top_k < 1:
@@ -101,6 +116,12 @@ class LocateConfig:
             raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
         if self.masks_per_forward is not None and self.masks_per_forward < 1:
             raise LocateError(f"`masks_per_forward` must be at least 1 (or None: automatic), got {self.masks_per_forward}")
+
+    def limit_for(self, task: str) -> int | None:
+        """Documents scored for ``task``: ``control_limit`` for controls (when set), else ``limit``."""
+        if task != self.task and self.control_limit is not None:
+            return self.control_limit
+        return self.limit
 
     @property
     def tasks(self) -> list[str]:

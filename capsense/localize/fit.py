@@ -18,6 +18,7 @@ import numpy as np
 from capsense.core.tables import relative_change
 from capsense.localize.config import LocateConfig
 from capsense.localize.refine import Refinement
+from capsense.localize.screen import Screen
 from capsense.localize.solvers import HeadScores, make_solver, residualize, ridge_effects, standardize
 from capsense.localize.store import Evaluation
 
@@ -36,6 +37,7 @@ class LocateResult:
     refinement: Refinement | None = None
     estimates: dict[str, np.ndarray] | None = None  # attribution's estimated effect per task (relative)
     forward_equivalents: float = 0.0
+    screen: Screen | None = None  # the collateral screen of a selective run
 
 
 def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:
@@ -132,3 +134,17 @@ def put_first(scores: HeadScores, chosen: Sequence[int]) -> HeadScores:
     boost = np.zeros(len(imp))
     boost[list(chosen)] = np.arange(len(chosen), 0, -1) + top
     return HeadScores(imp + boost, scores.confidence, scores.marginal)
+
+
+def put_last(scores: HeadScores, heads: Sequence[int]) -> HeadScores:
+    """The same scores, re-ranked so that ``heads`` come after every other head (their own order kept)."""
+    imp = scores.importance
+    if not len(heads):
+        return scores
+    finite = imp[np.isfinite(imp)]
+    span = (np.nanmax(finite) - np.nanmin(finite) + 1.0) if finite.size else 1.0
+    low = np.nanmin(finite) if finite.size else 0.0
+    out = imp.copy()
+    idx = list(heads)
+    out[idx] = np.where(np.isfinite(imp[idx]), imp[idx], low) - span
+    return HeadScores(out, scores.confidence, scores.marginal)

@@ -46,6 +46,10 @@ def head_records(cfg: LocateConfig, result: LocateResult, layout: HeadLayout) ->
         }
         if effects:
             rec["control_effects"] = effects
+        if result.screen is not None and i in result.screen.worst:
+            c, d = result.screen.worst[i]
+            rec["worst_control"] = {"task": c, "effect": _f(d)}
+            rec["collateral"] = i in result.screen.excluded
         if result.raw_scores is not None:
             rec["raw_importance"] = _f(result.raw_scores.importance[i])
         if result.estimates is not None:  # attribution's first-order estimate beside the measured effect
@@ -78,8 +82,10 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         + ("; estimate = gradient attribution's first-order estimate of the target effect (null effect: "
            "not knocked out alone)" if result.estimates is not None else ""),
     }
+    n_heads = layout.n_heads
+    if result.screen is not None:
+        meta["screen"] = result.screen.as_dict(lambda i: _name(i, n_heads))
     if result.refinement is not None:
-        n_heads = layout.n_heads
         meta["refine"] = result.refinement.as_dict(lambda i: _name(i, n_heads))
     heads_path = write_heads_file(out / "heads.json", HeadsFile(model=cfg.model, heads=recs, meta=meta))
     cols = ["rank", "layer", "head", "importance", "confidence", "raw_importance", "target_effect", "control_effect", "estimate"]
@@ -165,14 +171,20 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         "",
     ]
     est = result.estimates is not None
+    worst = result.screen is not None
     hdr = ("| rank | head | importance | confidence | target effect |" + (" estimate |" if est else "")
-           + "".join(f" {c} effect |" for c in cfg.controls))
-    lines += [hdr, "|" + "---|" * (5 + est + len(cfg.controls))]
+           + (" worst control |" if worst else "") + "".join(f" {c} effect |" for c in cfg.controls))
+    lines += [hdr, "|" + "---|" * (5 + est + worst + len(cfg.controls))]
     for r in recs[:15]:
         row = f"| {r['rank']} | {Head(r['layer'], r['head'])} | {r['importance']} | {r['confidence']} | {_pct(r['target_effect'])} |"
         row += f" {_pct(r.get('estimate'))} |" if est else ""
+        if worst:
+            w = r.get("worst_control")
+            row += f" {w['task']} {_pct(w['effect'])}{' (set aside)' if r.get('collateral') else ''} |" if w else " |"
         row += "".join(f" {_pct(r.get('control_effects', {}).get(c))} |" for c in cfg.controls)
         lines.append(row)
+    if result.screen is not None:
+        lines += ["", *_screen_lines(result.screen, manifest["layout"]["n_heads"])]
     if result.refinement is not None:
         lines += ["", *_refine_lines(result.refinement, cfg, manifest["layout"]["n_heads"])]
     if result.raw_scores is not None:
@@ -203,6 +215,27 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         row("ranking's top K", ref.start),
         row("chosen", ref.quality, ref.heads),
     ]
+
+
+def _screen_lines(screen, n_heads: int) -> list[str]:
+    """The collateral screen: its thresholds per control and the heads it set aside."""
+    lines = [
+        "## Collateral screen",
+        "",
+        f"A head measured alone is set aside (ranked after every clean head, never in the chosen set) when it "
+        f"worsens any control by more than {screen.z:g} robust noises above the control's median single-head effect, "
+        f"and by at least {100 * screen.floor:.2f}%.",
+        "",
+        "| control | noise | threshold |",
+        "|---|---|---|",
+        *(f"| {c} | {_pct(screen.noise[c]) or 'unknown'} | {_pct(t)} |" for c, t in screen.threshold.items()),
+        "",
+    ]
+    if not screen.excluded:
+        return lines + ["No head measured alone crossed a threshold."]
+    lines += ["| head set aside | control | its damage |", "|---|---|---|"]
+    lines += [f"| {_name(h, n_heads)} | {c} | {_pct(d)} |" for h, (c, d) in sorted(screen.excluded.items(), key=lambda kv: -kv[1][1])]
+    return lines
 
 
 def _pct(x: float | None) -> str:

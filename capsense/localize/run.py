@@ -2,9 +2,15 @@
 control tasks) into probes, evaluates the method's knockout masks (resumably, into a run
 folder), fits a ranking, measures and chooses the top-K set, and writes the outputs.
 
-**Selective mode** (``controls``): every mask is also scored on the control tasks and the
-solver fits the target score *residualized on the control scores* (OLS over the same
-masks), so heads that hurt everything (early generic heads) drop out of the ranking.
+**Selective mode** (``controls``; the CLI and recipes default to the ``default`` control suite of
+:mod:`capsense.tasks.suite`): every mask is also scored on the control tasks and the solver fits
+the target score *residualized on the control scores* (OLS over the same masks), so heads that
+hurt everything (early generic heads) drop out of the ranking. The collateral screen
+(:mod:`capsense.localize.screen`) then sets aside every head whose measured knockout hurts a
+control beyond its noise, and measure-and-choose picks the K-set from the heads left. The
+screen costs no evaluation of its own: the suite's probes ride along in every forward (the
+forward-equivalent unit is a forward over *all* the run's documents, so a larger suite makes
+each unit slower, not the count larger).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
@@ -23,11 +31,12 @@ from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
-from capsense.localize.fit import LocateResult, damage, put_first
+from capsense.localize.fit import LocateResult, damage, put_first, put_last
 from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, head_set_masks, refine
+from capsense.localize.screen import collateral_screen
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 from capsense.scoring import METRICS
@@ -48,6 +57,10 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
         keys.append("metric")
     if refine_budget(cfg):  # refine's sets follow from the fit of every earlier mask
         keys += ["masks", "metric", "solver", "alpha", "top_k", "refine", "tolerance"]
+        if cfg.controls and cfg.screen:  # the screen decides refine's candidates (folders from before it: screen off)
+            keys.append("screen")
+    if cfg.control_limit is not None:  # (doc_ids hold the documents; a folder from before control_limit has none)
+        keys.append("control_limit")
     return list(dict.fromkeys(keys))
 
 
@@ -84,6 +97,8 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "task": cfg.task,
         "controls": list(cfg.controls),
         "limit": cfg.limit,
+        "control_limit": cfg.control_limit,
+        "screen": cfg.screen or None,
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,
@@ -144,7 +159,8 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
             for e in evs
         ]
 
-    found = refine(ranking, min(cfg.top_k, n), measure, budget=refine_budget(cfg), tolerance=cfg.tolerance)
+    k = min(cfg.top_k, n, len(ranking))
+    found = refine(ranking, k, measure, budget=refine_budget(cfg), tolerance=cfg.tolerance)
     return found, spent
 
 
@@ -172,8 +188,9 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
                  progress: RunProgress | None) -> list[Evaluation]:
     """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
     n = layout.n_total
+    ranking = refine_candidates(result, min(cfg.top_k, n))
     result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)),
-                                         lambda: refine_ranking(runner, cfg, n, evals[0], result.scores.rank))
+                                         lambda: refine_ranking(runner, cfg, n, evals[0], ranking))
     result.scores = put_first(result.scores, result.refinement.heads)
     result.n_evaluations += len(spent)
     q = result.refinement.quality
@@ -183,6 +200,30 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
         + f" (target {100 * q.target:+.1f}%, worst control {100 * q.control:+.1f}%, tolerance {100 * cfg.tolerance:.1f}%)"
     )
     return spent
+
+
+def refine_candidates(result: LocateResult, k: int) -> list[int]:
+    """The ranking measure-and-choose draws from: without the heads the screen set aside and, when
+    at least ``k`` heads were measured alone, only those (a head never knocked out alone has no
+    known target or control effect; swapping such heads in, in index order, cost full forwards
+    from layer 0 and handed on unscreened heads: seen on SmolLM2 with prior-guided)."""
+    ranking = result.screen.clean(result.scores.rank) if result.screen is not None else [int(h) for h in result.scores.rank]
+    measured = [h for h in ranking if np.isfinite(result.target_effect[h])]
+    return measured if len(measured) >= k else ranking
+
+
+def screen_step(cfg: LocateConfig, result: LocateResult, layout: HeadLayout, log: Callable[[str], None]) -> None:
+    """The collateral screen (:mod:`capsense.localize.screen`) on the heads measured alone: excluded
+    heads rank after every clean head, whatever their target effect. Costs no evaluation: every
+    mask was scored on the controls already."""
+    result.screen = collateral_screen(result.control_effects, z=cfg.screen, floor=cfg.tolerance / max(1, cfg.top_k),
+                                      spread=result.estimates)
+    result.scores = put_last(result.scores, sorted(result.screen.excluded))
+    if result.screen.excluded:
+        name = lambda h: str(Head.from_index(h, layout.n_heads))  # noqa: E731
+        worst = sorted(result.screen.excluded.items(), key=lambda kv: -kv[1][1])
+        log(f"screen: {len(worst)} head(s) set aside for collateral damage: "
+            + ", ".join(f"{name(h)} ({c} {100 * d:+.1f}%)" for h, (c, d) in worst[:8]) + (" ..." if len(worst) > 8 else ""))
 
 
 def _display(cfg: LocateConfig, progress: RunProgress | None, n_evaluations: int) -> RunProgress | None:
@@ -228,7 +269,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     n = layout.n_total
     check_processes(ctx.world, method.n_evaluations(cfg, n) - 1)
     k = random_mask_size(cfg, method, layout)
-    probes = {t: build_probe(t, tokenizer, cfg.limit, cfg.seed, cfg.include_path) for t in cfg.tasks}
+    probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path) for t in cfg.tasks}
     extra = task_metric_scorers(cfg, model, tokenizer, probes)
     mpf = cfg.masks_per_forward or auto_masks_per_forward(model, cfg.batch_size, longest_request(probes))
     placed = {"device": device, "masks_per_forward": mpf, "processes": ctx.world}
@@ -264,6 +305,8 @@ def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layou
         result = method.fit(found.evals, cfg, n)
         if found.chosen is not None:
             result.scores = put_first(result.scores, found.chosen)
+        if cfg.controls:
+            screen_step(cfg, result, layout, log)
         if refine_budget(cfg):
             _refine_step(runner, cfg, layout, result, found.evals, done, log, progress)
         return result

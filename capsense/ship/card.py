@@ -31,6 +31,60 @@ def _validation_rows(data: Any) -> list[dict[str, Any]] | None:
     return None
 
 
+def validation_folder(run_dir: str | os.PathLike) -> Path:
+    """Where a run's validation lives: the folder itself, or a recipe's ``validate`` beside ``locate``."""
+    run = Path(run_dir)
+    if not (run / "validation.md").is_file() and not (run / "validation.json").is_file():
+        if (run.parent / "validate").is_dir() and run.name == "locate":
+            run = run.parent / "validate"
+    return run
+
+
+def off_target_changes(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Every measured off-target change of the exported set: on the search's documents (each control's
+    relative damage of the chosen set, from ``heads.json``) and on held-out documents and controls
+    (the validation's verdict and judged rows), or None when neither was measured."""
+    out: dict[str, Any] = {}
+    chosen = ((heads_meta or {}).get("refine") or {}).get("chosen")
+    if chosen:
+        out["search"] = {"heads": chosen.get("heads"), "target_damage": chosen.get("target_damage"),
+                         "control_damage": chosen.get("control_damage"),
+                         "meaning": "relative worsening of each control's nll on the locate run's documents"}
+    js = validation_folder(run_dir) / "validation.json"
+    if js.is_file():
+        try:
+            verdict = json.loads(js.read_text(encoding="utf-8")).get("verdict")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            verdict = None
+        if verdict:
+            out["validation"] = {"verdict": verdict.get("line"), "selective": verdict.get("selective"),
+                                 "tolerance": verdict.get("tolerance"),
+                                 "rows": [{k: r.get(k) for k in ("task", "metric", "role", "base", "ablated", "worsening",
+                                                                 "random_worst")} for r in verdict.get("rows", [])]}
+    return out or None
+
+
+def _selectivity_section(meta: dict[str, Any]) -> list[str]:
+    """The card's off-target changes: the verdict, then every control measured, or a plain warning."""
+    off = meta.get("off_target") or {}
+    lines = ["", "## Selectivity (off-target changes)", ""]
+    val = off.get("validation")
+    if val:
+        lines += [f"Verdict on held-out documents: **{val['verdict']}**.", "",
+                  "| task | metric | role | base | ablated | worsening | random-K worst |", "|---|---|---|---|---|---|---|"]
+        for r in val["rows"]:
+            rnd = "" if r.get("random_worst") is None else f"{100 * r['random_worst']:+.1f}%"
+            lines.append(f"| {r['task']} | {r['metric']} | {r['role']} | {r['base']:.4f} | {r['ablated']:.4f} | "
+                         f"{100 * r['worsening']:+.1f}% | {rnd} |")
+    else:
+        lines.append("Not validated on held-out controls: the claim that this edit spares other capabilities is untested.")
+    search = off.get("search")
+    if search and search.get("control_damage"):
+        lines += ["", "On the search's own documents, the set's relative nll worsening per control: "
+                  + ", ".join(f"`{c}` {100 * v:+.1f}%" for c, v in search["control_damage"].items()) + "."]
+    return lines
+
+
 def find_validation(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None = None) -> str | None:
     """The validation table of a run folder as markdown, or None if it has none.
 
@@ -39,10 +93,7 @@ def find_validation(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | Non
     ``{task: {metric: value}}``), and a ``validation`` entry of the heads file itself. A
     recipe's run keeps them in the ``validate`` folder beside ``locate``, which is looked in too.
     """
-    run = Path(run_dir)
-    if not (run / "validation.md").is_file() and not (run / "validation.json").is_file():
-        if (run.parent / "validate").is_dir() and run.name == "locate":
-            run = run.parent / "validate"
+    run = validation_folder(run_dir)
     md = run / "validation.md"
     if md.is_file():
         keep = [ln for ln in md.read_text(encoding="utf-8").splitlines()
@@ -233,6 +284,8 @@ def build_model_card(meta: dict[str, Any], repo_id: str | None = None) -> ModelC
         base_model_relation=("adapter" if adapter else "finetune") if hub_id else None,
     )
     lines = [*_intro(meta), *_heads_section(meta), *_load_section(meta, repo_id), *_reproduce_section(meta)]
+    if meta.get("capability"):
+        lines += _selectivity_section(meta)
     if meta.get("validation_markdown"):
         lines += ["", "## Validation", "", meta["validation_markdown"]]
     lines += _provenance(meta)

@@ -104,7 +104,7 @@ def build_metadata(
     out: Path, model_type: str,
 ) -> dict[str, Any]:
     """The contents of ``capsense.json``: heads, base model, capability, ablation, how to reproduce."""
-    from capsense.ship.card import find_validation
+    from capsense.ship.card import find_validation, off_target_changes
 
     hub_id = base_model_hub_id(model)
     source_meta = heads_file.meta if heads_file else {}
@@ -135,6 +135,9 @@ def build_metadata(
         validation = find_validation(heads_source.parent, source_meta)
         if validation:
             meta["validation_markdown"] = validation
+        off = off_target_changes(heads_source.parent, source_meta)
+        if off:
+            meta["off_target"] = off
     return meta
 
 

@@ -20,7 +20,7 @@ def test_shipped_recipes_load(path):
     assert steps and data["hardware"] and data["expected_time"]
     for cfg, val in steps:
         cfg.check()
-        assert val is None or cfg.task in val["tasks"]
+        assert val is None or val["tasks"] is None or cfg.task in val["tasks"]  # None: target, controls, held-out suite
 
 
 def test_paper_recipe_follows_the_paper():
@@ -39,7 +39,22 @@ def test_bad_recipe_key(tmp_path):
 def test_run_dry_run_prints_the_steps():
     r = CliRunner().invoke(main, ["run", "recipes/smollm2_induction_cpu.yaml", "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert "locate smollm2-135m --task capsense_induction --controls capsense_prose,capsense_arithmetic" in r.output
+    from capsense.tasks.suite import SCREEN
+
+    assert f"locate smollm2-135m --task capsense_induction --controls {','.join(SCREEN)},capsense_arithmetic" in r.output
+    assert "--tasks <target, controls, held-out suite>" in r.output
+
+
+def test_a_recipe_without_controls_uses_the_default_suite(tmp_path):
+    from capsense.tasks.suite import SCREEN
+
+    p = tmp_path / "r.yaml"
+    p.write_text("model: m\nlocate:\n  task: capsense_induction\n")
+    (cfg, _), = recipe_steps(load_recipe(p))
+    assert cfg.controls == list(SCREEN)
+    p.write_text("model: m\nlocate:\n  task: capsense_induction\n  controls: [none]\n")
+    (cfg, _), = recipe_steps(load_recipe(p))
+    assert cfg.controls == []
 
 
 def test_a_field_may_map_targets_to_values(tmp_path):

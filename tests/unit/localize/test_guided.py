@@ -23,7 +23,8 @@ def toy(tmp_path_factory):
 
 def _locate(toy, out, *extra):
     model, tasks = toy
-    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--no-progress", "--out", str(out), *extra]
+    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--no-progress", "--out", str(out),
+            "--controls", "none", *extra]  # a later --controls overrides none
     return CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
 
 

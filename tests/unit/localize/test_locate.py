@@ -29,7 +29,7 @@ def _args(toy, out, *extra):
     method = extra[list(extra).index("--method") + 1] if "--method" in extra else "cs"
     per_mask = ["--heads-per-mask", "2"] if method in ("cs", "thompson") else []  # read by random-mask methods only
     return [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--method", "cs",
-            *per_mask, "--no-progress", "--out", str(out), *extra]  # a later --method overrides cs
+            *per_mask, "--no-progress", "--out", str(out), "--controls", "none", *extra]  # later options override
 
 
 def _locate(toy, out, *extra):
@@ -288,7 +288,7 @@ def test_task_metric_named_at_run_time(toy, tmp_path):
     model, tasks = toy
     out = tmp_path / "fn"
     args = [str(model), "--task", TOY_GEN_FN, "--include-path", str(tasks), "--limit", "4", "--heads-per-mask", "3",
-            "--masks", "2", "--method", "cs", "--metric", "len@chars", "--no-progress", "--out", str(out)]
+            "--masks", "2", "--method", "cs", "--metric", "len@chars", "--controls", "none", "--no-progress", "--out", str(out)]
     r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]

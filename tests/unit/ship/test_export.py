@@ -354,3 +354,36 @@ def test_cli_refuses_existing_folder(folders, tmp_path):
     r = _cli(*args, "--overwrite")
     assert r.exit_code == 0, r.output
     assert "x" not in os.listdir(out)
+
+
+def test_export_states_every_measured_off_target_change(folders, tmp_path):
+    """capsense.json and the card carry the verdict and every control's change, not only the named ones."""
+    run = tmp_path / "run"
+    run.mkdir()
+    meta = {"task": "capsense_induction", "controls": ["capsense_facts", "capsense_arithmetic"],
+            "refine": {"chosen": {"heads": ["L2H3", "L0H1"], "target_damage": 2.5,
+                                  "control_damage": {"capsense_facts": 0.014, "capsense_arithmetic": -0.02}}}}
+    (run / "heads.json").write_text(json.dumps({"model": "tiny", **meta, "heads": [
+        {"layer": 2, "head": 3, "importance": 0.9}, {"layer": 0, "head": 1, "importance": 0.25}]}))
+    verdict = {"selective": False, "tolerance": 0.1, "line": "NOT selective: 1 off-target row(s) beyond ...",
+               "rows": [{"task": "capsense_recall", "metric": "acc", "role": "held-out", "base": 0.65, "ablated": 0.25,
+                         "worsening": 0.615, "random_worst": 0.03}]}
+    (run / "validation.json").write_text(json.dumps({"rows": [], "verdict": verdict}))
+    out = export_checkpoint(str(folders("llama")), str(run / "heads.json"), tmp_path / "out", top_k=2).out
+    off = json.loads((out / "capsense.json").read_text())["off_target"]
+    assert off["search"]["control_damage"] == {"capsense_facts": 0.014, "capsense_arithmetic": -0.02}
+    assert off["validation"]["selective"] is False and off["validation"]["rows"][0]["task"] == "capsense_recall"
+    card = (out / "README.md").read_text()
+    assert "## Selectivity (off-target changes)" in card and "NOT selective" in card
+    assert "| capsense_recall | acc | held-out | 0.6500 | 0.2500 | +61.5% | +3.0% |" in card
+    assert "`capsense_facts` +1.4%" in card
+
+
+def test_export_without_validation_says_selectivity_is_untested(folders, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "heads.json").write_text(json.dumps({"model": "tiny", "task": "capsense_induction", "controls": [],
+                                                "heads": [{"layer": 2, "head": 3, "importance": 0.9}]}))
+    out = export_checkpoint(str(folders("llama")), str(run / "heads.json"), tmp_path / "out", top_k=1).out
+    assert "off_target" not in json.loads((out / "capsense.json").read_text())
+    assert "Not validated on held-out controls" in (out / "README.md").read_text()

@@ -1,0 +1,134 @@
+"""The selectivity verdict of a validation: is every off-target change within tolerance?
+
+A head set is *selective* for its target when knocking it out leaves every other capability
+measured about where it was. Validation rows come in three roles: the ``target``; the
+``searched`` controls (scored by the locate run on other documents: the choice could fit
+them); and the ``held-out`` controls (tasks the search never scored: the honest test). For
+every off-target row the verdict takes the relative *worsening* (+0.1 = 10% worse, whichever
+way the metric points) and compares it with the ``tolerance`` and with its noise: the random
+K-head sets of the same validation (the band up to their mean + 2 sd, at least their worst: what
+knocking out K heads at random costs that row). A row *fails* when it is beyond both: worse than
+the tolerance and worse than K random heads make it. The verdict says "selective" only when no
+row fails, and names the rows beyond tolerance but within noise, and those within tolerance but
+above the random band, so a reader sees every caveat. Why noise counts: the first SmolLM2 run with
+the default suite moved numbers-and-dates accuracy from 0.36 to 0.32 on 25 held-out documents,
+one document, -11%, exactly what the worst random set did (-11%); a one-document flip is the
+resolution of such a control, not collateral damage.
+
+Which rows count: each task is judged by its task-level metric: its accuracy-like metrics
+where the clean model scores at least ``MIN_BASE_SCORE`` on them, else (an accuracy of 0.05
+halved is noise; prose's greedy whole-passage match is 0 either way) its nats/token. The
+nats/token of a task with a usable accuracy is reported in the table, not judged: measured on
+SmolLM2, few-shot QA's nats/token rose 42% under the old induction set while its accuracy fell
+19%; confidence in the answer is not the capability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_TOLERANCE = 0.10  # off-target relative worsening a selective set may cause on held-out documents
+MIN_BASE_SCORE = 0.2
+LOWER_IS_BETTER = ("nats_per_token", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
+
+
+@dataclass
+class OffTarget:
+    """One off-target row judged: its worsening, the random sets' worsening, and the two checks."""
+
+    task: str
+    metric: str
+    role: str  # "searched" or "held-out"
+    base: float
+    ablated: float
+    worsening: float
+    random_worst: float | None
+    random_band: float | None  # the random sets' worsening: up to max(mean + 2 sd, worst)
+    within_tolerance: bool
+    within_random: bool | None  # None: no random set to compare with
+
+    @property
+    def fails(self) -> bool:
+        """Beyond the tolerance and beyond what K random heads cost: collateral damage."""
+        return not self.within_tolerance and self.within_random is not True
+
+
+def lower_is_better(metric: str, declared: bool | None) -> bool:
+    """Whether a smaller value is better (lm-eval's declaration first, else the metric's name)."""
+    if declared is not None:
+        return not declared
+    return metric.split(",")[0] in LOWER_IS_BETTER
+
+
+def worsening(base: float, value: float, lower_better: bool) -> float | None:
+    """Relative worsening of ``value`` against ``base`` (positive = worse); None where base is 0."""
+    if not np.isfinite(base) or not np.isfinite(value) or base == 0:
+        return None
+    rel = (value - base) / abs(base)
+    return rel if lower_better else -rel
+
+
+def _low(r: Any) -> bool:
+    return lower_is_better(r.metric, getattr(r, "higher_is_better", None))
+
+
+def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """The verdict over validation rows (:class:`capsense.evaluation.validate.ValidationRow`)."""
+    judged: list[OffTarget] = []
+    usable = {r.task for r in rows if not _low(r) and np.isfinite(r.base) and r.base >= MIN_BASE_SCORE}
+    for r in rows:
+        if r.task == target:
+            continue
+        low = _low(r)
+        if (low and r.task in usable) or (not low and r.task not in usable):
+            continue  # a task with a usable accuracy is judged by it; one without, by its nats/token
+        w = worsening(r.base, r.ablated, low)
+        if w is None:
+            continue
+        rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
+        worst = max(rw) if rw else None
+        band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
+        judged.append(OffTarget(
+            task=r.task, metric=r.metric, role="searched" if r.task in searched else "held-out", base=r.base,
+            ablated=r.ablated, worsening=w, random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
+            within_random=(w <= max(0.0, band)) if rw else None,
+        ))
+    failing = [j for j in judged if j.fails]
+    caution = [j for j in judged if not j.fails and j.within_random is not None and j.within_tolerance != j.within_random]
+    worst = max(judged, key=lambda j: j.worsening, default=None)
+    worst_held = max((j for j in judged if j.role == "held-out"), key=lambda j: j.worsening, default=None)
+    return {
+        "selective": not failing and bool(judged),
+        "tolerance": tolerance,
+        "line": verdict_line(judged, failing, caution, worst, tolerance),
+        "worst": asdict(worst) if worst else None,
+        "worst_held_out": asdict(worst_held) if worst_held else None,
+        "rows": [asdict(j) for j in judged],
+    }
+
+
+def _say(j: OffTarget) -> str:
+    rnd = "" if j.random_worst is None else f", random-K worst {100 * j.random_worst:+.1f}%"
+    return f"{j.task} {j.metric} {100 * j.worsening:+.1f}% worse ({j.role}{rnd})"
+
+
+def verdict_line(judged, failing, caution, worst, tolerance: float) -> str:
+    """One sentence: selective or not, and the worst off-target change with its noise."""
+    if not judged:
+        return "selectivity not judged: no off-target task with a usable metric was validated"
+    if failing:
+        return (f"NOT selective: {len(failing)} off-target row(s) beyond the {100 * tolerance:.0f}% tolerance and the "
+                "random-K band; worst " + _say(max(failing, key=lambda j: j.worsening)))
+    line = (f"selective: every off-target change within {100 * tolerance:.0f}% or within what K random heads cost "
+            f"({len(judged)} rows); worst " + _say(worst))
+    beyond = [j for j in caution if not j.within_tolerance]
+    above = [j for j in caution if j.within_tolerance]
+    if beyond:
+        line += "; beyond tolerance but within the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in beyond)
+    if above:
+        line += "; within tolerance but above the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in above)
+    return line

@@ -1,0 +1,92 @@
+"""The collateral screen: heads whose knockout hurts a control beyond its noise are not handed on.
+
+A head can hurt the target a lot *and* something else: early generic heads, or a head that
+copies the target's tokens and also retrieves facts. Residualizing the target on the controls
+(the selective ranking) lowers such a head's rank but does not exclude it, and a K-head set is
+only checked as a whole, so a large target effect could buy a place in the chosen set at the
+price of a capability nobody listed. The screen is absolute: whatever its target effect, a head
+whose measured knockout damages any control by more than that control's threshold is set aside
+(ranked after every clean head, flagged in ``heads.json`` and ``report.md``).
+
+Noise: a control's single-head effects are mostly near zero, with a few heads that matter; the
+robust spread of those effects over *every* head (1.4826 x the median absolute deviation around
+the median) is the control's noise. Every head: the gradient methods measure alone only the heads
+their estimate flags, a sample full of early generic heads whose spread is no noise level (on
+SmolLM2 the 16 heads prior-guided measured alone put factual recall's "noise" at 19% and let
+L2H2, +28% on facts, through); so where the run has attribution estimates of every head, their
+spread is the noise, else the measured effects' (exhaustive: every head; cs: a regression's).
+A head is collateral when its measured damage exceeds ``z`` noises above the median, and at least
+``floor`` (relative): a control measured on few documents can have a tiny spread, and a 0.2%
+change is no collateral damage whatever its z.
+The default floor is the refine tolerance divided by the set size: K heads that each stay under
+it cannot, by themselves, add up beyond what a chosen set may cost a control.
+
+Controls scored by nats/token only (the screen reads the same damage measure the run ranks by).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_SCREEN_Z = 3.0
+MIN_HEADS_FOR_NOISE = 5  # fewer heads measured alone: the noise is unknown and the floor decides
+
+
+@dataclass
+class Screen:
+    """Per control its noise and threshold; per head measured alone its worst control; the excluded heads."""
+
+    z: float
+    floor: float
+    noise: dict[str, float]
+    threshold: dict[str, float]
+    worst: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> (control, relative damage)
+    excluded: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> the control it hurts most beyond threshold
+
+    def clean(self, ranking) -> list[int]:
+        """``ranking`` without the excluded heads (order kept)."""
+        return [int(h) for h in ranking if int(h) not in self.excluded]
+
+    def as_dict(self, name) -> dict:
+        return {
+            "rule": f"a head measured alone is excluded when its damage to a control exceeds max({self.z:g} x the "
+                    f"control's robust noise above its median, {self.floor:.4f}) (relative worsening)",
+            "z": self.z,
+            "floor": round(self.floor, 6),
+            "noise": {c: _r(v) for c, v in self.noise.items()},
+            "threshold": {c: _r(v) for c, v in self.threshold.items()},
+            "excluded": [{"head": name(h), "control": c, "damage": _r(d)} for h, (c, d) in
+                         sorted(self.excluded.items(), key=lambda kv: -kv[1][1])],
+        }
+
+
+def _r(x: float) -> float | None:
+    return None if not np.isfinite(x) else round(float(x), 6)
+
+
+def collateral_screen(control_effects: dict[str, np.ndarray], z: float = DEFAULT_SCREEN_Z, floor: float = 0.0,
+                      spread: dict[str, np.ndarray] | None = None) -> Screen:
+    """Screen heads by their measured control damage (per control: relative worsening per head,
+    NaN where the head was not measured alone). ``spread``: per control, every head's estimated
+    effect, to take the noise from (default: the measured effects). ``z`` = 0 turns the screen off."""
+    noise, threshold, worst, excluded = {}, {}, {}, {}
+    for c, eff in control_effects.items():
+        eff = np.asarray(eff, dtype=float)
+        ref = np.asarray(spread[c], dtype=float) if spread is not None and c in spread else eff
+        seen = ref[np.isfinite(ref)]
+        if len(seen) >= MIN_HEADS_FOR_NOISE:
+            med = float(np.median(seen))
+            noise[c] = 1.4826 * float(np.median(np.abs(seen - med)))
+            threshold[c] = max(med + z * noise[c], floor)
+        else:
+            noise[c] = float("nan")
+            threshold[c] = floor
+        for h in np.flatnonzero(np.isfinite(eff)):
+            h, d = int(h), float(eff[h])
+            if h not in worst or d > worst[h][1]:
+                worst[h] = (c, d)
+            if z > 0 and d > threshold[c] and (h not in excluded or d - threshold[c] > excluded[h][1] - threshold[excluded[h][0]]):
+                excluded[h] = (c, d)
+    return Screen(z, floor, noise, threshold, worst, excluded)

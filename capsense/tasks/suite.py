@@ -1,0 +1,88 @@
+"""Control suites: what a selective run checks besides its target.
+
+A head set can spare the two controls a user names and still wreck a capability nobody
+listed: the induction heads chosen against prose and arithmetic on SmolLM2 cut zero-shot
+factual completion by 62% on held-out tasks (issue 17). So selective runs check broadly by
+default, with two suites of short probe sets built offline in code:
+
+* ``default`` (:data:`SCREEN`): scored on every knockout of the search and used to screen
+  candidates (:mod:`capsense.localize.screen`) and to choose the set: factual recall, multi-token
+  names, numbers and dates, code lines, dialogue and instructions, plain prose, multiple choice.
+* ``held-out`` (:data:`HELD_OUT`): never scored by the search; ``capsense validate`` evaluates the
+  chosen set on it, so the verdict rests on controls the choice could not fit: everyday
+  knowledge, few-shot QA, list continuation, math word problems. (``capsense_rhyme``, three-shot
+  multiple choice, costs about 175 tokens a document: name it with ``--tasks`` when wanted.)
+
+A control spec is a list of task names and suite names; ``-name`` drops a task (or a suite's
+tasks) from what came before: ``default,capsense_arithmetic,-capsense_dates``. The target task
+is never its own control. This module imports nothing heavy (checks run before torch loads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from capsense.errors import CapsenseError
+
+SCREEN: tuple[str, ...] = (
+    "capsense_facts", "capsense_names", "capsense_dates", "capsense_syntax", "capsense_dialogue",
+    "capsense_prose", "capsense_antonyms",
+)
+HELD_OUT: tuple[str, ...] = ("capsense_recall", "capsense_qa", "capsense_sequence", "capsense_math_problems")
+SUITES: dict[str, tuple[str, ...]] = {"default": SCREEN, "held-out": HELD_OUT}
+NONE = "none"  # ``--controls none``: no controls (not selective)
+
+
+class ControlSpecError(CapsenseError):
+    """A control spec that names nothing valid, drops what is not there, or is empty."""
+
+
+def split_spec(spec: str | Iterable[str] | None) -> list[str]:
+    """``"default,capsense_x"`` or ``["default", "capsense_x"]`` -> items, blanks dropped."""
+    if spec is None:
+        return []
+    items = spec.split(",") if isinstance(spec, str) else [p for s in spec for p in str(s).split(",")]
+    return [p.strip() for p in items if p.strip()]
+
+
+def expand_controls(spec: str | Iterable[str] | None, target: str) -> list[str]:
+    """The control tasks a spec stands for, in order; a suite adds its tasks but the target and
+    those already listed.
+
+    ``none`` (alone) means no controls. Suite names expand to their tasks; ``-name`` removes a
+    task or a suite's tasks added before it.
+    """
+    items = split_spec(spec)
+    if items == [NONE]:
+        return []
+    if NONE in items:
+        raise ControlSpecError(f"`controls` {','.join(items)!r}: 'none' stands alone (no controls); "
+                               "otherwise give task names and suites (" + ", ".join(SUITES) + ")")
+    out: list[str] = []
+    for item in items:
+        drop = item.startswith("-")
+        name = item[1:] if drop else item
+        tasks = list(SUITES.get(name, (name,)))
+        if drop:
+            missing = [t for t in tasks if t not in out and t != target]
+            if missing == tasks:
+                raise ControlSpecError(f"`controls`: {item!r} drops {name!r}, which is not among the controls before it "
+                                       f"({', '.join(out) or 'none'})")
+            out = [t for t in out if t not in tasks]
+        elif name in SUITES:  # a suite never lists the target or repeats a control
+            out += [t for t in tasks if t != target and t not in out]
+        else:  # a task named outright is kept as given (the config refuses the target or a repeat)
+            out.append(name)
+    if not out and items:
+        raise ControlSpecError(f"`controls` {','.join(items)!r} leaves no control task; say 'none' for a run without controls")
+    return out
+
+
+def held_out_controls(target: str, used: Sequence[str]) -> list[str]:
+    """The held-out suite's tasks that neither are the target nor were scored by the search."""
+    return [t for t in HELD_OUT if t != target and t not in used]
+
+
+def suite_of(task: str) -> str | None:
+    """``"default"`` or ``"held-out"`` for a suite task, else None (a task the user named)."""
+    return next((name for name, tasks in SUITES.items() if task in tasks), None)

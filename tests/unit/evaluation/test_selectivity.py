@@ -1,0 +1,68 @@
+"""The selectivity verdict of a validation, and which tasks a validation runs by default."""
+
+from __future__ import annotations
+
+import pytest
+
+from capsense.core.heads import HeadsFile
+from capsense.evaluation.selectivity import judge
+from capsense.evaluation.validate import ValidationRow, validation_tasks
+from capsense.tasks.suite import HELD_OUT
+
+
+def row(task, metric, base, ablated, randoms=(), hib=None):
+    return ValidationRow(task, metric, base, ablated, ablated - base, None, None, None, None, None, list(randoms), hib)
+
+
+def test_selective_only_when_every_off_target_row_is_within_tolerance():
+    rows = [
+        row("capsense_induction", "acc", 0.70, 0.02, [0.69, 0.70]),  # the target: never judged
+        row("capsense_prose", "acc", 0.0, 0.0),  # no usable accuracy: prose is judged by its nats/token
+        row("capsense_prose", "nats_per_token", 3.3, 3.35, [3.31, 3.32]),  # +1.5%
+        row("capsense_qa", "acc", 0.60, 0.57, [0.60, 0.58]),  # 5% worse
+        row("capsense_qa", "nats_per_token", 0.9, 1.2),  # +33%, but qa is judged by its accuracy
+    ]
+    v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
+    assert v["selective"] and v["line"].startswith("selective")
+    assert v["worst"]["task"] == "capsense_qa" and v["worst"]["role"] == "held-out"
+    assert v["worst"]["worsening"] == pytest.approx(0.05)
+    assert {r["task"] for r in v["rows"]} == {"capsense_prose", "capsense_qa"}
+
+    rows.append(row("capsense_sequence", "acc", 0.36, 0.32, [0.36, 0.32, 0.40]))  # -11%, as a random set did
+    v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
+    assert v["selective"] and "beyond tolerance but within the random-K band: capsense_sequence acc" in v["line"]
+    rows.append(row("capsense_recall", "acc", 0.65, 0.25, [0.66, 0.62]))  # a held-out control wrecked
+    v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
+    assert not v["selective"]
+    assert v["line"].startswith("NOT selective") and "capsense_recall acc +61.5% worse (held-out" in v["line"]
+    assert v["worst_held_out"]["task"] == "capsense_recall"
+
+
+def test_direction_low_accuracies_and_the_random_band():
+    rows = [
+        row("a", "acc", 0.05, 0.0),  # too low a base to judge an accuracy: a is judged by its nats/token
+        row("a", "nats_per_token", 3.0, 3.03),
+        row("b", "nats_per_token", 2.0, 1.9),  # lower is better: an improvement
+        row("c", "exact_match", 0.5, 0.48, hib=True),  # declared higher-is-better: 4% worse
+        row("c", "nats_per_token", 1.0, 1.3),  # reported, not judged: c has a usable accuracy
+        row("d", "nats_per_token", 2.0, 2.1, [2.0, 2.0, 2.001]),  # 5% worse, random sets ~0: above the random band
+    ]
+    v = judge(rows, "t", [], tolerance=0.10)
+    judged = {r["task"]: r for r in v["rows"]}
+    assert [(r["task"], r["metric"]) for r in v["rows"]] == [("a", "nats_per_token"), ("b", "nats_per_token"),
+                                                             ("c", "exact_match"), ("d", "nats_per_token")]
+    assert judged["b"]["worsening"] == pytest.approx(-0.05)
+    assert judged["c"]["worsening"] == pytest.approx(0.04)
+    assert v["selective"] and not judged["d"]["within_random"] and "within tolerance but above the random-K band: d" in v["line"]
+    no_random = judge([row("x", "acc", 0.5, 0.3)], "t", [])  # 40% worse and no random set to call it noise
+    assert not no_random["selective"]
+    assert not judge([row("t", "acc", 0.7, 0.0)], "t", [])["selective"]  # nothing off-target: not judged
+
+
+def test_default_validation_tasks_add_the_held_out_suite():
+    hf = HeadsFile(model="m", heads=[{"layer": 0, "head": 0}], meta={"task": "capsense_induction",
+                                                                     "controls": ["capsense_facts", "capsense_qa"]})
+    tasks = validation_tasks(hf, None)
+    assert tasks[:3] == ["capsense_induction", "capsense_facts", "capsense_qa"]
+    assert tasks[3:] == [t for t in HELD_OUT if t != "capsense_qa"]  # the search scored qa: not held out
+    assert validation_tasks(hf, ["capsense_induction", "held-out"]) == ["capsense_induction", *HELD_OUT]

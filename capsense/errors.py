@@ -6,11 +6,14 @@ says what was wrong and what is valid, in terms of parameters, not command-line 
 catches this class, and only this class, once (``capsense.cli``) and prints the message; any
 other exception is a bug and keeps its traceback.
 
-It derives from ``ValueError`` so that callers who caught ``ValueError`` before keep working.
+It is not a ``ValueError``: an ``except ValueError`` around library code would otherwise turn
+real bugs (a ``ValueError`` from torch or numpy) into a tidy one-line ``Error:``. Argument checks
+of the math (``capsense.compress.prune/quantize/lowrank``) raise it too, since their arguments
+come from users; a plain ``ValueError`` from them means a caller broke a precondition.
 """
 
 from __future__ import annotations
 
 
-class CapsenseError(ValueError):
+class CapsenseError(Exception):
     """Bad input to capsense: the message names what was wrong and what is valid."""

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import device_map_from, device_map_option, dtype_option, out_option, overwrite_option
+from capsense.commands.options import (
+    device_map_from, device_map_option, dtype_option, old_name, out_option, overwrite_option, registry_option,
+    with_old_name,
+)
 from capsense.commands.output import echo_written, log
 
 
 @click.command("compress")
 @click.argument("model")
-@click.option("--method", type=str, default=None, help="magnitude, wanda, rtn, svd, asvd or svd-llm (or from --budget).")
+@registry_option("--method", type=str, default=None, registry="capsense.compress.methods:METHODS",
+                 help="{names} (or from --budget-file).")
 @click.option("--density", type=float, default=None, help="Pruning: fraction of weights kept, in (0, 1].")
 @click.option("--scope", type=str, default=None, help="Pruning comparison group: row (default), matrix or global.")
 @click.option("--bits", type=int, default=None, help="RTN: bits per weight (2-16).")
@@ -19,8 +23,9 @@ from capsense.commands.output import echo_written, log
 @click.option("--ratio", type=float, default=None, help="Low-rank: factor parameters / dense parameters, in (0, 1].")
 @click.option("--alpha", type=float, default=None, help="ASVD: activation exponent (default 0.5).")
 @click.option("--targets", default=None, help="Matrices to compress: attn, mlp or attn,mlp (default both).")
-@click.option("--budget", "budget_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--budget-file", "budget_file", type=click.Path(dir_okay=False), default=None,
               help="Budget file (YAML/JSON): default setting, per-layer/per-matrix overrides, protected heads.")
+@old_name("--budget", "--budget-file", "budget_file", type=click.Path(dir_okay=False))
 @click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated), a text/JSONL file, or text. "
               "Default: prose,math,code,qa (their last documents, disjoint from the probes).")
 @click.option("--calibration-samples", type=int, default=64, show_default=True,
@@ -58,12 +63,17 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     from capsense.core.placement import parse_device_map
     from capsense.errors import CapsenseError
 
+    budget_file = with_old_name("budget_file", budget_file, "--budget-file")
     check_output_dir(out, overwrite)  # before any heavy import
     placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
     check_model(model)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, rtn, svd, asvd, svd-llm) or `budget_file` FILE")
-    from capsense.compress.apply import compress_checkpoint
+    if calibration:
+        from capsense.compress.capabilities import check_calibration_spec
+
+        check_calibration_spec(calibration)  # a misspelt task is an error, not literal text
+    from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.calibration import DEFAULT_CALIBRATION
 

@@ -8,14 +8,10 @@ import click
 
 from capsense.commands.options import (
     batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
-    limit_option, out_option,
+    limit_option, old_name, out_option, registry_option, with_old_name,
     revision_option, top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written, log
-
-_METHODS = ("prior-guided", "attribution", "cs", "exhaustive", "greedy", "thompson")
-_DESIGNS = ("balanced", "bernoulli", "adaptive")
-_SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 
 
 @click.command("locate")
@@ -40,14 +36,16 @@ _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 @click.option("--masks", type=int, default=100, show_default=True, help="Knockout masks for cs and thompson (paper: 100).")
 @click.option("--sparsity", type=float, help="Fraction of heads knocked out per mask (default 0.02, the paper's).")
 @click.option("--heads-per-mask", type=int, help="Heads knocked out per mask (instead of --sparsity).")
-@click.option("--design", default="balanced", show_default=True, help="Mask design: " + ", ".join(_DESIGNS) + ".")
-@click.option("--solver", default="lasso", show_default=True, help="Sparse solver: " + ", ".join(_SOLVERS) + ".")
+@registry_option("--design", default="balanced", show_default=True, registry="capsense.localize.designs:DESIGNS",
+                 help="Mask design: {names}.")
+@registry_option("--solver", default="lasso", show_default=True, registry="capsense.localize.solvers:SOLVERS",
+                 help="Sparse solver: {names}.")
 @click.option("--alpha", type=float, help="Lasso penalty on the standardized score (default 0.01, the paper's).")
 @click.option("--method", default="prior-guided", show_default=True,
               help="prior-guided (gradient attribution says where to knock out, knockouts decide; needs --metric nll), "
                    "attribution (the estimate alone, nothing measured), cs (compressed sensing), or a baseline: "
                    "exhaustive, greedy, thompson.")
-@click.option("--budget", type=float, default=50.0, show_default=True,
+@click.option("--fe-budget", "budget", type=float, default=50.0, show_default=True,
               help="prior-guided: forward-equivalents for attribution and knockouts (a forward over the documents = 1, "
                    "a backward = 2, a prefix-reused forward = its share of layers); measure-and-choose comes on top.")
 @click.option("--top-m", type=int, default=24, show_default=True,
@@ -71,7 +69,9 @@ _SOLVERS = ("lasso", "lasso-cv", "omp", "stability")
 @revision_option()
 @include_path_option()
 @out_option("Run folder (rerunning the same command resumes).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--no-progress", "quiet", is_flag=True, help="No progress bar.")
+@old_name("--quiet", "--no-progress", "quiet", is_flag=True)
+@old_name("--budget", "--fe-budget", "budget", type=float)
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, top_k: int, refine: int | None, tolerance: float,
@@ -85,6 +85,9 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
     """
     from capsense.errors import CapsenseError
     from capsense.evaluation.preflight import check_locate
+
+    budget = with_old_name("budget", budget, "--fe-budget")
+    quiet = with_old_name("quiet", quiet, "--no-progress")
     from capsense.localize.config import LocateConfig
 
     if sparsity is not None and heads_per_mask is not None:
@@ -101,6 +104,9 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
+    from capsense.localize.registry import METHODS
+
+    METHODS.check(method)  # a bad name, before any heavy import
     check_locate(cfg)  # before any heavy import
     from capsense.core.distributed import is_main_process
     from capsense.core.heads import load_heads_file

@@ -13,9 +13,6 @@ from typing import Any
 import click
 
 from capsense.core.models import DTYPES
-_DTYPE_HELP = {
-    "auto": "auto: as stored (checkpoint) / bfloat16 where the device has native bf16, else float32.",
-}
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -108,3 +105,56 @@ def unsafe_code_option() -> Decorator:
 def csv_list(value: str | None) -> list[str]:
     """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
     return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+class RegistryHelpOption(click.Option):
+    """An option whose help lists the names of a :class:`capsense.core.registry.Registry`
+    (``{names}`` in its help), read from the registry only when ``--help`` is shown: the
+    registries' modules import numpy, which a plain command run need not load this early."""
+
+    def __init__(self, *args: Any, registry: str, **kwargs: Any) -> None:
+        self.registry = registry  # "module:ATTRIBUTE"
+        super().__init__(*args, **kwargs)
+
+    def get_help_record(self, ctx: click.Context):
+        import importlib
+
+        if self.help and "{names}" in self.help:
+            module, _, attr = self.registry.partition(":")
+            self.help = self.help.replace("{names}", getattr(importlib.import_module(module), attr).help())
+        return super().get_help_record(ctx)
+
+
+def registry_option(*decls: str, registry: str, help: str, **kwargs: Any) -> Decorator:
+    """``click.option`` whose help's ``{names}`` lists ``registry``'s names (``"module:ATTRIBUTE"``)."""
+    return click.option(*decls, cls=RegistryHelpOption, registry=registry, help=help, **kwargs)
+
+
+def old_name(old: str, new: str, dest: str, **kwargs: Any) -> Decorator:
+    """A hidden ``old`` flag kept for one release as an alias of option ``new`` (parameter ``dest``).
+
+    Its value reaches the command through :func:`with_old_name`, with a deprecation note on
+    stderr; ``kwargs`` (type, is_flag) as for ``new``.
+    """
+
+    def note(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        if value is not None and value is not False:
+            click.echo(f"Note: {old} is deprecated and will be removed in the next release: use {new}", err=True)
+            ctx.meta[f"old_name:{dest}"] = (old, value)
+        return value
+
+    return click.option(old, f"_old_{dest}", hidden=True, default=None, expose_value=False, callback=note,
+                        **kwargs)
+
+
+def with_old_name(dest: str, value: Any, new: str) -> Any:
+    """``value`` of option ``new``, or what its old name gave (both at once is an error)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = ctx.meta.get(f"old_name:{dest}")
+    if given is None:
+        return value
+    if ctx.get_parameter_source(dest) == ParameterSource.COMMANDLINE:
+        raise click.UsageError(f"give {new} or its old name {given[0]}, not both")
+    return given[1]

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import click
 
+from capsense.commands.options import old_name, with_old_name
+
 
 @click.command("select")
 @click.argument("grid_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--budget", required=True, type=float, help="Largest allowed size, as a fraction of the dense 16-bit size.")
+@click.option("--max-size", "budget", type=float, help="Largest allowed size, as a fraction of the dense 16-bit size "
+              "(required).")
+@old_name("--budget", "--max-size", "budget", type=float)
 @click.option("--size", "size_key", default="size_ratio", show_default=True,
               type=click.Choice(["size_ratio", "target_size_ratio", "model_param_ratio", "target_param_ratio"]),
               help="What the budget limits: bits of the whole model or of the compressed matrices, or parameter counts.")
@@ -20,6 +24,10 @@ def select(grid_file, budget, size_key, capabilities, weights):
     from capsense.compress.study.analysis import fit_grid
     from capsense.compress.study.grid import read_records
     from capsense.compress.study.select import SelectError, select as run_select
+
+    budget = with_old_name("budget", budget, "--max-size")
+    if budget is None:
+        raise SelectError("give `budget`: the largest allowed size, as a fraction of the dense 16-bit size")
 
     w = {}
     for part in (weights or "").split(","):

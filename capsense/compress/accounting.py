@@ -55,11 +55,6 @@ def dense_account(name: str, kind: str, shape: tuple[int, int], nonzero: int, ba
     return MatrixAccount(name, kind, shape, "none", {}, n, n, nonzero, n * base_bits)
 
 
-def pruned_account(name, kind, shape, setting, nonzero: int, base_bits: int = BASE_BITS) -> MatrixAccount:
-    n = shape[0] * shape[1]
-    return MatrixAccount(name, kind, shape, setting["method"], setting, n, nonzero, nonzero, nonzero * base_bits)
-
-
 def model_param_count(model: nn.Module) -> int:
     """Distinct parameters of a model (tied weights counted once)."""
     seen, total = set(), 0

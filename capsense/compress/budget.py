@@ -34,18 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from capsense.compress.methods import (
-    METHODS, SETTING_KEYS, BudgetError, Setting, method_family, parse_setting, setting_label,
+    METHODS, SETTING_KEYS, BudgetError, Setting, parse_setting, setting_label,
 )
-from capsense.compress.protect import Protection, ProtectionError, head_protection
+from capsense.compress.protect import Protection, head_protection
 from capsense.compress.targets import KINDS, Target, parse_kinds
 
-PRUNE_METHODS = tuple(m for m, c in METHODS.items() if c.family == "prune")
-QUANT_METHODS = tuple(m for m, c in METHODS.items() if c.family == "quant")
-LOWRANK_METHODS = tuple(m for m, c in METHODS.items() if c.family == "lowrank")
-CALIBRATED = {m for m, c in METHODS.items() if m in c.calibrated_methods}
 
 __all__ = [
-    "CALIBRATED", "METHODS", "SETTING_KEYS", "Budget", "BudgetError", "Override", "load_budget", "method_family",
+    "METHODS", "SETTING_KEYS", "Budget", "BudgetError", "Override", "load_budget",
     "normalize_setting", "protections", "setting_label", "uniform_budget",
 ]
 
@@ -166,10 +162,7 @@ class Budget:
 
 def uniform_budget(setting: Mapping[str, Any], targets: str | Sequence[str] | None = None) -> Budget:
     """A budget applying one setting to every target matrix."""
-    try:
-        kinds = parse_kinds(targets)
-    except ValueError as e:
-        raise BudgetError(str(e)) from None
+    kinds = parse_kinds(targets)
     return Budget(default=normalize_setting(setting), targets=kinds)
 
 
@@ -201,10 +194,7 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
         if cli_setting.get("method") and cli_setting["method"] != default.get("method"):
             default = {}
         default.update({k: v for k, v in cli_setting.items() if v is not None})
-    try:
-        kinds = parse_kinds(targets if targets is not None else data.get("targets"))
-    except ValueError as e:
-        raise BudgetError(str(e)) from None
+    kinds = parse_kinds(targets if targets is not None else data.get("targets"))
     overrides = [Override.from_dict(d, i) for i, d in enumerate(data.get("overrides") or [])]
     budget = Budget(default=normalize_setting(default), targets=kinds, overrides=overrides, source={"budget_file": str(p)})
     protect = data.get("protect")
@@ -237,7 +227,23 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
 
 def protections(model, budget: Budget, targets: Sequence[Target]) -> dict[str, Protection]:
     """Protected rows/columns of each target holding a protected head (columns only unless ``whole_heads``)."""
-    try:
-        return head_protection(model, budget.protect_heads, targets, whole=budget.whole_heads)
-    except ProtectionError as e:
-        raise BudgetError(str(e)) from None
+    return head_protection(model, budget.protect_heads, targets, whole=budget.whole_heads)
+
+
+def budget_document(budget: Budget) -> dict[str, Any]:
+    """A budget file's content (YAML/JSON mapping) that reproduces ``budget``: :meth:`Budget.describe`
+    in the file's layout (the default setting at the top level, ``targets`` as one string, ``protect``)."""
+    d = budget.describe()
+    doc: dict[str, Any] = {**d["default"], "targets": ",".join(d["targets"]), "overrides": d["overrides"]}
+    if d["protect_heads"] is not None:
+        doc["protect"] = {"heads": d["protect_heads"], "whole": bool(d.get("whole_heads"))}
+    return doc
+
+
+def write_budget_file(path, budget: Budget) -> None:
+    """Write ``budget`` as a YAML budget file (``capsense compress --budget-file`` reproduces it)."""
+    import yaml
+
+    from capsense.core.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(budget_document(budget), sort_keys=False))

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from capsense.core.registry import Registry
+from capsense.errors import CapsenseError
 from capsense.compress.checks import unit_fraction
 
-LOWRANK_METHODS = ("svd", "asvd", "svd-llm")
 Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (U, S, Vh') with W' = U_r diag(S_r) Vh'_r
 
 
@@ -34,7 +35,7 @@ def rank_for_ratio(shape: tuple[int, int], ratio: float) -> int:
     ratio = check_ratio(ratio)
     r = min(int(ratio * m * n / (m + n) + 1e-9), min(m, n))
     if r < 1:
-        raise ValueError(
+        raise CapsenseError(
             f"parameter ratio {ratio} leaves no rank for a {m}x{n} matrix: rank 1 needs a ratio of at least "
             f"{(m + n) / (m * n):.4g}"
         )
@@ -62,7 +63,9 @@ def _svd_llm(w: torch.Tensor, input_abs_mean, gram, alpha) -> Factors:
     return u, s, torch.linalg.solve_triangular(L.T, vh.T, upper=True).T
 
 
-FACTORIZERS = {"svd": _svd, "asvd": _asvd, "svd-llm": _svd_llm}
+FACTORIZERS: Registry = Registry("method", "low-rank methods")
+for _name, _fn in (("svd", _svd), ("asvd", _asvd), ("svd-llm", _svd_llm)):
+    FACTORIZERS.register(_name, _fn)
 
 
 def factorize(weight: torch.Tensor, method: str = "svd", input_abs_mean: torch.Tensor | None = None,
@@ -72,10 +75,7 @@ def factorize(weight: torch.Tensor, method: str = "svd", input_abs_mean: torch.T
     The transform back from the scaled/whitened space is folded into ``Vh'``, so one
     factorization serves every ratio (the grid caches it).
     """
-    fn = FACTORIZERS.get(method)
-    if fn is None:
-        raise ValueError(f"unknown low-rank method {method!r}: valid methods are {', '.join(LOWRANK_METHODS)}")
-    return fn(weight.detach().double(), input_abs_mean, gram, alpha)
+    return FACTORIZERS[method](weight.detach().double(), input_abs_mean, gram, alpha)
 
 
 def reconstruct(factors: Factors, rank: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -107,7 +107,7 @@ def whitening_factor(gram: torch.Tensor, jitter: float = 1e-6) -> torch.Tensor:
         if int(info) == 0:
             return L
         eps *= 10
-    raise ValueError("calibration Gram matrix is not positive definite even with jitter: use more calibration data")
+    raise CapsenseError("calibration Gram matrix is not positive definite even with jitter: use more calibration data")
 
 
 def svd_llm(weight: torch.Tensor, rank: int, gram: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Compression settings as typed objects, one class per family, and the registry of methods.
 
-A setting validates itself (:meth:`from_dict`), names itself (:attr:`label`), states its exact
-size before touching a weight (:meth:`size`), and applies itself to one ``[out, in]`` matrix
-(:meth:`apply`), leaving protected rows/columns (:class:`~capsense.compress.protect.Protection`)
-dense and at full precision. :data:`METHODS` maps each method name to its class; nothing
+A setting validates itself (:meth:`Setting.parse`, via :func:`parse_setting`), names itself
+(:attr:`label`), states its exact size before touching a weight (:meth:`size`), and applies
+itself to one ``[out, in]`` matrix (:meth:`apply`), leaving protected rows/columns
+(:class:`~capsense.compress.protect.Protection`) dense and at full precision. :data:`METHODS` maps each method name to its class; nothing
 dispatches on method names elsewhere. As dicts (``to_dict``) settings keep the file format
 of budget files, grid records and ``capsense.json``.
 """
@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
+from capsense.compress.checks import BudgetError
 from capsense.compress.lowrank import check_ratio, factorize, rank_for_ratio, reconstruct
 from capsense.compress.prune import apply_mask, check_density, check_scope, magnitude_scores, mask_from_scores, wanda_scores
 from capsense.compress.protect import Protection
@@ -24,10 +26,6 @@ from capsense.compress.quantize import check_bits, check_group_size, rtn_bits, r
 
 TYPICAL_SHAPE = (512, 1536)
 SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "skip"}
-
-
-class BudgetError(CapsenseError):
-    """A setting or budget file that cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class Setting:
         for s in levels:
             try:
                 applied = s.apply(name, w, stats, prot, base_bits, cache)
-            except (BudgetError, ValueError):
+            except CapsenseError:
                 continue  # a level this matrix cannot take (a rank below 1)
             out.append((s, applied.bits, float((f * (w.float() - applied.weight.float()).pow(2)).sum())))
         return out
@@ -263,7 +261,7 @@ class LowRankSetting(Setting):
         fr, fc = prot.free_shape(shape) if prot is not None else shape
         try:
             return rank_for_ratio((fr, fc), self.ratio)
-        except ValueError as e:
+        except CapsenseError as e:
             raise BudgetError(str(e)) from None
 
     def size(self, shape, prot, base_bits):
@@ -293,10 +291,10 @@ class LowRankSetting(Setting):
         return [LowRankSetting(self.method, round(0.1 + 0.05 * i, 3), self.alpha) for i in range(19)]
 
 
-METHODS: dict[str, type[Setting]] = {
-    "magnitude": PruneSetting, "wanda": PruneSetting, "rtn": QuantSetting,
-    "svd": LowRankSetting, "asvd": LowRankSetting, "svd-llm": LowRankSetting,
-}
+METHODS: Registry[type[Setting]] = Registry("method", "methods", BudgetError)
+for _name, _cls in (("magnitude", PruneSetting), ("wanda", PruneSetting), ("rtn", QuantSetting),
+                    ("svd", LowRankSetting), ("asvd", LowRankSetting), ("svd-llm", LowRankSetting)):
+    METHODS.register(_name, _cls)
 FAMILY_KEYS = {"prune": ("density", "scope"), "quant": ("bits", "group_size"), "lowrank": ("ratio", "alpha")}
 
 
@@ -310,26 +308,16 @@ def parse_setting(setting: Mapping[str, Any]) -> Setting | None:
     method = setting.get("method")
     if method is None:
         raise BudgetError(f"no method given: choose one of {', '.join(METHODS)}")
-    cls = METHODS.get(str(method))
-    if cls is None:
-        raise BudgetError(f"unknown method {method!r}: valid methods are {', '.join(METHODS)}")
+    cls = METHODS[str(method)]
     try:
         parsed = cls.parse(str(method), setting)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, CapsenseError) as e:  # int("x") / float("x") of a user's value, or its range
         raise BudgetError(str(e)) from None
     own = FAMILY_KEYS[cls.family]
     given = [k for f, keys in FAMILY_KEYS.items() for k in keys if k not in own and setting.get(k) is not None]
     if given:
         raise BudgetError(f"{', '.join(dict.fromkeys(given))} does not apply to {method}")
     return parsed
-
-
-def method_family(method: str) -> str:
-    """``prune``, ``quant`` or ``lowrank``."""
-    cls = METHODS.get(method)
-    if cls is None:
-        raise BudgetError(f"unknown method {method!r}: valid methods are {', '.join(METHODS)}")
-    return cls.family
 
 
 def setting_label(setting: Mapping[str, Any]) -> str:

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsense.errors import CapsenseError
+from capsense.compress.checks import BudgetError
 from capsense.compress.targets import Target, out_projection_name
 
 
-class ProtectionError(CapsenseError):
-    """Heads that cannot be protected in this model."""
+ProtectionError = BudgetError  # heads that cannot be protected in this model
 
 
 @dataclass
@@ -71,6 +70,17 @@ def kv_heads(model: nn.Module, n_heads: int) -> int:
 
 def _span(mask: torch.Tensor, start: int, width: int) -> None:
     mask[start : start + width] = True
+
+
+def query_row_start(short: str, head: int, head_dim: int) -> int | None:
+    """First of the ``head_dim`` rows of projection ``short`` that compute ``head``'s query
+    (None for a projection without queries). ``q_proj``, and the fused ``qkv_proj`` (Phi-3) and
+    ``c_attn`` (GPT-2), start with all queries; ``query_key_value`` (GPT-NeoX) is per head [q, k, v]."""
+    if short in ("q_proj", "qkv_proj", "c_attn"):
+        return head * head_dim
+    if short == "query_key_value":
+        return 3 * head * head_dim
+    return None
 
 
 def _head_rows(short: str, n_out: int, heads: Iterable[int], n_heads: int, n_kv: int, hd: int) -> torch.Tensor | None:

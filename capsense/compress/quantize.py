@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import torch
 
+from capsense.errors import CapsenseError
+
 SCALE_BITS = 16  # one fp16 scale per group
 
 
 def check_bits(bits: int) -> int:
     b = int(bits)
     if b != bits or b < 2 or b > 16:
-        raise ValueError(f"bits {bits} is not supported: RTN needs an integer bit width from 2 to 16")
+        raise CapsenseError(f"bits {bits} is not supported: RTN needs an integer bit width from 2 to 16")
     return b
 
 
 def check_group_size(group_size: int) -> int:
     g = int(group_size)
     if g != group_size or g < 0:
-        raise ValueError(f"group size {group_size} must be a non-negative integer (0 = one group per output row)")
+        raise CapsenseError(f"group size {group_size} must be a non-negative integer (0 = one group per output row)")
     return g
 
 

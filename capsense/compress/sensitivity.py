@@ -5,7 +5,9 @@ from the probe documents that measure it) gives ``g = d loss / d W``; summing ``
 texts estimates the Fisher diagonal ``F``. A change ``dW`` then costs about
 ``1/2 sum F dW^2`` nats (second order; the first-order term vanishes on average at a
 trained optimum). :func:`head_scores` reads the same estimate per attention head: the cost
-of zeroing the head's query rows and its output-projection columns.
+of zeroing the head's query rows (in ``q_proj`` or a fused qkv projection: GPT-2, GPT-NeoX,
+Phi-3; scoring ``q_proj`` alone left those models scored by their output columns) and its
+output-projection columns.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from capsense.compress.protect import query_row_start
 from capsense.compress.targets import Target, out_projection_name
 from capsense.core.placement import input_device
 
@@ -66,8 +69,11 @@ def head_scores(model: nn.Module, targets: Sequence[Target], fisher: dict[str, t
         imp = (fisher[t.name] * t.get().detach().float().cpu().pow(2)).double()
         if t.name == out_projection_name(model, t.layer):
             scores[t.layer] += imp.sum(0).view(layout.n_heads, hd).sum(1)
-        elif t.short == "q_proj":
-            scores[t.layer] += imp.sum(1).view(layout.n_heads, hd).sum(1)
+        elif query_row_start(t.short, 0, hd) is not None:  # q_proj, or a fused qkv projection's query rows
+            rows = imp.sum(1)
+            for h in range(layout.n_heads):
+                start = query_row_start(t.short, h, hd)
+                scores[t.layer, h] += rows[start : start + hd].sum()
     return scores
 
 

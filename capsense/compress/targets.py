@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsense.errors import CapsenseError
+from capsense.compress.checks import BudgetError
 from capsense.core.arch import arch_spec, unwrap
 
 KINDS = ("attn", "mlp")
@@ -21,8 +21,7 @@ _ATTN_WORDS = ("attn", "attention")
 _MLP_WORDS = ("mlp", "ffn", "feed_forward")
 
 
-class TargetError(CapsenseError):
-    """A target selection that names no matrix or an unknown kind."""
+TargetError = BudgetError  # a target selection that names no matrix or an unknown kind
 
 
 @dataclass(frozen=True)

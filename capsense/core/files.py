@@ -45,7 +45,7 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
         raise OutputExistsError(f"output path {str(p)!r} exists and is not a folder")
     if p.is_dir() and any(p.iterdir()) and not overwrite:
         raise OutputExistsError(
-            f"output folder {str(p)!r} exists and is not empty: choose another folder or pass --overwrite"
+            f"output folder {str(p)!r} exists and is not empty: choose another folder or pass `overwrite`"
         )
     return p
 

@@ -97,7 +97,7 @@ def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[st
              f"{data.get('hardware', 'unspecified hardware')}, {data.get('expected_time', 'unspecified time')}"]
     for cfg, val in steps:
         lines.append(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
-                     f"--method {cfg.method} " + (f"--budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
+                     f"--method {cfg.method} " + (f"--fe-budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
                      + f"--limit {cfg.limit} --out {cfg.out}")
         if val:
             tasks = ",".join(val["tasks"]) if val["tasks"] else "<target, controls, held-out suite>"

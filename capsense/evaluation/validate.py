@@ -23,7 +23,7 @@ from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError
 from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, judge
-from capsense.tasks import check_task_names
+from capsense.tasks import WITHOUT_ACCURACY, check_task_names
 from capsense.tasks.suite import expand_controls, held_out_controls
 
 
@@ -194,6 +194,8 @@ def validation_rows(raw: Sequence[Any], n_random: int) -> list[ValidationRow]:
     """One :class:`ValidationRow` per (task, metric) from the labelled lm-eval rows."""
     rows = []
     for r in raw:
+        if r.metric == "acc" and r.task in WITHOUT_ACCURACY:
+            continue  # a row of zeros, not an accuracy
         base, abl = r.values["base"], r.values["ablated"]
         rv = [r.values[f"random{i + 1}"] for i in range(n_random)]
         rrel = [x for x in (relative_change(base, v) for v in rv) if x is not None]

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 
 
@@ -144,14 +146,9 @@ def _bernoulli(r, m, n, k, seed, history, importance, confidence) -> np.ndarray:
 
 
 #: Name -> design. To add one, register a :class:`Design` here (``--design`` lists these names).
-DESIGNS: dict[str, Design] = {
-    d.name: d
-    for d in (
-        Design("balanced", _balanced),
-        Design("bernoulli", _bernoulli),
-        Design("adaptive", adaptive_round, ADAPTIVE_ROUND),
-    )
-}
+DESIGNS: Registry[Design] = Registry("design", "designs", DesignError)
+for _d in (Design("balanced", _balanced), Design("bernoulli", _bernoulli), Design("adaptive", adaptive_round, ADAPTIVE_ROUND)):
+    DESIGNS.register(_d.name, _d)
 
 
 def run_design(name: str, n_masks: int, n_heads: int, k: int, seed: int, evaluate: Evaluate, fit: Fit | None = None) -> np.ndarray:

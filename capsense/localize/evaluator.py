@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from capsense.core.distributed import DistContext, split
+from capsense.errors import CapsenseError
 from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.store import Evaluation, RunStore, RunStoreError
 from capsense.scoring import METRICS
@@ -127,7 +128,7 @@ class MaskRunner:
             elif ev.heads != heads:
                 raise RunStoreError(
                     f"mask {idx} in {self.store.path} knocks out other heads than this run's mask {idx}: "
-                    "the settings or capsense changed; choose another --out"
+                    "the settings or capsense changed; choose another `out`"
                 )
             else:
                 self._count(ev.heads)
@@ -175,9 +176,9 @@ def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> di
     try:
         try:
             tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
-        except ValueError:  # maybe a name a metric function reports at run time: run the clean model once
+        except CapsenseError:  # maybe a name a metric function reports at run time: run the clean model once
             tm = resolve_task_metric(cfg.task, task_obj, cfg.metric, reported=scorer.reported())
-    except ValueError as e:
+    except CapsenseError as e:
         raise LocateError(str(e)) from None
     scorer.metric = tm
     cfg.task_metric_higher_is_better = tm.higher_is_better

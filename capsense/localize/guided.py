@@ -26,7 +26,7 @@ import numpy as np
 from capsense.core.files import atomic_write_json
 from capsense.localize.config import LocateConfig
 from capsense.localize.fit import LocateResult, damage, fit_single_heads
-from capsense.localize.methods import Found, Method, Search, no_knockout, register
+from capsense.localize.methods import Found, Method, Search, no_knockout
 from capsense.localize.prior import PriorSettings, prior_guided
 from capsense.localize.refine import head_set_masks
 from capsense.localize.solvers import HeadScores
@@ -105,7 +105,7 @@ def fit_attribution(evals: list[Evaluation], cfg: LocateConfig, n: int) -> Locat
     )
 
 
-register(Method("attribution", search_attribution, fit_attribution, lambda cfg, n: 1, attribution=True))
+ATTRIBUTION_METHOD = Method("attribution", search_attribution, fit_attribution, lambda cfg, n: 1, attribution=True)
 
 
 # -- prior-guided ------------------------------------------------------------------------
@@ -151,5 +151,6 @@ def expected_prior_evaluations(cfg: LocateConfig, n: int) -> int:
     return 1 + m + -(-(n - m) // max(2, cfg.group_size)) + 8
 
 
-register(Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
-                identity_keys=("top_k", "top_m", "group_size", "budget", "metric"), attribution=True))
+PRIOR_GUIDED = Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
+                identity_keys=("top_k", "top_m", "group_size", "budget", "metric"), attribution=True,
+                options=("budget", "top_m", "group_size"))

@@ -1,6 +1,6 @@
-"""Localization methods, registered by name in :data:`METHODS`.
+"""Localization methods: how each searches and fits; named in :data:`capsense.localize.registry.METHODS`.
 
-* ``cs`` (default): random masks from a design (balanced, Bernoulli or adaptive), each
+* ``cs``: random masks from a design (balanced, Bernoulli or adaptive), each
   scored on every probe, and a sparse regression (:mod:`capsense.localize.solvers`) of the
   score on the 0/1 knockout matrix. This follows "compressed sensing" localization of LLM
   capabilities (knock out ~2% of heads per mask, 100 masks, 100 samples, Lasso alpha 0.01).
@@ -11,7 +11,10 @@
 * ``thompson``: Thompson sampling on a Bayesian linear model of head effects: each mask
   knocks out the heads a posterior draw ranks most damaging.
 
-**Adding a method** is one registration::
+``prior-guided`` (the default) and ``attribution`` are in :mod:`capsense.localize.guided`.
+
+**Adding a method** is a :class:`Method` and one registration (a line in
+:mod:`capsense.localize.registry` for capsense's own, or :func:`register`)::
 
     def search_mine(s: Search) -> Found:
         evals = s.run(no_knockout(s.n))          # the clean model first, always
@@ -36,13 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from capsense.localize.config import LocateConfig, LocateError, choice
+from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import balanced_design, run_design
 from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import (
     LocateResult, design_matrix, fit_regression, fit_single_heads, fit_target, single_head_scores,
 )
 from capsense.localize.refine import DEFAULT_BUDGET
+from capsense.localize.registry import METHODS
 from capsense.localize.solvers import HeadScores, make_solver, standardize
 from capsense.localize.store import Evaluation
 
@@ -88,25 +92,41 @@ class Method:
     random_masks: bool = False  # masks of k heads (``sparsity`` / ``heads_per_mask`` apply)
     refines: bool = True  # measure-and-choose may follow (by default in selective mode)
     attribution: bool = False  # computes a gradient attribution (3 forward-equivalents)
+    options: tuple[str, ...] = ()  # the settings of METHOD_OPTIONS it reads
 
 
-#: Name -> method; ``--method`` accepts these names.
-METHODS: dict[str, Method] = {}
+#: Settings only some methods read; one given to a method that does not read it is an error
+#: (it used to be ignored in silence: ``--heads-per-mask 999`` with prior-guided ran as if unset).
+METHOD_OPTIONS = ("masks", "sparsity", "heads_per_mask", "design", "solver", "alpha", "budget", "top_m", "group_size")
 
 
 def register(method: Method) -> Method:
-    """Add ``method`` to :data:`METHODS` under its name."""
-    METHODS[method.name] = method
-    return method
+    """Add ``method`` to :data:`~capsense.localize.registry.METHODS` under its name (capsense's own
+    are declared there; this is for methods defined elsewhere)."""
+    return METHODS.register(method.name, method)
 
 
 def get_method(cfg: LocateConfig) -> Method:
     """The method ``cfg`` names, after checking that its settings apply to it."""
-    choice("method", cfg.method, list(METHODS))
     method = METHODS[cfg.method]
     if cfg.refine and not method.refines:
-        raise LocateError(f"--refine does not apply to --method {cfg.method}, which measures its own top-K set")
+        raise LocateError(f"`refine` does not apply to `method` {cfg.method}, which measures its own top-K set")
+    check_method_options(cfg, method)
     return method
+
+
+def check_method_options(cfg: LocateConfig, method: Method) -> None:
+    """Refuse settings of other methods: a value set (not None, not the default) that ``method`` does not read."""
+    from dataclasses import fields
+
+    default = {f.name: f.default for f in fields(LocateConfig)}
+    foreign = [o for o in METHOD_OPTIONS
+               if o not in method.options and getattr(cfg, o) is not None and getattr(cfg, o) != default[o]]
+    if foreign:
+        readers = "; ".join(f"`{o}` is read by {', '.join(m.name for m in METHODS.values() if o in m.options)}"
+                            for o in foreign)
+        raise LocateError(f"{', '.join(f'`{o}`' for o in foreign)} {'does' if len(foreign) == 1 else 'do'} not apply "
+                          f"to `method` {cfg.method}: {readers}")
 
 
 def refine_budget(cfg: LocateConfig) -> int:
@@ -143,8 +163,9 @@ def search_cs(s: Search) -> Found:
     return Found(evals)
 
 
-register(Method("cs", search_cs, fit_regression, lambda cfg, n: cfg.masks + 1,
-                identity_keys=("design", "heads_per_mask"), random_masks=True))
+CS = Method("cs", search_cs, fit_regression, lambda cfg, n: cfg.masks + 1,
+                identity_keys=("design", "heads_per_mask"), random_masks=True,
+                options=("masks", "sparsity", "heads_per_mask", "design", "solver", "alpha"))
 
 
 # -- exhaustive --------------------------------------------------------------------------
@@ -153,7 +174,7 @@ def search_exhaustive(s: Search) -> Found:
     return Found(s.run(no_knockout(s.n)) + s.run(single_head_masks(s.n)))
 
 
-register(Method("exhaustive", search_exhaustive, fit_single_heads, lambda cfg, n: n + 1))
+EXHAUSTIVE = Method("exhaustive", search_exhaustive, fit_single_heads, lambda cfg, n: n + 1)
 
 
 # -- greedy ------------------------------------------------------------------------------
@@ -187,8 +208,8 @@ def greedy_evaluations(cfg: LocateConfig, n: int) -> int:
     return n + 1 + sum(min(n - r, greedy_candidates(cfg, n)) for r in range(1, cfg.top_k))
 
 
-register(Method("greedy", search_greedy, fit_single_heads, greedy_evaluations,
-                identity_keys=("top_k", "metric"), refines=False))
+GREEDY = Method("greedy", search_greedy, fit_single_heads, greedy_evaluations,
+                identity_keys=("top_k", "metric"), refines=False)
 
 
 # -- thompson ----------------------------------------------------------------------------
@@ -238,5 +259,6 @@ def fit_thompson(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateRe
     return result
 
 
-register(Method("thompson", search_thompson, fit_thompson, lambda cfg, n: cfg.masks + 1,
-                identity_keys=("design", "heads_per_mask", "metric", "solver", "alpha"), random_masks=True))
+THOMPSON = Method("thompson", search_thompson, fit_thompson, lambda cfg, n: cfg.masks + 1,
+                identity_keys=("design", "heads_per_mask", "metric", "solver", "alpha"), random_masks=True,
+                options=("masks", "sparsity", "heads_per_mask", "solver", "alpha"))

@@ -97,22 +97,33 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         w.writerow([r.get(c) for c in cols[:9]] + [r.get("control_effects", {}).get(c) for c in cfg.controls])
     atomic_write_text(out / "scores.csv", table.getvalue())
     heatmap(out / "heatmap.png", result.scores.importance, layout, f"{cfg.task}: importance ({cfg.method}"
-            + (", selective" if cfg.controls else "") + ")")
+            + (", selective" if cfg.controls else "") + ")",
+            unmeasured=np.isnan(result.target_effect) if cfg.method == "prior-guided" else None)
     atomic_write_text(out / "report.md", report_markdown(cfg, result, recs, manifest))
     return heads_path
 
 
-def heatmap(path: Path, importance: np.ndarray, layout: HeadLayout, title: str) -> None:
-    """Layers (rows) x heads (columns) image of importance."""
+def heatmap_grid(importance: np.ndarray, layout: HeadLayout, unmeasured: np.ndarray | None = None):
+    """(layers x heads masked grid, colour limit): heads in ``unmeasured`` are masked (prior-guided
+    ranks heads never measured alone below the measured ones with a sentinel, not an importance;
+    painted, it read as a small negative importance) and left out of the colour scale."""
+    grid = np.nan_to_num(np.asarray(importance, dtype=float), neginf=0).reshape(layout.n_layers, layout.n_heads)
+    mask = np.zeros(grid.shape, dtype=bool) if unmeasured is None else np.asarray(unmeasured, bool).reshape(grid.shape)
+    grid = np.ma.masked_array(grid, mask=mask)
+    return grid, max(float(np.abs(grid).max()) if not mask.all() else 0.0, 1e-9)
+
+
+def heatmap(path: Path, importance: np.ndarray, layout: HeadLayout, title: str, unmeasured: np.ndarray | None = None) -> None:
+    """Layers (rows) x heads (columns) image of importance; ``unmeasured`` heads in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grid = np.nan_to_num(np.asarray(importance, dtype=float), neginf=0).reshape(layout.n_layers, layout.n_heads)
-    lim = max(float(np.abs(grid).max()), 1e-9)
+    grid, lim = heatmap_grid(importance, layout, unmeasured)
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="lightgrey")
     fig, ax = plt.subplots(figsize=(max(4, 0.35 * layout.n_heads + 2), max(3, 0.22 * layout.n_layers + 1.5)))
-    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    im = ax.imshow(grid, cmap=cmap, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=9)

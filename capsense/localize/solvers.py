@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 
 
@@ -201,12 +203,11 @@ class _FrequencyFirst(HeadScores):
 SolverFactory = Callable[[float, int, int], "Solver"]
 
 #: Name -> solver factory. To add a solver, subclass :class:`Solver` and register it here.
-SOLVERS: dict[str, SolverFactory] = {
-    "lasso": lambda alpha, seed, n_boot: LassoSolver(alpha, n_boot=n_boot, seed=seed),
-    "lasso-cv": lambda alpha, seed, n_boot: LassoCVSolver(n_boot=n_boot, seed=seed),
-    "omp": lambda alpha, seed, n_boot: OMPSolver(n_boot=n_boot, seed=seed),
-    "stability": lambda alpha, seed, n_boot: StabilitySolver(alpha, seed=seed),
-}
+SOLVERS: Registry[SolverFactory] = Registry("solver", "solvers", SolverError)
+SOLVERS.register("lasso", lambda alpha, seed, n_boot: LassoSolver(alpha, n_boot=n_boot, seed=seed))
+SOLVERS.register("lasso-cv", lambda alpha, seed, n_boot: LassoCVSolver(n_boot=n_boot, seed=seed))
+SOLVERS.register("omp", lambda alpha, seed, n_boot: OMPSolver(n_boot=n_boot, seed=seed))
+SOLVERS.register("stability", lambda alpha, seed, n_boot: StabilitySolver(alpha, seed=seed))
 
 
 def make_solver(name: str, alpha: float | None = None, seed: int = 0, confidence: bool = True) -> Solver:
@@ -215,8 +216,6 @@ def make_solver(name: str, alpha: float | None = None, seed: int = 0, confidence
     ``confidence=False`` skips the bootstrap refits (lasso, lasso-cv, omp) when only the
     ranking is needed.
     """
-    if name not in SOLVERS:
-        raise SolverError(f"unknown `solver` {name!r}: valid solvers are {', '.join(SOLVERS)}")
     return SOLVERS[name](DEFAULT_ALPHA if alpha is None else float(alpha), seed, 20 if confidence else 0)
 
 

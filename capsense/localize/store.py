@@ -167,24 +167,24 @@ def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str]) -
     """The manifest to write: ``manifest``, or the resumed run's with its creation time kept."""
     mpath = p / MANIFEST
     if p.exists() and not p.is_dir():
-        raise RunStoreError(f"--out {str(p)!r} is a file, not a run folder")
+        raise RunStoreError(f"`out` {str(p)!r} is a file, not a run folder")
     if mpath.is_file():
         try:
             old = json.loads(mpath.read_text())
         except json.JSONDecodeError:
-            raise RunStoreError(f"{mpath} is not valid JSON: not a capsense run folder; choose another --out") from None
+            raise RunStoreError(f"{mpath} is not valid JSON: not a capsense run folder; choose another `out`") from None
         diffs = [k for k in identity_keys if old.get("identity", {}).get(k) != manifest["identity"].get(k)]
         if diffs:
             shown = "; ".join(
                 f"{k}: {old.get('identity', {}).get(k)!r} there, {manifest['identity'].get(k)!r} now" for k in diffs[:4]
             )
             raise RunStoreError(
-                f"--out {str(p)!r} holds a different run ({shown}); rerun with its settings to resume it, "
-                "or choose another --out"
+                f"`out` {str(p)!r} holds a different run ({shown}); rerun with its settings to resume it, "
+                "or choose another `out`"
             )
         return {**manifest, "created": old.get("created", manifest.get("created")), "resumed": old.get("resumed", 0) + 1}
     if p.is_dir() and any(q.name != LOCK_FILE for q in p.iterdir()):
-        raise RunStoreError(f"--out {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another --out")
+        raise RunStoreError(f"`out` {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another `out`")
     return manifest
 
 
@@ -192,9 +192,9 @@ def check_run_folder(path: str | os.PathLike) -> None:
     """Refuse, before anything is written, a path that is a file or a non-empty folder holding no run."""
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise RunStoreError(f"--out {str(p)!r} is a file, not a run folder")
+        raise RunStoreError(f"`out` {str(p)!r} is a file, not a run folder")
     if p.is_dir() and not (p / MANIFEST).is_file() and any(q.name != LOCK_FILE for q in p.iterdir()):
-        raise RunStoreError(f"--out {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another --out")
+        raise RunStoreError(f"`out` {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another `out`")
 
 
 def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> list[Evaluation]:

@@ -29,13 +29,3 @@ def mask_cost(heads: Sequence[int], n_layers: int, n_heads: int, reuse_share: fl
     partial = (n_layers - first) / n_layers
     return (1.0 - reuse_share) * FORWARD + reuse_share * partial * FORWARD
 
-
-@dataclass
-class CostMeter:
-    """Running total of forward-equivalents."""
-
-    total: float = 0.0
-
-    def add(self, fe: float) -> float:
-        self.total += float(fe)
-        return self.total

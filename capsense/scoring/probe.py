@@ -214,7 +214,7 @@ def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokeniz
     metadata = {"tokenizer": tokenizer} if tokenizer is not None else None
     try:
         manager = task_manager(include_path, [task], metadata=metadata)
-    except ValueError as e:
+    except CapsenseError as e:
         raise ProbeError(str(e)) from None
     obj = get_task_dict([task], manager)[task]
     if isinstance(obj, dict):

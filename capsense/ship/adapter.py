@@ -17,7 +17,7 @@ from torch import nn
 from capsense.core.arch import arch_spec, head_layout, out_projections
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
-from capsense.ship.base import ExportError, ExportResult, check_dtype, noop, register_format
+from capsense.ship.base import ExportError, ExportResult, check_dtype, noop
 from capsense.ship.checkpoint import head_indices
 from capsense.ship.metadata import base_model_hub_id, build_metadata, list_files, public_name, write_card_and_metadata
 from capsense.ship.preflight import preflight
@@ -51,7 +51,6 @@ def projection_names(model: nn.Module, layers: list[int]) -> list[str]:
     return [names[id(projections[l])] for l in layers]
 
 
-@register_format("adapter")
 def export_adapter(
     model: str,
     heads: HeadsLike,

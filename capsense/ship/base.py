@@ -1,7 +1,7 @@
 """What every export format shares: its error, its result, the dtype names and the format registry.
 
-A format is a function ``(model, heads, out, **settings) -> ExportResult`` registered under
-its name with :func:`register_format`; ``capsense export --format NAME`` and
+A format is a function ``(model, heads, out, **settings) -> ExportResult`` declared in :data:`FORMATS`
+(or registered with :func:`register_format`); ``capsense export --format NAME`` and
 :func:`capsense.ship.export.export_model` look it up in :data:`FORMATS`.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from capsense.core.heads import HeadSet
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 
 from capsense.core.models import DTYPES
@@ -34,17 +35,15 @@ class ExportResult:
 
 
 Exporter = Callable[..., ExportResult]
-FORMATS: dict[str, Exporter] = {}
+FORMATS: Registry[Exporter] = Registry("format", "formats", ExportError)
+FORMATS.register_lazy("adapter", "capsense.ship.adapter:export_adapter")
+FORMATS.register_lazy("checkpoint", "capsense.ship.checkpoint:export_checkpoint")
 
 
 def register_format(name: str) -> Callable[[Exporter], Exporter]:
-    """Register an export function under ``name`` (a decorator)."""
-
-    def add(fn: Exporter) -> Exporter:
-        FORMATS[name] = fn
-        return fn
-
-    return add
+    """Register an export function under ``name`` (a decorator; capsense's own formats are declared
+    above, lazily, so naming them imports nothing)."""
+    return FORMATS.register(name)
 
 
 def check_dtype(dtype: str) -> None:

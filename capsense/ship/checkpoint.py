@@ -19,7 +19,7 @@ from capsense.core.arch import arch_spec, base_layer, head_layout, out_projectio
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
 from capsense.core.models import load_model
-from capsense.ship.base import ExportError, ExportResult, check_dtype, noop, register_format
+from capsense.ship.base import ExportError, ExportResult, check_dtype, noop
 from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
 from capsense.ship.preflight import check_mean_foldable, preflight
 
@@ -65,7 +65,6 @@ def check_editable(model, heads: HeadSet) -> None:
         )
 
 
-@register_format("checkpoint")
 def export_checkpoint(
     model: str,
     heads: HeadsLike,

@@ -11,7 +11,6 @@ import os
 from typing import Any
 
 from capsense.core.heads import HeadsLike
-from capsense.ship import adapter, checkpoint  # noqa: F401  (each registers its format)
 from capsense.ship.adapter import export_adapter, ia3_vectors, projection_names
 from capsense.ship.base import DTYPES, FORMATS, ExportError, ExportResult
 from capsense.ship.checkpoint import export_checkpoint, fold_means_into_bias
@@ -26,6 +25,4 @@ __all__ = [
 
 def export_model(model: str, heads: HeadsLike, out: str | os.PathLike, *, format: str, **kwargs: Any) -> ExportResult:
     """Export in the registered ``format`` (``checkpoint`` or ``adapter``)."""
-    if format not in FORMATS:
-        raise ExportError(f"unknown format {format!r}: choose {' or '.join(FORMATS)}")
     return FORMATS[format](model, heads, out, **kwargs)

@@ -48,7 +48,7 @@ def main() -> None:
     ex_top = set(int(i) for i in np.argsort(-imp, kind="stable")[:5])
     rows, timing = [], {}
     for design, k in CONFIGS:
-        cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / f"raw-{design}-k{k}"), masks=args.masks,
+        cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / f"raw-{design}-k{k}"), method="cs", masks=args.masks,
                            heads_per_mask=k, sparsity=None, design=design, limit=args.limit, dtype="float32",
                            refine=0, progress=True)
         if not args.skip_run:

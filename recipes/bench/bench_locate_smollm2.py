@@ -45,7 +45,7 @@ def main() -> None:
     root = Path(args.root)
     ex_cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "exhaustive"), method="exhaustive",
                           limit=args.limit, dtype=args.dtype, progress=True)
-    cs_cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "cs"), controls=CONTROLS, masks=args.masks,
+    cs_cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "cs"), method="cs", controls=CONTROLS, masks=args.masks,
                           limit=args.limit, dtype=args.dtype, progress=True)
     if not args.skip_run:
         locate(ex_cfg)

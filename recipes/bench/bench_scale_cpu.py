@@ -37,7 +37,7 @@ def _port() -> int:
 
 
 def _locate_args(args, out: Path) -> list[str]:
-    return ["locate", args.model, "--task", args.task, "--limit", str(args.limit), "--masks", str(args.masks),
+    return ["locate", args.model, "--task", args.task, "--limit", str(args.limit), "--method", "cs", "--masks", str(args.masks),
             "--refine", "0", "--dtype", "float32", "--quiet", "--out", str(out),
             *(["--include-path", args.include_path] if args.include_path else [])]
 

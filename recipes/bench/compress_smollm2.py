@@ -9,7 +9,7 @@ and the plots next to the grid file. Equivalent CLI:
 
     capsense grid --spec recipes/compress_smollm2_grid.yaml --probes N --out OUT/smollm2_grid_pN.jsonl
     capsense fit OUT/smollm2_grid_pN.jsonl --report OUT/report_pN
-    capsense select OUT/smollm2_grid_pN.jsonl --budget 0.6
+    capsense select OUT/smollm2_grid_pN.jsonl --max-size 0.6
 """
 
 from __future__ import annotations

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 from capsense.compress.budget import BudgetError, normalize_setting, uniform_budget
 from capsense.compress.methods import Setting, parse_setting
 from capsense.core.tables import markdown_table
 from capsense.core.files import CorruptFileError, append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.compress.calibration import DEFAULT_CALIBRATION
-from capsense.compress.measure import DEFAULT_CAPABILITIES, parse_capabilities, task_of
+from capsense.compress.capabilities import DEFAULT_CAPABILITIES, parse_capabilities, task_of
 from capsense.compress.targets import parse_kinds
 
 BASELINE = {"method": "none"}
@@ -66,7 +67,7 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
             try:
                 s = normalize_setting(raw)
                 kinds = parse_kinds(targets)
-            except (BudgetError, ValueError) as e:
+            except CapsenseError as e:
                 raise GridError(f"settings entry {i} ({raw}): {e}") from None
             s["targets"] = ",".join(kinds)
             if s not in out:
@@ -75,7 +76,10 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
 
 
 # The value list that spans each family's axis in a grid: (setting key, name of the list).
-GRID_AXES = {"prune": ("density", "densities"), "quant": ("bits", "bits"), "lowrank": ("ratio", "ratios")}
+#: Method family -> (setting key, the grid field listing its values).
+GRID_AXES: Registry[tuple[str, str]] = Registry("family", "families", GridError)
+for _family, _axis in (("prune", ("density", "densities")), ("quant", ("bits", "bits")), ("lowrank", ("ratio", "ratios"))):
+    GRID_AXES.register(_family, _axis)
 
 
 def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[float] | None],
@@ -87,7 +91,7 @@ def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[fl
     for m in methods:
         cls = METHODS.get(m)
         if cls is None:
-            raise GridError(f"unknown method {m!r}: valid methods are {', '.join(METHODS)}")
+            raise GridError(METHODS.unknown_message(m))
         key, name = GRID_AXES[cls.family]
         if not values.get(name):
             raise GridError(f"{m} needs a list of {name}")
@@ -158,7 +162,7 @@ def _check_resumable(out: Path, existing: Sequence[Mapping[str, Any]], fp: Mappi
     for r in existing:
         if r.get("grid") != fp:
             raise GridError(
-                f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another --out"
+                f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another `out`"
             )
 
 
@@ -184,7 +188,7 @@ class _Session:
 
     def compress(self, s: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Compress the model in place for grid entry ``s``: (summary, extra record fields)."""
-        from capsense.compress.apply import compress_model
+        from capsense.compress.engine import compress_model
 
         if s["method"] == "none":
             return {}, {}
@@ -198,7 +202,7 @@ class _Session:
         return res.summary, extra
 
     def record(self, s: Mapping[str, Any], c: str, summary, extra, seconds: float) -> dict[str, Any]:
-        from capsense.compress.measure import measure_probe
+        from capsense.compress.capability_loss import measure_probe
 
         t1 = time.time()
         m = measure_probe(self.model, self.probes[c], c, self.spec.batch_size)
@@ -224,9 +228,9 @@ class _Session:
 def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -> _Session:
     """Load the model, validate every setting against it, build probes, calibrate what needs it."""
     from capsense.compress.accounting import model_param_count
-    from capsense.compress.apply import mean_stable_rank, plan
+    from capsense.compress.engine import mean_stable_rank, plan
     from capsense.compress.calibration import calibration_samples, collect_stats
-    from capsense.compress.measure import build_probes
+    from capsense.compress.capability_loss import build_probes
     from capsense.compress.targets import find_targets
 
     if model_and_tokenizer is None:

@@ -13,15 +13,19 @@ from typing import Any
 
 import numpy as np
 
+from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 from capsense.compress.study.analysis import _scope_tag
 from capsense.compress.study.predictors import CompactFit, FitError
 
-SIZE_KEYS = ("size_ratio", "target_size_ratio", "model_param_ratio", "target_param_ratio")
-
 
 class SelectError(CapsenseError):
     """No setting fits the budget, or the grid lacks what selection needs."""
+
+
+SIZE_KEYS: Registry = Registry("size_key", "size measures", SelectError)
+for _key in ("size_ratio", "target_size_ratio", "model_param_ratio", "target_param_ratio"):
+    SIZE_KEYS.register(_key, _key)
 
 
 def _predict_prune(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
@@ -53,7 +57,10 @@ def _predict_quant(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | Non
     return float(g["loo_pred"][g["bits"].index(r["setting"]["bits"])])
 
 
-PREDICTORS = {"prune": _predict_prune, "lowrank": _predict_lowrank, "quant": _predict_quant}
+#: Method family -> the fitted predictor of a record's dL.
+PREDICTORS: Registry = Registry("family", "families", SelectError)
+for _family, _fn in (("prune", _predict_prune), ("lowrank", _predict_lowrank), ("quant", _predict_quant)):
+    PREDICTORS.register(_family, _fn)
 
 
 def _predicted(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
@@ -67,8 +74,7 @@ def candidates(
     weights: Mapping[str, float] | None = None, size_key: str = "size_ratio",
 ) -> list[dict[str, Any]]:
     """Every measured setting with all ``capabilities`` measured: size, predicted and measured loss."""
-    if size_key not in SIZE_KEYS:
-        raise SelectError(f"unknown size measure {size_key!r}: valid are {', '.join(SIZE_KEYS)}")
+    SIZE_KEYS.check(size_key)
     w = {c: float((weights or {}).get(c, 1.0)) for c in capabilities}
     total = sum(w.values())
     by: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}

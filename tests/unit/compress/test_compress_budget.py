@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import HEAD_DIM, make_tiny_model, tiny_inputs
 
-from capsense.compress.apply import CompressionError, compress_model
+from capsense.compress.engine import CompressionError, compress_model
 from capsense.compress.budget import BudgetError, load_budget, normalize_setting, uniform_budget
 from capsense.compress.calibration import collect_stats
 from capsense.compress.targets import TargetError, find_targets
@@ -107,7 +107,7 @@ def test_budget_overrides(tmp_path):
 
 @pytest.mark.parametrize("text,match", [
     ("method: magnitude\ndensity: 1.5\n", r"density 1.5 is outside \(0, 1\]"),
-    ("method: prune\ndensity: 0.5\n", "unknown method 'prune': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
+    ("method: prune\ndensity: 0.5\n", "unknown `method` 'prune': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
     ("method: rtn\nbits: 1\n", "RTN needs an integer bit width from 2 to 16"),
     ("method: magnitude\ndensity: 0.5\noverrides:\n  - layers: 0\n    density: 0\n", "outside"),
     ("method: magnitude\ndensity: 0.5\nbogus: 1\n", "unknown key"),
@@ -129,7 +129,7 @@ def test_ratio_leaving_no_rank_is_an_error_before_any_change():
         compress_model(model, uniform_budget({"method": "svd", "ratio": 0.01}))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # checked before any weight changed
-    with pytest.raises(BudgetError, match="unknown method"):
+    with pytest.raises(BudgetError, match="unknown `method`"):
         normalize_setting({"method": "gptq", "bits": 4})
 
 

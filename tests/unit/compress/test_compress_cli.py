@@ -20,7 +20,7 @@ def run(*args):
 
 
 def _compressed_in_memory(tiny_model_dir, setting, calib_file=None):
-    from capsense.compress.apply import calibrate, compress_model
+    from capsense.compress.engine import calibrate, compress_model
     from capsense.compress.budget import uniform_budget
     from capsense.core.models import load_model
 
@@ -69,7 +69,7 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
     (["--method", "magnitude", "--density", "1.5"], "density 1.5 is outside (0, 1]"),
     (["--method", "magnitude", "--density", "0"], "density 0.0 is outside (0, 1]"),
     (["--method", "rtn", "--bits", "1"], "RTN needs an integer bit width from 2 to 16"),
-    (["--method", "gptq", "--bits", "4"], "unknown method 'gptq': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
+    (["--method", "gptq", "--bits", "4"], "unknown --method 'gptq': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
     (["--method", "svd", "--ratio", "0.01"], "leaves no rank"),
     (["--method", "magnitude", "--density", "0.5", "--targets", "embed"], "unknown target kind embed"),
     (["--method", "magnitude", "--density", "0.5", "--scope", "block"], "unknown pruning scope 'block'"),
@@ -103,7 +103,7 @@ def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_model_dir):
         "method: magnitude\ndensity: 0.25\noverrides:\n  - layers: 0\n    skip: true\nprotect:\n  heads: heads.json\n"
     )
     out = tmp_path / "out"
-    r = run("compress", tiny_model_dir, "--budget", tmp_path / "budget.yaml", "--out", out)
+    r = run("compress", tiny_model_dir, "--budget-file", tmp_path / "budget.yaml", "--out", out)
     assert r.exit_code == 0, r.output
     from transformers import AutoModelForCausalLM
 
@@ -166,8 +166,8 @@ def test_fit_and_select_cli(tmp_path):
     assert r.exit_code == 1 and "outside the measured range [0.5, 0.9]" in r.output
     r = run("fit", grid, "--predict", "0.3", "--allow-extrapolation")
     assert r.exit_code == 0 and "EXTRAPOLATED" in r.output
-    r = run("select", grid, "--budget", "0.6")
+    r = run("select", grid, "--max-size", "0.6")
     assert r.exit_code == 0, r.output
     assert "chosen:" in r.output and "regret:" in r.output
-    r = run("select", grid, "--budget", "0.6", "--capabilities", "poetry")
+    r = run("select", grid, "--max-size", "0.6", "--capabilities", "poetry")
     assert r.exit_code == 1 and "poetry is not in the grid" in r.output

@@ -16,6 +16,7 @@ from capsense.compress.prune import (
 )
 from capsense.compress.quantize import rtn_bits, rtn_quantize
 from capsense.compress.targets import Target
+from capsense.errors import CapsenseError
 
 
 def _w(*shape, seed=0):
@@ -176,9 +177,9 @@ def test_factorize_once_reconstruct_any_rank():
 def test_rank_for_ratio_and_errors():
     assert rank_for_ratio((576, 576), 0.9) == int(0.9 * 576 * 576 / 1152)
     assert rank_for_ratio((10, 10), 1.0) == 5
-    with pytest.raises(ValueError, match="leaves no rank"):
+    with pytest.raises(CapsenseError, match="leaves no rank"):  # user-facing: the ratio is a user's
         rank_for_ratio((4, 4), 0.1)
-    with pytest.raises(ValueError, match=r"outside \(0, 1\]"):
+    with pytest.raises(CapsenseError, match=r"outside \(0, 1\]"):
         rank_for_ratio((4, 4), 0)
 
 

@@ -6,6 +6,7 @@ import torch
 from capsense.core.ablation import HeadAblator, compute_head_means, zero_heads_in_weights
 from capsense.core.arch import arch_spec, head_layout, out_projections, projection_weight
 from capsense.core.heads import HeadSet
+from capsense.errors import CapsenseError
 from conftest import make_tiny_model, tiny_inputs
 
 HEADS = "L0H1+L1H3+L2H0+L2H2"
@@ -92,16 +93,16 @@ def test_rows_must_match_batch():
     model = make_tiny_model("llama")
     ko = torch.zeros(2, 3, 4, dtype=torch.bool)
     ko[:, 0, 0] = True
-    with pytest.raises(ValueError, match="2 rows but the batch has 3"):
+    with pytest.raises(CapsenseError, match="2 rows but the batch has 3"):
         with HeadAblator(model).apply(ko):
             model(tiny_inputs(batch=3))
 
 
 def test_bad_mode_and_shape():
     model = make_tiny_model("llama")
-    with pytest.raises(ValueError, match="unknown `ablation` mode 'half': valid modes are zero, mean"):
+    with pytest.raises(CapsenseError, match="unknown `ablation` mode 'half': valid modes are zero, mean"):
         HeadAblator(model, ablation="half")
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(CapsenseError, match="shape"):
         with HeadAblator(model).apply(torch.zeros(1, 5, 4, dtype=torch.bool)):
             pass
 

@@ -12,6 +12,7 @@ import pytest
 
 from capsense.core.ablation import zero_heads_in_weights
 from capsense.tasks import tasks_dir
+from capsense.errors import CapsenseError
 from conftest import make_char_tokenizer, make_tiny_model
 
 BIN = Path(sys.executable).parent
@@ -87,7 +88,7 @@ def test_bad_model_args_through_lm_eval_registry(model_dirs, args, message):
     from lm_eval.api.registry import get_model
 
     cls = get_model("capsense-masked")
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(CapsenseError) as err:
         cls.create_from_arg_string(f"pretrained={model_dirs / 'base'},device=cpu,{args}")
     assert message in str(err.value)
 
@@ -97,7 +98,7 @@ def test_bad_heads_file_and_unknown_arch(tmp_path):
 
     bad = tmp_path / "heads.json"
     bad.write_text("{oops")
-    with pytest.raises(ValueError, match="is not valid JSON"):
+    with pytest.raises(CapsenseError, match="is not valid JSON"):
         CapsenseMaskedLM(pretrained="unused", heads=str(bad))
 
     import transformers as T
@@ -107,7 +108,7 @@ def test_bad_heads_file_and_unknown_arch(tmp_path):
     )
     opt.save_pretrained(tmp_path / "opt")
     make_char_tokenizer().save_pretrained(tmp_path / "opt")
-    with pytest.raises(ValueError, match="unsupported architecture 'opt': capsense supports .*llama"):
+    with pytest.raises(CapsenseError, match="unsupported architecture 'opt': capsense supports .*llama"):
         CapsenseMaskedLM(pretrained=str(tmp_path / "opt"), heads="L0H0", device="cpu")
 
 

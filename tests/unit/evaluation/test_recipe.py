@@ -77,7 +77,7 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
         {"limit": 12, "method": "cs", "masks": 8, "heads_per_mask": 2, "sparsity": None, "refine": 4},
         {"tasks": [TOY_GEN], "top_k": 2, "random": 1, "limit": 4, "include_path": "TASKS"},
     )
-    r = CliRunner().invoke(main, ["run", str(recipe), "--quiet"], catch_exceptions=False)
+    r = CliRunner().invoke(main, ["run", str(recipe), "--no-progress"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert f"{TOY_TASK}: top-2 = " in r.output and "| task | metric | base | ablated |" in r.output
     assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + 4

@@ -20,7 +20,7 @@ def located(tmp_path_factory):
     run = root / "run"
     r = CliRunner().invoke(main, [
         "locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
-        "--limit", "15", "--masks", "10", "--heads-per-mask", "2", "--quiet", "--out", str(run),
+        "--limit", "15", "--method", "cs", "--masks", "10", "--heads-per-mask", "2", "--no-progress", "--out", str(run),
     ], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return model, tasks, run
@@ -95,3 +95,20 @@ def test_validate_refuses_a_device_that_does_not_exist(located, tmp_path):
     ])
     assert r.exit_code != 0 and "device 'cuda:5' does not exist on this machine" in r.output
     assert not (tmp_path / "v").exists()
+
+
+def test_tasks_without_accuracy_get_no_acc_row():
+    """capsense_prose's lm-eval ``acc`` (greedy match of whole sentences) is 0 for every head set:
+    the table used to print it as an ``acc`` row of zeros."""
+    from capsense.evaluation.evaluate import MetricRow
+    from capsense.evaluation.validate import format_validation, validation_rows
+
+    def row(task, metric, v):
+        return MetricRow(task=task, metric=metric, values={"base": v, "ablated": v, "random1": v})
+
+    raw = [row("capsense_prose", "acc", 0.0), row("capsense_prose", "nats_per_token", 3.3),
+           row("capsense_arithmetic", "acc", 0.0), row("capsense_arithmetic", "nats_per_token", 1.0)]
+    rows = validation_rows(raw, 1)
+    assert [(r.task, r.metric) for r in rows] == [
+        ("capsense_prose", "nats_per_token"), ("capsense_arithmetic", "acc"), ("capsense_arithmetic", "nats_per_token")]
+    assert "| capsense_prose | acc |" not in format_validation(rows)

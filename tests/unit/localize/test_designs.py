@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from capsense.localize.designs import adaptive_round, balanced_design, bernoulli_design, heads_per_mask
+from capsense.errors import CapsenseError
 
 
 def test_balanced_design_is_balanced_and_prefix_stable():
@@ -42,7 +43,7 @@ def test_adaptive_round_focuses_on_candidates():
     (dict(k=300), "between 1 and 270"),
 ])
 def test_heads_per_mask_rejects_bad_values(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(CapsenseError, match=message.replace("(", r"\(").replace(")", r"\)")):
         heads_per_mask(270, **kwargs)
 
 

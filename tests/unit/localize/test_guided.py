@@ -23,7 +23,7 @@ def toy(tmp_path_factory):
 
 def _locate(toy, out, *extra):
     model, tasks = toy
-    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--quiet", "--out", str(out),
+    args = [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--no-progress", "--out", str(out),
             "--controls", "none", *extra]  # a later --controls overrides none
     return CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
 
@@ -63,7 +63,7 @@ def test_prior_guided_is_the_default_and_hands_on_measured_heads(toy, tmp_path):
 
 def test_budget_caps_the_forward_equivalents(toy, tmp_path):
     out = tmp_path / "small"
-    assert _locate(toy, out, "--budget", "6").exit_code == 0
+    assert _locate(toy, out, "--fe-budget", "6").exit_code == 0
     assert _fe(out) <= 6 + 1e-9  # the clean forward and a few knockouts after the attribution
 
 
@@ -94,7 +94,32 @@ def test_metric_without_gradient_is_one_message_and_writes_nothing(toy, tmp_path
     out = tmp_path / "bad"
     model, tasks = toy
     r = CliRunner().invoke(main, ["locate", str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "4",
-                                  "--quiet", "--out", str(out), "--method", method, "--metric", "acc"])
+                                  "--no-progress", "--out", str(out), "--method", method, "--metric", "acc"])
     assert r.exit_code == 1, r.output
     assert "nll" in r.output and "exhaustive" in r.output and "cs" in r.output and "Traceback" not in r.output
     assert not out.exists()
+
+
+def test_heatmap_leaves_heads_never_measured_alone_unpainted(tmp_path):
+    """prior-guided ranks unmeasured heads with a sentinel below the measured ones (min - 1): the
+    heatmap painted it as a small negative importance and let it set the colour scale."""
+    import matplotlib.image
+    import numpy as np
+
+    from capsense.core.arch import HeadLayout
+    from capsense.localize.fit import single_head_scores
+    from capsense.localize.outputs import heatmap, heatmap_grid
+    from capsense.localize.store import Evaluation
+
+    layout = HeadLayout(2, 2, 4)
+    evals = [Evaluation(index=i, heads=h, scores={}) for i, h in enumerate(([], [0], [3]))]
+    imp, seen = single_head_scores(evals, np.array([1.0, 3.0, 1.5]), 4)
+    unmeasured = seen == 0
+    assert unmeasured.tolist() == [False, True, True, False] and imp[1] < min(imp[0], imp[3])  # the sentinel
+    grid, lim = heatmap_grid(imp, layout, unmeasured)
+    assert grid.mask.tolist() == [[False, True], [True, False]]
+    assert lim == max(abs(imp[0]), abs(imp[3]))  # the scale of the measured heads alone
+    heatmap(tmp_path / "h.png", imp, layout, "t", unmeasured=unmeasured)
+    rgb = (matplotlib.image.imread(tmp_path / "h.png")[..., :3] * 255).round()
+    grey = (np.abs(rgb - 211).max(axis=-1) < 1).mean()
+    assert grey > 0.05, grey  # two lightgrey cells (without them: a few anti-aliased pixels, about 0.01%)

@@ -26,8 +26,10 @@ def toy(tmp_path_factory):
 
 def _args(toy, out, *extra):
     model, tasks = toy
+    method = extra[list(extra).index("--method") + 1] if "--method" in extra else "cs"
+    per_mask = ["--heads-per-mask", "2"] if method in ("cs", "thompson") else []  # read by random-mask methods only
     return [str(model), "--task", TOY_TASK, "--include-path", str(tasks), "--limit", "12", "--method", "cs",
-            "--heads-per-mask", "2", "--quiet", "--out", str(out), "--controls", "none", *extra]  # later options override
+            *per_mask, "--no-progress", "--out", str(out), "--controls", "none", *extra]  # later options override
 
 
 def _locate(toy, out, *extra):
@@ -112,7 +114,8 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
 @pytest.mark.parametrize("method, n_evals", [("exhaustive", 13), ("greedy", 13 + 11 + 10), ("thompson", 13)])
 def test_baselines(toy, tmp_path, method, n_evals):
     out = tmp_path / method
-    r = _locate(toy, out, "--method", method, "--masks", "12", "--top-k", "3")
+    masks = ["--masks", "12"] if method == "thompson" else []  # the baselines that sweep every head take none
+    r = _locate(toy, out, "--method", method, *masks, "--top-k", "3")
     assert r.exit_code == 0, r.output
     hf = load_heads_file(out / "heads.json")
     assert hf.meta["method"] == method and hf.meta["n_evaluations"] == n_evals
@@ -139,14 +142,16 @@ def test_exhaustive_effects_are_measured_single_head_changes(toy, tmp_path):
     (["--heads-per-mask", "13"], "--heads-per-mask 13 is more than the model's 12 heads"),
     (["--design", "sobol"], "unknown design 'sobol': valid values are balanced, bernoulli, adaptive"),
     (["--solver", "ridge"], "unknown solver 'ridge': valid values are lasso, lasso-cv, omp, stability"),
-    (["--method", "random"], "unknown method 'random': valid values are cs, exhaustive, greedy, thompson, attribution, prior-guided"),
+    (["--method", "random"], "unknown --method 'random': valid methods are cs, exhaustive, greedy, thompson, attribution, prior-guided"),
     (["--refine", "-1"], "--refine must be 0 (off) or a number of evaluations, got -1"),
     (["--tolerance", "-0.1"], "--tolerance must be a relative worsening >= 0"),
     (["--top-k", "0"], "--top-k must be at least 1, got 0"),
     (["--method", "greedy", "--refine", "4"], "--refine does not apply to --method greedy"),
+    (["--method", "prior-guided", "--masks", "5", "--heads-per-mask", "999"],
+     "Error: --masks, --heads-per-mask do not apply to --method prior-guided: --masks is read by cs, thompson"),
 ])
 def test_bad_input_is_one_clear_message(toy, tmp_path, extra, message):
-    args = _args(toy, tmp_path / "bad", "--masks", "4")
+    args = _args(toy, tmp_path / "bad", *(["--masks", "4"] if "--masks" not in extra else []))
     if "--sparsity" in extra:  # replace --heads-per-mask 2
         i = args.index("--heads-per-mask")
         del args[i : i + 2]
@@ -226,7 +231,7 @@ def test_task_metric_is_lm_eval_under_each_mask(toy, tmp_path):
     model, tasks = toy
     out = tmp_path / "gen"
     args = [str(model), "--task", TOY_GEN, "--include-path", str(tasks), "--limit", "6", "--heads-per-mask", "3",
-            "--masks", "4", "--method", "cs", "--metric", "char_code", "--controls", TOY_CONTROL, "--refine", "0", "--quiet", "--out", str(out)]
+            "--masks", "4", "--method", "cs", "--metric", "char_code", "--controls", TOY_CONTROL, "--refine", "0", "--no-progress", "--out", str(out)]
     r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
@@ -267,7 +272,7 @@ def test_unknown_task_metric_lists_the_tasks_own(toy, tmp_path):
 
     model, tasks = toy
     args = [str(model), "--task", TOY_GEN, "--include-path", str(tasks), "--limit", "4", "--masks", "2",
-            "--method", "cs", "--metric", "bleu", "--quiet", "--out", str(tmp_path / "x")]
+            "--method", "cs", "--metric", "bleu", "--no-progress", "--out", str(tmp_path / "x")]
     r = CliRunner().invoke(main, ["locate", *args])
     assert r.exit_code == 1
     assert "unknown --metric 'bleu' for task 'toy_copy_gen'" in r.output
@@ -283,7 +288,7 @@ def test_task_metric_named_at_run_time(toy, tmp_path):
     model, tasks = toy
     out = tmp_path / "fn"
     args = [str(model), "--task", TOY_GEN_FN, "--include-path", str(tasks), "--limit", "4", "--heads-per-mask", "3",
-            "--masks", "2", "--method", "cs", "--metric", "len@chars", "--controls", "none", "--quiet", "--out", str(out)]
+            "--masks", "2", "--method", "cs", "--metric", "len@chars", "--controls", "none", "--no-progress", "--out", str(out)]
     r = CliRunner().invoke(main, ["locate", *args], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]

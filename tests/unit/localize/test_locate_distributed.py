@@ -34,7 +34,7 @@ def toy(tmp_path_factory):
 def _args(toy, out, masks=MASKS):
     model, tasks = toy
     return ["locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
-            "--limit", "40", "--method", "cs", "--heads-per-mask", "2", "--masks", str(masks), "--quiet", "--out", str(out)]
+            "--limit", "40", "--method", "cs", "--heads-per-mask", "2", "--masks", str(masks), "--no-progress", "--out", str(out)]
 
 
 def _free_port() -> int:
@@ -90,7 +90,7 @@ def test_two_processes_give_the_same_run_as_one(toy, reference, tmp_path):
 def _guided_args(toy, out):
     model, tasks = toy
     return ["locate", str(model), "--task", TOY_TASK, "--controls", TOY_CONTROL, "--include-path", str(tasks),
-            "--limit", "40", "--batch-size", "8", "--method", "prior-guided", "--top-m", "4", "--quiet", "--out", str(out)]
+            "--limit", "40", "--batch-size", "8", "--method", "prior-guided", "--top-m", "4", "--no-progress", "--out", str(out)]
 
 
 def test_attribution_split_across_two_processes_equals_one(toy, tmp_path):

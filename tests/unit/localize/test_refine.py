@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from capsense.localize.refine import SetQuality, refine
+from capsense.errors import CapsenseError
 
 
 def _world(target: dict[int, float], control: dict[int, float], pair: dict[frozenset, float] | None = None):
@@ -79,7 +80,7 @@ def test_quality_key_prefers_feasible_sets():
 
 def test_bad_k():
     measure, _ = _world({}, {})
-    with pytest.raises(ValueError, match="cannot choose 4 heads"):
+    with pytest.raises(CapsenseError, match="cannot choose 4 heads"):
         refine([0, 1, 2], 4, measure)
 
 

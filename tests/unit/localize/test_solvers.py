@@ -8,6 +8,7 @@ import pytest
 from capsense.localize.designs import balanced_design
 from capsense.localize.simulate import Simulation, recovered
 from capsense.localize.solvers import SOLVERS, make_solver, residualize, ridge_effects
+from capsense.errors import CapsenseError
 
 
 def test_lasso_balanced_recovers_all_planted_heads_in_nine_of_ten_seeds():
@@ -53,5 +54,5 @@ def test_ridge_effects_estimate_additive_effects():
 
 
 def test_unknown_solver_names_the_valid_ones():
-    with pytest.raises(ValueError, match="valid solvers are lasso, lasso-cv, omp, stability"):
+    with pytest.raises(CapsenseError, match="valid solvers are lasso, lasso-cv, omp, stability"):
         make_solver("ridge")

@@ -191,7 +191,7 @@ def test_bad_heads_and_existing_output(folders, tmp_path):
 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(OutputExistsError, match="not empty.*--overwrite"):
+    with pytest.raises(OutputExistsError, match="not empty.*`overwrite`"):
         export_checkpoint(base_dir, HEADS, out)
     assert (out / "keep.txt").read_text() == "mine"
     result = export_adapter(base_dir, HEADS, out, overwrite=True)

@@ -87,13 +87,13 @@ class LocateConfig:
 
     def _check_numbers(self) -> None:
         if self.heads_per_mask is None and (self.sparsity is None or not 0 < self.sparsity < 1):
-            raise LocateError(f"--sparsity must be strictly between 0 and 1, got {self.sparsity}")
+            raise LocateError(f"`sparsity` must be strictly between 0 and 1, got {self.sparsity}")
         if self.heads_per_mask is not None and self.heads_per_mask < 1:
-            raise LocateError(f"--heads-per-mask must be at least 1, got {self.heads_per_mask}")
+            raise LocateError(f"`heads_per_mask` must be at least 1, got {self.heads_per_mask}")
         if self.masks < 2:
-            raise LocateError(f"--masks must be at least 2, got {self.masks}")
+            raise LocateError(f"`masks` must be at least 2, got {self.masks}")
         if self.limit is not None and self.limit < 1:
-            raise LocateError(f"--limit must be at least 1, got {self.limit}")
+            raise LocateError(f"`limit` must be at least 1, got {self.limit}")
         if self.control_limit is not None and self.control_limit < 1:
             raise LocateError(f"`control_limit` must be at least 1 document per control task, got {self.control_limit}")
         if self.control_limit is not None and not self.controls:
@@ -101,19 +101,19 @@ class LocateConfig:
         if not self.screen >= 0:
             raise LocateError(f"`screen` must be a robust z-score >= 0 (0 = no collateral screen), got {self.screen}")
         if self.alpha is not None and self.alpha <= 0:
-            raise LocateError(f"--alpha must be positive, got {self.alpha}")
+            raise LocateError(f"`alpha` must be positive, got {self.alpha}")
         if self.top_k < 1:
-            raise LocateError(f"--top-k must be at least 1, got {self.top_k}")
+            raise LocateError(f"`top_k` must be at least 1, got {self.top_k}")
         if self.refine is not None and self.refine < 0:
-            raise LocateError(f"--refine must be 0 (off) or a number of evaluations, got {self.refine}")
+            raise LocateError(f"`refine` must be 0 (off) or a number of evaluations, got {self.refine}")
         if not self.budget > 0:
-            raise LocateError(f"--budget must be a positive number of forward-equivalents, got {self.budget}")
+            raise LocateError(f"`budget` must be a positive number of forward-equivalents, got {self.budget}")
         if self.top_m < 0:
-            raise LocateError(f"--top-m must be 0 or more heads, got {self.top_m}")
+            raise LocateError(f"`top_m` must be 0 or more heads, got {self.top_m}")
         if self.group_size < 2:
-            raise LocateError(f"--group-size must be at least 2 heads, got {self.group_size}")
+            raise LocateError(f"`group_size` must be at least 2 heads, got {self.group_size}")
         if not self.tolerance >= 0:
-            raise LocateError(f"--tolerance must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
+            raise LocateError(f"`tolerance` must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
         if self.masks_per_forward is not None and self.masks_per_forward < 1:
             raise LocateError(f"`masks_per_forward` must be at least 1 (or None: automatic), got {self.masks_per_forward}")
 

@@ -84,7 +84,7 @@ def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> i
         return 1
     if cfg.heads_per_mask is not None and cfg.heads_per_mask > n:
         raise LocateError(
-            f"--heads-per-mask {cfg.heads_per_mask} is more than the model's {n} heads "
+            f"`heads_per_mask` {cfg.heads_per_mask} is more than the model's {n} heads "
             f"({layout.n_layers} layers x {layout.n_heads} heads)"
         )
     return heads_per_mask(n, cfg.sparsity, cfg.heads_per_mask)
@@ -188,7 +188,7 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
                  progress: RunProgress | None) -> list[Evaluation]:
     """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
     n = layout.n_total
-    ranking = refine_candidates(result, min(cfg.top_k, n))
+    ranking = refine_candidates(result, min(cfg.top_k, n), cfg.task)
     result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)),
                                          lambda: refine_ranking(runner, cfg, n, evals[0], ranking))
     result.scores = put_first(result.scores, result.refinement.heads)
@@ -202,14 +202,21 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     return spent
 
 
-def refine_candidates(result: LocateResult, k: int) -> list[int]:
-    """The ranking measure-and-choose draws from: without the heads the screen set aside and, when
-    at least ``k`` heads were measured alone, only those (a head never knocked out alone has no
-    known target or control effect; swapping such heads in, in index order, cost full forwards
-    from layer 0 and handed on unscreened heads: seen on SmolLM2 with prior-guided)."""
+def refine_candidates(result: LocateResult, k: int, task: str) -> list[int]:
+    """The ranking measure-and-choose draws from: without the heads the screen set aside, the clean
+    heads measured alone first, then (only to fill the set, when fewer than ``k`` are clean) heads
+    never knocked out alone, by their estimated target effect. Unmeasured heads used to follow in
+    index order: swapping them in cost full forwards from layer 0 and handed on unscreened early
+    heads (seen on SmolLM2 with prior-guided)."""
     ranking = result.screen.clean(result.scores.rank) if result.screen is not None else [int(h) for h in result.scores.rank]
     measured = [h for h in ranking if np.isfinite(result.target_effect[h])]
-    return measured if len(measured) >= k else ranking
+    if len(measured) >= k:
+        return measured
+    rest = [h for h in ranking if h not in set(measured)]
+    est = (result.estimates or {}).get(task)
+    if est is not None:
+        rest = sorted(rest, key=lambda h: -float(est[h]))
+    return measured + rest
 
 
 def screen_step(cfg: LocateConfig, result: LocateResult, layout: HeadLayout, log: Callable[[str], None]) -> None:

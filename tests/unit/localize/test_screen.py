@@ -105,5 +105,7 @@ def test_refine_draws_only_from_clean_heads_measured_alone():
     control = np.array([0.0, 0.5, np.nan, 0.0, 0.0, np.nan, 0.0, 0.0])  # 1 hurts the control
     result = LocateResult(HeadScores(imp, np.ones(8), imp.copy()), None, effect, {"c": control}, 9, {}, 0.0)
     result.screen = collateral_screen(result.control_effects, z=3.0, floor=0.01)
-    assert refine_candidates(result, 3) == [0, 3, 4, 6, 7]
-    assert refine_candidates(result, 6) == [0, 2, 3, 4, 5, 6, 7]  # too few measured: the clean ranking
+    assert refine_candidates(result, 3, "t") == [0, 3, 4, 6, 7]
+    assert refine_candidates(result, 6, "t") == [0, 3, 4, 6, 7, 2, 5]  # too few measured: then the unmeasured
+    result.estimates = {"t": np.array([0, 0, 0.1, 0, 0, 0.5, 0, 0])}
+    assert refine_candidates(result, 6, "t") == [0, 3, 4, 6, 7, 5, 2]  # ... by their estimate

@@ -1,0 +1,93 @@
+"""GPTQ and SparseGPT against their defining properties and against RTN / Wanda on correlated inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsense.compress.gptq import gptq_quantize, sparsegpt_prune
+from capsense.compress.prune import apply_mask, mask_from_scores, wanda_scores
+from capsense.compress.quantize import rtn_quantize
+
+
+def _data(n_out=24, n_in=64, tokens=400, seed=0):
+    """A weight and correlated, unevenly scaled inputs (where error compensation matters)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n_out, n_in, generator=g)
+    mix = torch.randn(n_in, n_in, generator=g) / n_in**0.5 + torch.eye(n_in)
+    scale = torch.linspace(0.2, 3, n_in)[torch.randperm(n_in, generator=g)]  # outlier features anywhere
+    x = torch.randn(tokens, n_in, generator=g) @ mix * scale
+    return w, x, (x.T @ x).double()
+
+
+def _out_err(w, w2, x):
+    return float(((w - w2) @ x.T).pow(2).sum())
+
+
+@pytest.mark.parametrize("bits,group,act_order", [(3, 16, True), (3, 16, False), (4, 32, True), (4, 0, False), (2, 64, True)])
+def test_gptq_codes_lie_on_the_group_grid_and_beat_rtn(bits, group, act_order):
+    w, x, gram = _data()
+    q, scales = gptq_quantize(w, gram, bits, group, act_order=act_order)
+    g = 64 if group == 0 else group
+    assert scales.shape == (24, 64 // g)
+    assert torch.equal(scales.to(torch.bfloat16).float(), scales)  # storable as 16-bit scales
+    codes = q / scales.repeat_interleave(g, dim=1)
+    q_max = 2 ** (bits - 1) - 1
+    assert torch.equal(codes, codes.round()) and codes.abs().max() <= q_max
+    assert _out_err(w, q, x) < 0.8 * _out_err(w, rtn_quantize(w, bits, group), x)
+
+
+def test_gptq_without_input_correlation_is_rtn():
+    """With G = I nothing is compensated (U is diagonal): GPTQ in natural order is exactly RTN."""
+    w, _, _ = _data()
+    q, _ = gptq_quantize(w, torch.eye(64, dtype=torch.float64), 4, 16, act_order=False)
+    assert torch.equal(q, rtn_quantize(w, 4, 16))
+
+
+def test_dead_inputs_get_zero_weight():
+    w, x, _ = _data()
+    x[:, 5] = 0
+    q, _ = gptq_quantize(w, (x.T @ x).double(), 4, 16)
+    pruned, keep = sparsegpt_prune(w, (x.T @ x).double(), 0.5)
+    assert bool((q[:, 5] == 0).all()) and bool((pruned[:, 5] == 0).all())
+
+
+@pytest.mark.parametrize("density", [0.5, 0.3, 0.77])
+def test_sparsegpt_keeps_exact_row_counts_and_beats_wanda(density):
+    w, x, gram = _data(n_in=200)  # two blocks, the second partial
+    pruned, keep = sparsegpt_prune(w, gram, density)
+    assert (keep.sum(1) == round(density * 200)).all()
+    assert bool((pruned[~keep] == 0).all())
+    wanda = apply_mask(w, mask_from_scores(wanda_scores(w, x.pow(2).sum(0).sqrt()), density, "row"))
+    assert _out_err(w, pruned, x) < 0.9 * _out_err(w, wanda, x)
+
+
+def test_sparsegpt_two_four_pattern():
+    w, x, gram = _data()
+    pruned, keep = sparsegpt_prune(w, gram, 0.5, "2:4")
+    assert (keep.view(24, 16, 4).sum(2) == 2).all()
+    assert bool((pruned[~keep] == 0).all())
+    with pytest.raises(ValueError, match="2:4 pattern"):
+        sparsegpt_prune(w, gram, 0.6, "2:4")
+    with pytest.raises(ValueError, match="valid patterns"):
+        sparsegpt_prune(w, gram, 0.5, "4:8")
+
+
+def test_sparsegpt_never_prunes_protected_rows_or_columns():
+    w, _, gram = _data()
+    rows = torch.zeros(24, dtype=torch.bool)
+    rows[3:6] = True
+    cols = torch.zeros(64, dtype=torch.bool)
+    cols[10:14] = True
+    pruned, keep = sparsegpt_prune(w, gram, 0.25, protected_rows=rows, protected_cols=cols)
+    assert bool(keep[rows].all()) and bool(keep[:, cols].all())
+    assert torch.allclose(pruned[rows], w[rows])  # nothing pruned in a row: nothing to compensate
+    assert (keep[~rows].sum(1) == 16).all()  # the protected columns count toward the row's 16
+
+
+def test_bad_gram_and_damp_are_refused():
+    w, _, gram = _data()
+    with pytest.raises(ValueError, match="Gram matrix has shape"):
+        gptq_quantize(w, gram[:10, :10], 4)
+    with pytest.raises(ValueError, match="damp"):
+        sparsegpt_prune(w, gram, 0.5, damp=0)

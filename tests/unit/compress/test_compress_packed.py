@@ -13,7 +13,7 @@ from capsense.compress.methods import PruneSetting, QuantSetting
 from capsense.compress.packed import FormatError, PackedWeight, check_storable, size_on_disk, write_packed
 from capsense.compress.quantize import group_scales
 from capsense.compress.targets import find_targets
-from tests.conftest import make_tiny_model, tiny_inputs
+from conftest import make_tiny_model, tiny_inputs
 
 pytest.importorskip("compressed_tensors")
 

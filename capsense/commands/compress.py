@@ -63,7 +63,11 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     check_model(model)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, rtn, svd, asvd, svd-llm) or `budget_file` FILE")
-    from capsense.compress.apply import compress_checkpoint
+    if calibration:
+        from capsense.compress.capabilities import check_calibration_spec
+
+        check_calibration_spec(calibration)  # a misspelt task is an error, not literal text
+    from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.calibration import DEFAULT_CALIBRATION
 

@@ -39,7 +39,7 @@ def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, capabiliti
     check_model(student)
     check_model(teacher)
     from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, load_models, run_distill
-    from capsense.compress.measure import parse_capabilities
+    from capsense.compress.capabilities import parse_capabilities
 
     caps = parse_capabilities(capabilities)
     cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,

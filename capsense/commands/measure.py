@@ -32,11 +32,12 @@ def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, 
     for name in (model, reference):
         if name:
             check_model(name)
-    from capsense.compress.measure import build_probes, measure as run_measure, parse_capabilities
+    from capsense.compress.capabilities import parse_capabilities
+    from capsense.compress.capability_loss import build_probes, measure as run_measure
     from capsense.core.files import atomic_write_text
     from capsense.core.models import load_model
 
-    # NOTE (issue 9): the reference/dL arithmetic below belongs in capsense.compress.measure
+    # NOTE (issue 9): the reference/dL arithmetic below belongs in capsense.compress.capability_loss
     # (helper "compress" owns it); it stays here until that module grows a function for it.
     caps = parse_capabilities(capabilities)
     m, tok = load_model(model, dtype=dtype)

@@ -1,25 +1,42 @@
-"""Compression with the capability in view.
+"""Compression with the capability in view; the modules read as the data flow, imports go one way.
 
-Methods (all written here, each small and tested): magnitude and Wanda pruning
-(:mod:`.prune`), symmetric round-to-nearest quantization (:mod:`.quantize`), truncated SVD,
-activation-aware SVD and SVD-LLM (:mod:`.lowrank`), each a typed setting in the registry of
-:mod:`.methods` that validates, names, sizes and applies itself. :mod:`.budget` holds budget
-files with per-layer/per-matrix overrides and protected heads (:mod:`.protect`: output columns,
-or whole heads under GQA); :mod:`.apply` compresses in memory or to a checkpoint with exact
-accounting (:mod:`.accounting`); :mod:`.measure` gives per-capability nats/token.
-Capability-guided compression: :mod:`.sensitivity` (Fisher of a capability's loss),
-:mod:`.allocate` (least-cost levels at a size) and :mod:`.guided` (``--keep``).
-:mod:`.distill` recovers a pruned student from its teacher. ``study/``: resumable grids,
-the compact pruning relation and other predictors, budgeted selection, reports.
+1. Math (each small and tested): magnitude and Wanda pruning (:mod:`.prune`), symmetric
+   round-to-nearest quantization (:mod:`.quantize`), truncated SVD, activation-aware SVD and
+   SVD-LLM (:mod:`.lowrank`).
+2. Settings: :mod:`.methods`, the registry of typed settings that validate, name, size and
+   apply themselves.
+3. Budget: :mod:`.budget` (budget files, per-layer/per-matrix overrides, protected heads via
+   :mod:`.protect`: output columns, or whole heads under GQA).
+4. Engine: :mod:`.engine` plans a budget over the target matrices (:mod:`.targets`), calibrates
+   (:mod:`.calibration`) and compresses in memory with exact accounting (:mod:`.accounting`).
+5. Guided allocation: :mod:`.sensitivity` (Fisher of a capability's loss), :mod:`.allocate`
+   (least-cost levels at a size), :mod:`.measured_sensitivity` (levels priced by measured loss)
+   and :mod:`.guided` (``--keep``).
+6. Pipeline: :mod:`.pipeline` loads a model, runs the above and writes the checkpoint.
+
+Beside the flow: :mod:`.capabilities` (capability names; probes read a task's first documents,
+calibration its last), :mod:`.capability_loss` (per-capability nats/token on the probes),
+:mod:`.distill` (recovers a pruned student from its teacher) and ``study/`` (resumable grids,
+the compact pruning relation and other predictors, budgeted selection, reports).
 """
 
-from capsense.compress.apply import CompressionError, CompressionResult, compress_checkpoint, compress_model
-from capsense.compress.budget import METHODS, Budget, BudgetError, load_budget, normalize_setting, uniform_budget
-from capsense.compress.measure import CAPABILITIES, MeasureError, build_probes, measure
-from capsense.compress.targets import find_targets
+import importlib
 
-__all__ = [
-    "CAPABILITIES", "METHODS", "Budget", "BudgetError", "CompressionError", "CompressionResult", "MeasureError",
-    "build_probes", "compress_checkpoint", "compress_model", "find_targets", "load_budget", "measure",
-    "normalize_setting", "uniform_budget",
-]
+# Package-level names, imported on first use: ``capsense.compress.capabilities`` (checked by the
+# CLI before anything heavy loads) must not pull torch in through this package's __init__.
+_NAMES = {
+    "METHODS": "budget", "Budget": "budget", "BudgetError": "budget", "load_budget": "budget",
+    "normalize_setting": "budget", "uniform_budget": "budget",
+    "CAPABILITIES": "capabilities", "MeasureError": "capabilities",
+    "build_probes": "capability_loss", "measure": "capability_loss",
+    "CompressionError": "engine", "CompressionResult": "engine", "compress_model": "engine",
+    "compress_checkpoint": "pipeline",
+    "find_targets": "targets",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'capsense.compress' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"capsense.compress.{_NAMES[name]}"), name)

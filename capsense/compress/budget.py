@@ -241,3 +241,22 @@ def protections(model, budget: Budget, targets: Sequence[Target]) -> dict[str, P
         return head_protection(model, budget.protect_heads, targets, whole=budget.whole_heads)
     except ProtectionError as e:
         raise BudgetError(str(e)) from None
+
+
+def budget_document(budget: Budget) -> dict[str, Any]:
+    """A budget file's content (YAML/JSON mapping) that reproduces ``budget``: :meth:`Budget.describe`
+    in the file's layout (the default setting at the top level, ``targets`` as one string, ``protect``)."""
+    d = budget.describe()
+    doc: dict[str, Any] = {**d["default"], "targets": ",".join(d["targets"]), "overrides": d["overrides"]}
+    if d["protect_heads"] is not None:
+        doc["protect"] = {"heads": d["protect_heads"], "whole": bool(d.get("whole_heads"))}
+    return doc
+
+
+def write_budget_file(path, budget: Budget) -> None:
+    """Write ``budget`` as a YAML budget file (``capsense compress --budget`` reproduces it)."""
+    import yaml
+
+    from capsense.core.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(budget_document(budget), sort_keys=False))

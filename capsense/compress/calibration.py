@@ -6,7 +6,8 @@ the Gram matrix ``X^T X`` (SVD-LLM's whitening). Samples run one at a time, so t
 no padding to mask out.
 
 Calibration sources: capability names or lm-eval task names (their *last* documents, so
-they stay disjoint from probe sets, which take the first ones), a text/JSONL file, or
+they stay disjoint from probe sets, which take the first ones:
+:func:`~capsense.compress.capabilities.document_ids`), a text/JSONL file, or
 literal text. Several sources are comma-separated and share the sample count.
 """
 
@@ -23,6 +24,9 @@ import torch
 from torch import nn
 
 from capsense.errors import CapsenseError
+from capsense.compress.capabilities import (
+    CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message,
+)
 from capsense.compress.targets import Target
 from capsense.core.placement import input_device
 
@@ -148,20 +152,20 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
                     pass
             texts.append(line)
         return texts[:n], {"source": str(path), "kind": "file", "n": min(n, len(texts))}
-    from capsense.compress.measure import CAPABILITIES
     from capsense.scoring.probe import ProbeError, load_task
 
     task = CAPABILITIES.get(source, source)
-    looks_like_task = source in CAPABILITIES or (" " not in source and "\n" not in source and len(source) < 80)
-    if looks_like_task:
+    if looks_like_task(source):
+        if misspelt_task_message(source):
+            raise CalibrationError(misspelt_task_message(source))
         try:
             task_obj = load_task(task, tokenizer=tokenizer)
         except ProbeError as e:
-            if source in CAPABILITIES or os.sep in source:
-                raise CalibrationError(str(e)) from None
+            if source in CAPABILITIES or os.sep in source or close_capability(source):
+                raise CalibrationError(f"{e}{close_capability(source)}") from None
         else:
             docs = task_obj.eval_docs
-            ids = list(range(len(docs) - 1, max(len(docs) - 1 - n, -1), -1))
+            ids = document_ids(len(docs), n, "calibration")[::-1]  # the last first
             return [_doc_text(task_obj, docs[i]) for i in ids], {"source": task, "kind": "task", "doc_ids": ids}
     return [source], {"source": source[:80], "kind": "text"}
 

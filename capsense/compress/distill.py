@@ -288,7 +288,7 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
 
 def capability_evaluator(teacher: nn.Module, tokenizer, capabilities, n_probes: int = 32, batch_size: int = 16):
     """``evaluate(student) -> {capability: dL}``, dL against the teacher on the first ``n_probes`` documents."""
-    from capsense.compress.measure import build_probes, measure
+    from capsense.compress.capability_loss import build_probes, measure
 
     probes = build_probes(tokenizer, capabilities, n_probes)
     base = {c: m.nll for c, m in measure(teacher, probes, batch_size).items()}

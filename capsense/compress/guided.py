@@ -10,7 +10,7 @@ Design (why it is built this way):
   Fisher diagonal ``F`` of their loss for every weight, so every matrix, layer and head gets a
   sensitivity from the same few seconds of compute, for any capability and model. The estimate
   is second order: it underprices large perturbations (2-3-bit RTN). ``sensitivity="measured"``
-  (:mod:`capsense.compress.measured`) prices each layer's attention/MLP levels by the kept
+  (:mod:`capsense.compress.measured_sensitivity`) prices each layer's attention/MLP levels by the kept
   capabilities' loss measured in the uniformly compressed model instead; on SmolLM2 at 3-bit RTN
   that did not do better (recipes/results/RESULTS-compress.md), so the default stays the Fisher.
 * **Whole heads protected.** The kept capability's most important heads (by the same Fisher
@@ -36,7 +36,8 @@ from torch import nn
 import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate, matrix_candidates
 from capsense.compress.budget import Budget, BudgetError, Override, protections
-from capsense.compress.measured import check_unit, measured_allocation
+from capsense.compress.capabilities import parse_capabilities
+from capsense.compress.measured_sensitivity import check_unit, measured_allocation
 from capsense.compress.methods import Setting, parse_setting
 from capsense.compress.targets import find_targets
 
@@ -52,7 +53,7 @@ class Guide:
     ``flat`` (``F = 1`` and only the uniform level and the one below it: protection's cost spread
     as evenly as the levels allow) or ``measured`` (each ``unit``'s levels priced by the kept
     capabilities' measured loss in the uniformly compressed model, ``n_levels`` levels per unit:
-    :mod:`capsense.compress.measured`). ``protect_top_k``: heads protected per kept capability
+    :mod:`capsense.compress.measured_sensitivity`). ``protect_top_k``: heads protected per kept capability
     (0: none; None: the method's default); ``heads`` overrides the gradient's choice with given heads.
     """
 
@@ -69,8 +70,6 @@ class Guide:
     rounds: int = 1  # measured only: > 1 measures again around the previous round's allocation
 
     def __post_init__(self) -> None:
-        from capsense.compress.measure import parse_capabilities
-
         self.keep = parse_capabilities(self.keep)
         if self.sensitivity not in SENSITIVITIES:
             raise BudgetError(f"unknown sensitivity {self.sensitivity!r}: valid are {', '.join(SENSITIVITIES)}")
@@ -216,26 +215,3 @@ def _measured(model, tokenizer, budget: Budget, base: Setting, targets, goal: in
     info = {"keep": guide.keep, "sensitivity": "measured", "uniform": base.to_dict(), "spread": list(guide.spread),
             "protected_heads": str(heads) if heads is not None else None, "target_bits": goal, **info}
     return Allocation(budget, info)
-
-
-def budget_document(budget: Budget) -> dict[str, Any]:
-    """A budget file's content (YAML/JSON mapping) that reproduces ``budget``."""
-    doc: dict[str, Any] = {**budget.default, "targets": ",".join(budget.targets)}
-    doc["overrides"] = [
-        {**({"layers": sorted(o.layers)} if o.layers is not None else {}),
-         **({"matrices": sorted(o.matrices)} if o.matrices is not None else {}),
-         **({"match": o.match} if o.match is not None else {}), **o.setting}
-        for o in budget.overrides
-    ]
-    if budget.protect_heads is not None:
-        doc["protect"] = {"heads": str(budget.protect_heads), "whole": bool(budget.whole_heads)}
-    return doc
-
-
-def write_budget_file(path, budget: Budget) -> None:
-    """Write ``budget`` as a YAML budget file (``capsense compress --budget`` reproduces it)."""
-    import yaml
-
-    from capsense.core.files import atomic_write_text
-
-    atomic_write_text(path, yaml.safe_dump(budget_document(budget), sort_keys=False))

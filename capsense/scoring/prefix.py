@@ -2,9 +2,9 @@
 
 Layers before the first knocked-out head compute exactly what the clean model computes,
 so :class:`PrefixReuseScorer` runs each probe batch once without ablation, records every
-decoder layer's input (hidden states plus the call's other arguments: attention mask,
-rotary embeddings, position ids, as the model itself passed them) and later calls
-``layers[l:]`` directly, then the final norm. For a single-head sweep this halves the
+decoder layer's input (:class:`capsense.core.replay.BlockReplay`: hidden states plus the
+call's other arguments, as the model itself passed them) and later calls ``layers[l:]``
+directly, then the final norm. For a single-head sweep this halves the
 work; for random masks it saves the layers before the earliest ablated one.
 
 It works for any architecture whose decoder blocks are called as ``block(hidden, ...)``
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from capsense.core.arch import arch_spec, unwrap
+from capsense.core.replay import BlockReplay
 from capsense.scoring.probe import ProbeScorer, scored_hidden
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
@@ -42,42 +43,18 @@ class PrefixReuseScorer(ProbeScorer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        base = unwrap(self.model)
-        self.layers = base.get_submodule(arch_spec(base).layers)
         self.final_norm = _final_norm(self.model)
         self.enabled = self.final_norm is not None and self.masks_per_forward == 1
-        self._cache: dict[tuple[int, ...], tuple[list, torch.Tensor]] = {}
+        self._cache: dict[tuple[int, ...], tuple[BlockReplay, torch.Tensor]] = {}
         self._checked = False
 
     @torch.no_grad()
-    def _capture(self, ids: torch.Tensor, att: torch.Tensor) -> tuple[list, torch.Tensor]:
-        calls: list = [None] * len(self.layers)
+    def _capture(self, ids: torch.Tensor, att: torch.Tensor) -> tuple[BlockReplay, torch.Tensor]:
+        replay = BlockReplay(self.model)
+        return replay, replay.record(lambda: scored_hidden(self.model, ids, att))
 
-        def make(i: int):
-            def pre(module, args, kwargs):
-                if args:
-                    calls[i] = (args[0], args[1:], dict(kwargs), True)
-                else:
-                    kw = dict(kwargs)
-                    calls[i] = (kw.pop("hidden_states"), (), kw, False)
-
-            return pre
-
-        handles = [layer.register_forward_pre_hook(make(i), with_kwargs=True) for i, layer in enumerate(self.layers)]
-        try:
-            final = scored_hidden(self.model, ids, att)
-        finally:
-            for h in handles:
-                h.remove()
-        return calls, final
-
-    def _replay(self, calls: list, start: int) -> torch.Tensor:
-        hidden = calls[start][0]
-        for i in range(start, len(self.layers)):
-            _, args, kwargs, positional = calls[i]
-            out = self.layers[i](hidden, *args, **kwargs) if positional else self.layers[i](hidden_states=hidden, *args, **kwargs)
-            hidden = out[0] if isinstance(out, tuple) else out
-        return self.final_norm(hidden)
+    def _replay(self, replay: BlockReplay, start: int) -> torch.Tensor:
+        return self.final_norm(replay.run_from(start))
 
     @torch.no_grad()
     def _hidden(self, ids, att, row_ko, reqs):
@@ -87,7 +64,7 @@ class PrefixReuseScorer(ProbeScorer):
         if key not in self._cache:
             self._cache[key] = self._capture(ids, att)
         calls, final = self._cache[key]
-        if any(c is None for c in calls):
+        if not calls.complete:
             self.enabled = False
             return super()._hidden(ids, att, row_ko, reqs)
         if not self._checked:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,10 @@ def local_task_names(include_path: Sequence[str] = ()) -> set[str]:
 
 
 def _did_you_mean(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    # a name that the typed one starts (all but its last character) comes first: difflib alone
+    # suggests capsense_qa for capsense_mathh (the shared prefix outweighs the stem)
+    stem = sorted(k for k in known if len(os.path.commonprefix([k, name])) >= max(len(name) - 1, len(PREFIX) + 3))
+    close = stem[:1] or difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

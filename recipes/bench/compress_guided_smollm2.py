@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from capsense.compress.apply import calibrate, compress_model
+from capsense.compress.engine import calibrate, compress_model
 from capsense.compress.budget import Budget, Override, uniform_budget
 from capsense.compress.guided import Guide, guided_budget, target_bits
-from capsense.compress.measure import build_probes, measure_probe
+from capsense.compress.capability_loss import build_probes, measure_probe
 from capsense.compress.methods import parse_setting
 from capsense.compress.targets import find_targets
 from capsense.core.files import append_jsonl, read_jsonl, repair_jsonl_tail

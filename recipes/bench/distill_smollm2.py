@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from capsense.compress.apply import calibrate, compress_model
+from capsense.compress.engine import calibrate, compress_model
 from capsense.compress.budget import uniform_budget
 from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, run_distill
 from capsense.core.files import atomic_write_json

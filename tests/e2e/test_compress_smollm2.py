@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def setup():
     from capsense.compress.calibration import calibration_samples, collect_stats
-    from capsense.compress.measure import build_probes, measure
+    from capsense.compress.capability_loss import build_probes, measure
     from capsense.compress.targets import find_targets
     from capsense.core.models import load_model
 
@@ -31,9 +31,9 @@ def setup():
 
 
 def _run(setup, setting, targets_kind=None, caps=("qa",)):
-    from capsense.compress.apply import compress_model
+    from capsense.compress.engine import compress_model
     from capsense.compress.budget import uniform_budget
-    from capsense.compress.measure import measure
+    from capsense.compress.capability_loss import measure
 
     model, probes, targets, saved, stats, base = setup
     try:

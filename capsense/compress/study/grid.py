@@ -23,7 +23,7 @@ from capsense.compress.methods import Setting, parse_setting
 from capsense.core.tables import markdown_table
 from capsense.core.files import CorruptFileError, append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.compress.calibration import DEFAULT_CALIBRATION
-from capsense.compress.measure import DEFAULT_CAPABILITIES, parse_capabilities, task_of
+from capsense.compress.capabilities import DEFAULT_CAPABILITIES, parse_capabilities, task_of
 from capsense.compress.targets import parse_kinds
 
 BASELINE = {"method": "none"}
@@ -184,7 +184,7 @@ class _Session:
 
     def compress(self, s: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Compress the model in place for grid entry ``s``: (summary, extra record fields)."""
-        from capsense.compress.apply import compress_model
+        from capsense.compress.engine import compress_model
 
         if s["method"] == "none":
             return {}, {}
@@ -198,7 +198,7 @@ class _Session:
         return res.summary, extra
 
     def record(self, s: Mapping[str, Any], c: str, summary, extra, seconds: float) -> dict[str, Any]:
-        from capsense.compress.measure import measure_probe
+        from capsense.compress.capability_loss import measure_probe
 
         t1 = time.time()
         m = measure_probe(self.model, self.probes[c], c, self.spec.batch_size)
@@ -224,9 +224,9 @@ class _Session:
 def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -> _Session:
     """Load the model, validate every setting against it, build probes, calibrate what needs it."""
     from capsense.compress.accounting import model_param_count
-    from capsense.compress.apply import mean_stable_rank, plan
+    from capsense.compress.engine import mean_stable_rank, plan
     from capsense.compress.calibration import calibration_samples, collect_stats
-    from capsense.compress.measure import build_probes
+    from capsense.compress.capability_loss import build_probes
     from capsense.compress.targets import find_targets
 
     if model_and_tokenizer is None:

@@ -93,6 +93,9 @@ CASES = {
     "compress unknown model": (["compress", "smollm2-136m", "--method", "magnitude", "--density", "0.5", "--out", "{d}/c"],
                                [UNKNOWN]),
     "measure unknown model": (["measure", "smollm2-136m"], [UNKNOWN]),
+    "compress typo'd calibration task": (["compress", "smollm2-135m", "--method", "wanda", "--density", "0.5",
+                                          "--calibration", "prose,capsense_mathh", "--out", "{d}/c"],
+                                         ["calibration source 'capsense_mathh'", "did you mean capsense_math_problems?"]),
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import HEAD_DIM, make_tiny_model, tiny_inputs
 
-from capsense.compress.apply import CompressionError, compress_model
+from capsense.compress.engine import CompressionError, compress_model
 from capsense.compress.budget import BudgetError, load_budget, normalize_setting, uniform_budget
 from capsense.compress.calibration import collect_stats
 from capsense.compress.targets import TargetError, find_targets

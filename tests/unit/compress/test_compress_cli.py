@@ -20,7 +20,7 @@ def run(*args):
 
 
 def _compressed_in_memory(tiny_model_dir, setting, calib_file=None):
-    from capsense.compress.apply import calibrate, compress_model
+    from capsense.compress.engine import calibrate, compress_model
     from capsense.compress.budget import uniform_budget
     from capsense.core.models import load_model
 

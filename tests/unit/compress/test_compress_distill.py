@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import make_char_tokenizer, make_tiny_model
 
-from capsense.compress.apply import compress_model
+from capsense.compress.engine import compress_model
 from capsense.compress.budget import uniform_budget
 from capsense.compress.distill import DistillConfig, DistillError, fit_log_epochs, kd_loss, run_distill
 from capsense.compress.targets import find_targets

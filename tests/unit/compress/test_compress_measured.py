@@ -11,11 +11,12 @@ from click.testing import CliRunner
 from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.cli import main
-from capsense.compress.apply import calibrate, compress_model
+from capsense.compress.engine import calibrate, compress_model
 from capsense.compress.budget import BudgetError, load_budget, uniform_budget
 from capsense.compress.calibration import calibration_samples
-from capsense.compress.guided import Guide, guided_budget, write_budget_file
-from capsense.compress.measured import ladder, measure_costs, units_of
+from capsense.compress.guided import Guide, guided_budget
+from capsense.compress.budget import write_budget_file
+from capsense.compress.measured_sensitivity import ladder, measure_costs, units_of
 from capsense.compress.methods import QuantSetting, parse_setting
 from capsense.compress.targets import find_targets
 
@@ -187,7 +188,8 @@ def test_cli_measured_keep_writes_the_allocation(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "gemma2", "phi3"])
 def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
-    from capsense.compress.measured import Replay, allocation_probes, probe_loss
+    from capsense.compress.measured_sensitivity import allocation_probes, probe_loss
+    from capsense.core.replay import BlockReplay
 
     model, tok = make_tiny_model(arch), make_char_tokenizer()
     targets = find_targets(model)
@@ -199,11 +201,11 @@ def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
     probes = allocation_probes(tok, ["math", "code"], 3)
     units = units_of(targets, "kind")
     plain = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes))
-    replayed = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes), replay=Replay(model))
+    replayed = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes), replay=BlockReplay(model))
     assert replayed[0] == plain[0]
     assert replayed[1] == plain[1]  # bit for bit: the replayed blocks would have computed the same
     assert any(c.cost != 0 for cs in plain[1].values() for c in cs)
-    for b in Replay(model).blocks:  # every block computes again afterwards
+    for b in BlockReplay(model).blocks:  # every block computes again afterwards
         assert "forward" not in vars(b)
 
 

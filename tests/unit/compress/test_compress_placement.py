@@ -94,7 +94,7 @@ def test_calibration_gradients_and_compression_through_accelerate_hooks(tmp_path
     calibrates, takes gradients, compresses and saves exactly like the plain model."""
     from accelerate import dispatch_model
 
-    from capsense.compress.apply import calibrate, compress_model
+    from capsense.compress.engine import calibrate, compress_model
     from capsense.compress.budget import uniform_budget
     from capsense.compress.calibration import calibration_samples
     from capsense.compress.sensitivity import fisher_diagonal
@@ -133,3 +133,35 @@ def test_distill_under_a_device_map_equals_the_single_device_student(tmp_path, t
     r = CliRunner().invoke(main, [*args, "--out", str(refused), "--device-map", json.dumps({**ON_CPU, "lm_head": "disk"})])
     assert r.exit_code == 1 and "distillation trains the student's weights in place" in r.output, r.output
     assert "Traceback" not in r.output and not refused.exists() and not (tmp_path / "refused.partial").exists()
+
+
+def test_measured_sensitivity_under_accelerate_hooks_keeps_them_and_equals_the_plain_model(tiny_model_dir):
+    """Replaying blocks (measured sensitivity) on a model dispatched with accelerate's hooks (as a
+    multi-GPU map leaves it; forced here on cpu) gives the plain model's costs, and every block
+    keeps accelerate's forward hook afterwards (deleting the replay's shadow used to remove it)."""
+    from accelerate import dispatch_model
+    from conftest import make_char_tokenizer
+
+    from capsense.compress.measured_sensitivity import allocation_probes, measure_costs, probe_loss, units_of
+    from capsense.compress.methods import QuantSetting
+    from capsense.compress.targets import find_targets
+    from capsense.core.models import load_model
+    from capsense.core.replay import BlockReplay
+
+    plain = load_model(str(tiny_model_dir))[0]
+    hooked = dispatch_model(load_model(str(tiny_model_dir))[0], device_map=ON_CPU, main_device="cpu", force_hooks=True)
+    hooks = {i: vars(b)["forward"] for i, b in enumerate(hooked.model.layers)}  # accelerate's, on the instance
+    base, levels = QuantSetting("rtn", 3, 128), [QuantSetting("rtn", 2, 0), QuantSetting("rtn", 4, 32)]
+    tok = make_char_tokenizer()
+    costs = []
+    for model in (plain, hooked):
+        targets = find_targets(model)
+        orig = {t.name: t.get().clone() for t in targets}
+        for t in targets:
+            t.set(base.apply(t.name, orig[t.name], None, None, 16).weight)
+        probes = allocation_probes(tok, ["math"], 3)
+        costs.append(measure_costs(units_of(targets, "kind"), [base, *levels], base, orig, {}, {},
+                                   lambda model=model: probe_loss(model, probes), replay=BlockReplay(model)))
+    assert costs[0] == costs[1] and any(c.cost != 0 for cs in costs[0][1].values() for c in cs)
+    for i, b in enumerate(hooked.model.layers):
+        assert vars(b).get("forward") is hooks[i], f"block {i} lost accelerate's hook"

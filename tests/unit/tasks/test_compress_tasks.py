@@ -6,7 +6,8 @@ import re
 
 from conftest import make_char_tokenizer
 
-from capsense.compress.measure import CAPABILITIES, build_probes, parse_capabilities
+from capsense.compress.capabilities import CAPABILITIES, parse_capabilities
+from capsense.compress.capability_loss import build_probes
 from capsense.tasks import math_problems, qa
 
 

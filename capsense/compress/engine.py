@@ -1,17 +1,18 @@
-"""Compress a model in place under a budget, and write a checkpoint stock transformers loads.
+"""The compression engine: plan a budget over a model's matrices and compress them in place.
 
-:func:`compress_model` edits the weights of the target matrices in memory and returns exact
-accounting; :func:`compress_checkpoint` loads a model, calibrates if the method needs it,
-compresses and saves the result atomically with ``capsense.json`` describing what was done.
+:func:`plan` pairs every target matrix with its validated setting, :func:`check_plan` checks
+every size before any weight changes, :func:`calibrate` collects the input statistics the
+methods need (:func:`stats_for` hands each matrix its own), and :func:`compress_model` edits
+the weights in memory and returns exact accounting. The guided allocations
+(:mod:`.guided`, :mod:`.measured_sensitivity`) build on this; :mod:`.pipeline` loads a model,
+runs them and writes the checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -189,82 +190,3 @@ def compress_model(
     summary["label"] = setting_label(budget.default)
     summary["protected_heads"] = str(budget.protect_heads) if budget.protect_heads is not None else None
     return CompressionResult(ordered, summary, budget.describe(), seconds=time.time() - t0)
-
-
-def compress_checkpoint(
-    model_name: str,
-    budget: Budget,
-    out: str | Path,
-    calibration: str = DEFAULT_CALIBRATION,
-    calibration_samples_n: int = 64,
-    dtype: str = "float32",
-    save_dtype: str | None = None,
-    overwrite: bool = False,
-    log: Callable[[str], None] | None = None,
-    guide=None,
-    device_map: str | dict[str, Any] | None = None,
-) -> CompressionResult:
-    """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
-
-    With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
-    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
-    ``device_map`` (:mod:`capsense.core.placement`) spreads the model over devices: calibration
-    and gradients run where the layers live, each matrix is compressed on CPU and written back to
-    its device, so the checkpoint equals the one compressed without a map; a map that offloads
-    weights to CPU memory or disk is refused before anything is computed or written.
-    """
-    from capsense.core.files import check_output_dir
-    from capsense.core.models import load_model
-    from capsense.core.placement import check_weights_in_memory
-
-    log = log or (lambda _m: None)
-    check_output_dir(out, overwrite)  # fail before the slow part
-    model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
-    check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
-    planned = plan(model, budget)  # validates every setting before any work
-    check_plan(model, budget, planned)
-    needed, _ = needs_calibration(planned)
-    stats, calib_info = {}, []
-    if needed:
-        log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
-        stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
-    allocation = None
-    if guide is not None:
-        from capsense.compress.guided import guided_budget
-
-        allocation = guided_budget(model, tokenizer, budget, stats, guide, log)
-        budget = allocation.budget
-    log(f"compressing: {setting_label(budget.default)}")
-    result = compress_model(model, budget, stats)
-    result.calibration = calib_info
-    if save_dtype and save_dtype != "auto":
-        model = model.to(getattr(torch, save_dtype))
-    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite)
-    return result
-
-
-def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result: CompressionResult, allocation,
-                      out: str | Path, overwrite: bool) -> None:
-    """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
-    from capsense.core.files import atomic_output_dir
-    from capsense.core.models import model_fingerprint
-
-    meta = {
-        "capsense_compress": 1,
-        "base_model": model_fingerprint(model_name),
-        "method": budget.default.get("method"),
-        "setting": budget.default,
-        "label": result.summary["label"],
-        **result.to_dict(per_matrix=True),
-        **({"allocation": allocation.info} if allocation is not None else {}),
-        "note": "weights are stored dense: pruned weights are zeros, RTN weights are dequantized, low-rank "
-        "matrices are the reconstructed products; accounting counts what a sparse/quantized/factored store needs",
-    }
-    with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        if allocation is not None:
-            from capsense.compress.guided import write_budget_file
-
-            write_budget_file(tmp / "budget.yaml", allocation.budget)

@@ -29,9 +29,9 @@ treating the costs as additive is the one approximation left (interactions betwe
 that both move are ignored).
 
 Cost: ``rounds x units x (levels - 1)`` forwards over ``samples`` documents per kept capability,
-each starting at its unit's layer (:class:`Replay`). SmolLM2-135M on 2 CPU cores: a full
-forward over 32 math documents takes about 7 s, so 30 layers x 3 levels take about 6 minutes;
-60 attention/MLP units x 5 levels about 20.
+each starting at its unit's layer (:meth:`capsense.core.replay.BlockReplay.skip_before`).
+SmolLM2-135M on 2 CPU cores: a full forward over 32 math documents takes about 7 s, so 30
+layers x 3 levels take about 6 minutes; 60 attention/MLP units x 5 levels about 20.
 
 Measured outcome (``recipes/results/RESULTS-compress.md``): on SmolLM2 at 3-bit RTN the
 measured allocation did *not* beat uniform on the held-out probes; see there for why.
@@ -39,8 +39,8 @@ measured allocation did *not* beat uniform on the held-out probes; see there for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -49,8 +49,10 @@ from torch import nn
 import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate
 from capsense.compress.budget import BudgetError, Override
+from capsense.compress.engine import stats_for
 from capsense.compress.methods import Setting
 from capsense.compress.targets import Target
+from capsense.core.replay import BlockReplay
 
 # How targets group into units: a name and the override condition of a unit.
 UNITS: dict[str, Callable[[Target], tuple[int, str | None]]] = {
@@ -135,73 +137,23 @@ def _undominated(pool: Sequence[Setting], sample: Sequence[torch.Tensor], bits) 
 
 def allocation_probes(tokenizer, keep: Sequence[str], n: int) -> dict:
     """Each kept capability's last ``n`` documents as a probe (disjoint from the first-document probes)."""
-    from capsense.compress.measure import task_of
-    from capsense.scoring.probe import Probe, load_task
+    from capsense.compress.capability_loss import capability_probe
 
-    probes = {}
-    for cap in keep:
-        task = task_of(cap)
-        n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)
-        probes[cap] = Probe.from_task(task, tokenizer, doc_ids=list(range(max(n_docs - n, 0), n_docs)))
-    return probes
+    return {cap: capability_probe(cap, tokenizer, n, "calibration") for cap in keep}
 
 
 def probe_loss(model: nn.Module, probes: Mapping[str, object]) -> float:
     """Sum over the probes of the model's loss (nats/token), as it stands."""
-    from capsense.compress.measure import measure_probe
+    from capsense.compress.capability_loss import measure_probe
 
     return sum(measure_probe(model, p, cap).nll for cap, p in probes.items())
-
-
-class Replay:
-    """Replays the uniformly compressed model's block outputs, so a unit's measurement starts at its layer.
-
-    Blocks before a unit's layer hold the uniform weights while the unit is measured, so their
-    outputs are those of the uniform pass: :meth:`record` keeps every block's output of each call
-    during that pass, and inside :meth:`from_layer` the blocks before ``layer`` return the
-    recorded output of block ``layer - 1`` instead of computing (the same batches run in the
-    same order every time). On SmolLM2 this halves the measurement time.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        from capsense.core.arch import arch_spec, unwrap
-
-        self.blocks = list(unwrap(model).get_submodule(arch_spec(model).layers))
-        self.outputs: list[list] = [[] for _ in self.blocks]
-
-    def record(self, fn: Callable[[], float]) -> float:
-        """Run ``fn`` keeping each block's output of every call."""
-        self.outputs = [[] for _ in self.blocks]
-        hooks = [b.register_forward_hook(lambda _m, _a, out, i=i: self.outputs[i].append(out))
-                 for i, b in enumerate(self.blocks)]
-        try:
-            return fn()
-        finally:
-            for h in hooks:
-                h.remove()
-
-    @contextmanager
-    def from_layer(self, layer: int) -> Iterator[None]:
-        """Blocks ``< layer`` skip their computation and hand on the recorded input of ``layer``."""
-        if layer == 0:
-            yield
-            return
-        saved = self.outputs[layer - 1]
-        for b in self.blocks[:layer]:
-            calls = iter(saved)
-            b.forward = lambda *_a, _calls=calls, **_k: next(_calls)
-        try:
-            yield
-        finally:
-            for b in self.blocks[:layer]:
-                del b.forward
 
 
 @torch.no_grad()
 def measure_costs(
     units: Sequence[Unit], levels: Sequence[Setting], base: Setting, original: Mapping[str, torch.Tensor],
     stats, prot: Mapping[str, object], loss: Callable[[], float], progress: Callable[[int], None] | None = None,
-    replay: Replay | None = None, held: Mapping[str, Setting] | None = None,
+    replay: BlockReplay | None = None, held: Mapping[str, Setting] | None = None,
 ) -> tuple[float, dict[str, list[Candidate]]]:
     """(loss of the model as it is, each unit's candidates): the model must hold ``base`` on every
     unit, or the level ``held`` names for it; a candidate's cost is its loss change from there.
@@ -211,7 +163,7 @@ def measure_costs(
     """
     held = held or {}
     uniform = {t.name: t.get().clone() for u in units for t in u.targets}
-    l_u = replay.record(loss) if replay is not None else loss()
+    l_u = replay.record(loss, inputs=False, outputs=True) if replay is not None else loss()
     cands: dict[str, list[Candidate]] = {}
     for u in units:
         now = held.get(u.name, base)
@@ -228,7 +180,7 @@ def measure_costs(
                 else:
                     for t, a in applied:
                         t.set(a.weight)
-                    with replay.from_layer(u.layer) if replay is not None else nullcontext():
+                    with replay.skip_before(u.layer) if replay is not None else nullcontext():
                         out.append(Candidate(s, bits, loss() - l_u))
                     for t in u.targets:
                         t.set(uniform[t.name])
@@ -256,8 +208,6 @@ def monotone(cands: Sequence[Candidate]) -> list[Candidate]:
 
 def _applied(t: Target, s: Setting, original: Mapping[str, torch.Tensor], stats, prot: Mapping[str, object]):
     """Target ``t``'s original weight compressed at ``s`` (its calibration statistics and protection)."""
-    from capsense.compress.apply import stats_for
-
     return s.apply(t.name, original[t.name], stats_for(t, s, stats), prot.get(t.name), acc.BASE_BITS)
 
 
@@ -278,7 +228,8 @@ def measured_allocation(
 
     ``levels``: the method's candidate levels (thinned to ``n_levels`` by :func:`ladder`);
     ``prot``: each target's protection; ``replay``: reuse the outputs of the blocks before each
-    unit (:class:`Replay`); ``rounds`` > 1 measures again around the previous round's allocation
+    unit (:class:`~capsense.core.replay.BlockReplay`: blocks before a unit's layer hold the uniform
+    weights while it is measured, so they hand on their recorded outputs; on SmolLM2 this halves the time); ``rounds`` > 1 measures again around the previous round's allocation
     and allocates from those costs (interactions the first round's uniform context misses).
     The model's weights are the same on return.
     """
@@ -299,7 +250,7 @@ def measured_allocation(
         for _ in range(rounds):
             _hold(units, choice, original, stats, prot)
             l_now, cands = measure_costs(units, ladder_, base, original, stats, prot, lambda: probe_loss(model, probes),
-                                         bar.update, Replay(model) if replay else None, held=choice)
+                                         bar.update, BlockReplay(model) if replay else None, held=choice)
             losses.append(l_now)
             chosen = allocate({k: monotone(cs) for k, cs in cands.items()}, goal)
             choice = {k: c.setting for k, c in chosen.items()}

@@ -1,9 +1,9 @@
 """Per-capability loss: nats/token of reference completions, prompt masked, on fixed probe sets.
 
-Each capability is an offline lm-eval task of capsense; its probe set is the task's first
-``n_probes`` documents (fixed, so every measurement of every model state sees the same
-documents; calibration takes documents from the other end). The loss is the token-weighted
-cross-entropy of the reference continuation given the prompt, in nats/token, scored by
+Each capability (:mod:`.capabilities`) is an offline lm-eval task of capsense; its probe set is
+the task's first ``n_probes`` documents (fixed, so every measurement of every model state sees
+the same documents; calibration takes documents from the other end:
+:func:`~capsense.compress.capabilities.document_ids`). The loss is the token-weighted cross-entropy of the reference continuation given the prompt, in nats/token, scored by
 :class:`capsense.scoring.probe.ProbeScorer`; a compression's response is ``dL = L(compressed) - L(original)``.
 """
 
@@ -16,57 +16,25 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from capsense.errors import CapsenseError
+from capsense.compress.capabilities import MeasureError, document_ids, parse_capabilities, task_of
 from capsense.scoring.probe import Probe, ProbeScorer
 
-CAPABILITIES: dict[str, str] = {
-    "math": "capsense_math_problems",
-    "code": "capsense_code",
-    "qa": "capsense_qa",
-    "arithmetic": "capsense_arithmetic",
-    "addition": "capsense_addition",
-    "induction": "capsense_induction",
-    "prose": "capsense_prose",
-    "antonyms": "capsense_antonyms",
-}
-DEFAULT_CAPABILITIES = ("math", "code", "qa")
 
+def capability_probe(capability: str, tokenizer, n: int, use: str = "probe") -> Probe:
+    """A probe of ``capability`` over the ``n`` documents ``use`` reads (first for probes, last for calibration)."""
+    from capsense.scoring.probe import load_task
 
-class MeasureError(CapsenseError):
-    """An unknown capability or an unusable probe request."""
-
-
-def parse_capabilities(spec: str | Sequence[str]) -> list[str]:
-    """``"math,code,qa"`` -> validated list; names are aliases above or ``capsense_*`` task names."""
-    items = [c.strip() for c in (spec.split(",") if isinstance(spec, str) else spec) if c.strip()]
-    if not items:
-        raise MeasureError(f"no capability given: choose from {', '.join(CAPABILITIES)}")
-    task_names = set(CAPABILITIES.values())
-    bad = [c for c in items if c not in CAPABILITIES and c not in task_names]
-    if bad:
-        raise MeasureError(
-            f"unknown capability {', '.join(repr(b) for b in bad)}: valid capabilities are {', '.join(CAPABILITIES)}"
-        )
-    return list(dict.fromkeys(items))
-
-
-def task_of(capability: str) -> str:
-    return CAPABILITIES.get(capability, capability)
+    task = task_of(capability)
+    n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)
+    # ascending doc ids: lm-eval numbers the selected documents in that order
+    return Probe.from_task(task, tokenizer, doc_ids=document_ids(n_docs, n, use))
 
 
 def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64) -> dict[str, Probe]:
     """The fixed probe set of each capability: the first ``n_probes`` documents of its task."""
-    from capsense.scoring.probe import load_task
-
     if n_probes < 1:
         raise MeasureError(f"--probes must be at least 1, got {n_probes}")
-    probes = {}
-    for cap in parse_capabilities(capabilities):
-        task = task_of(cap)
-        n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)
-        # doc ids 0..n-1 in order: lm-eval numbers the selected documents in that order
-        probes[cap] = Probe.from_task(task, tokenizer, doc_ids=list(range(min(n_probes, n_docs))))
-    return probes
+    return {cap: capability_probe(cap, tokenizer, n_probes) for cap in parse_capabilities(capabilities)}
 
 
 class _KeepingScorer(ProbeScorer):

@@ -1,0 +1,125 @@
+"""Block replay: record what a model's decoder blocks received and returned, then start later.
+
+When the blocks before layer ``l`` compute exactly what they computed in a recorded pass (a
+clean model before the first ablated head; a compressed model before the unit whose level
+changed), a forward can start at ``l`` and skip that prefix. Two ways to start there, one
+recorder:
+
+* :meth:`BlockReplay.run_from` calls the blocks from ``l`` on directly with the recorded
+  inputs of block ``l`` (hidden states plus the call's other arguments: attention mask,
+  rotary embeddings, position ids, as the model itself passed them) and returns the last
+  block's hidden states: :mod:`capsense.scoring.prefix`, which owns the final norm.
+* :meth:`BlockReplay.skip_before` lets the model's own forward run (any caller, any number
+  of batches) while the blocks before ``l`` hand on, call after call, the recorded outputs of
+  block ``l - 1`` instead of computing: :mod:`capsense.compress.measured_sensitivity`,
+  whose loss is a whole probe scorer. The same batches must run in the same order as when
+  recorded.
+
+Skipping shadows a block's ``forward`` on the instance and restores exactly what was there
+afterwards. Under a device map accelerate has already put its own hook on the instance
+(``block.forward`` wraps the class's forward to move inputs to the block's device); deleting
+the shadow, as the first version of measured sensitivity did, removed that hook for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from capsense.core.arch import arch_spec, unwrap
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+@dataclass
+class BlockCall:
+    """One call of one block: its hidden-state input, the other arguments, and how they were passed."""
+
+    hidden: torch.Tensor
+    args: tuple
+    kwargs: dict[str, Any]
+    positional: bool  # hidden states passed as the first positional argument (else as ``hidden_states=``)
+
+    def __call__(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """``block`` called as it was, on ``hidden``; its hidden-state output."""
+        if self.positional:
+            out = block(hidden, *self.args, **self.kwargs)
+        else:
+            out = block(*self.args, hidden_states=hidden, **self.kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class BlockReplay:
+    """Per block, the inputs and/or outputs of every call during :meth:`record`'s function."""
+
+    def __init__(self, model: nn.Module) -> None:
+        base = unwrap(model)
+        self.blocks = base.get_submodule(arch_spec(base).layers)
+        self.inputs: list[list[BlockCall]] = [[] for _ in self.blocks]
+        self.outputs: list[list[Any]] = [[] for _ in self.blocks]
+
+    def record(self, fn: Callable[[], T], inputs: bool = True, outputs: bool = False) -> T:
+        """Run ``fn`` keeping each block's inputs (and outputs) of every call; ``fn``'s result."""
+        self.inputs = [[] for _ in self.blocks]
+        self.outputs = [[] for _ in self.blocks]
+
+        def keep_input(i: int):
+            def pre(_module, args, kwargs):
+                if args:
+                    self.inputs[i].append(BlockCall(args[0], args[1:], dict(kwargs), True))
+                else:
+                    kw = dict(kwargs)
+                    self.inputs[i].append(BlockCall(kw.pop("hidden_states"), (), kw, False))
+
+            return pre
+
+        hooks = []
+        for i, b in enumerate(self.blocks):
+            if inputs:
+                hooks.append(b.register_forward_pre_hook(keep_input(i), with_kwargs=True))
+            if outputs:
+                hooks.append(b.register_forward_hook(lambda _m, _a, out, i=i: self.outputs[i].append(out)))
+        try:
+            return fn()
+        finally:
+            for h in hooks:
+                h.remove()
+
+    @property
+    def complete(self) -> bool:
+        """Every block's input was recorded (false when the model bypassed a block's hooks)."""
+        return all(self.inputs)
+
+    def run_from(self, start: int, call: int = 0) -> torch.Tensor:
+        """Hidden states after the last block, computing blocks ``start..`` from recorded call ``call``."""
+        hidden = self.inputs[start][call].hidden
+        for i in range(start, len(self.blocks)):
+            hidden = self.inputs[i][call](self.blocks[i], hidden)
+        return hidden
+
+    @contextmanager
+    def skip_before(self, layer: int) -> Iterator[None]:
+        """Blocks ``< layer`` skip their computation and hand on block ``layer - 1``'s recorded outputs."""
+        if layer == 0:
+            yield
+            return
+        saved = self.outputs[layer - 1]
+        shadowed = []
+        for b in self.blocks[:layer]:
+            shadowed.append((b, b.__dict__.get("forward", _MISSING)))  # accelerate's hook, if any
+            calls = iter(saved)
+            b.forward = lambda *_a, _calls=calls, **_k: next(_calls)
+        try:
+            yield
+        finally:
+            for b, before in shadowed:
+                if before is _MISSING:
+                    del b.forward
+                else:
+                    b.forward = before

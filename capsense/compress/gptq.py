@@ -91,23 +91,27 @@ def gptq_quantize(weight: torch.Tensor, gram: torch.Tensor, bits: int, group_siz
     return out.float(), scales.float()
 
 
-def _block_prune_count(density: float, start: int, end: int) -> int:
-    """Weights each row prunes in columns ``start:end``: cumulative, so a row keeps ``round(density * in)``."""
-    return (end - start) - (round(density * end) - round(density * start))
+def _row_prune_counts(density: float, start: int, end: int, free: torch.Tensor, done: torch.Tensor,
+                      total: torch.Tensor) -> torch.Tensor:
+    """Weights each row prunes in columns ``start:end``: the cumulative share ``c - round(density * c)``
+    through column ``end``, at least what the later columns can no longer absorb (protected ones
+    cannot be pruned), so each row prunes exactly ``total`` in all."""
+    free_here = free[:, start:end].sum(1)
+    free_after = free[:, end:].sum(1)
+    share = torch.clamp(torch.full_like(done, end - round(density * end)), max=total)
+    return torch.minimum(torch.maximum(share - done, total - done - free_after).clamp(min=0), free_here)
 
 
-def _block_mask(saliency: torch.Tensor, density: float, pattern: str, start: int) -> torch.Tensor:
-    """Pruned-mask of one block (True = pruned) from saliencies (protected entries are +inf)."""
+def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) -> torch.Tensor:
+    """Pruned-mask of one block (True = pruned): the ``k[row]`` least salient free entries of each
+    row, or for ``2:4`` the two least salient of every four; protected entries are +inf."""
     n_out, width = saliency.shape
-    pruned = torch.zeros_like(saliency, dtype=torch.bool)
     if pattern == "2:4":
-        quads = saliency.view(n_out, width // 4, 4)
-        low = torch.topk(quads, 2, dim=2, largest=False).indices
-        return pruned.view(n_out, width // 4, 4).scatter_(2, low, True).view(n_out, width) & ~torch.isinf(saliency)
-    k = _block_prune_count(density, start, start + width)
-    if k > 0:
-        pruned.scatter_(1, torch.topk(saliency, k, dim=1, largest=False).indices, True)
-    return pruned & ~torch.isinf(saliency)
+        low = torch.topk(saliency.view(n_out, width // 4, 4), 2, dim=2, largest=False).indices
+        pruned = torch.zeros(n_out, width // 4, 4, dtype=torch.bool).scatter_(2, low, True)
+        return pruned.view(n_out, width)
+    rank = torch.argsort(torch.argsort(saliency, dim=1), dim=1)
+    return rank < k[:, None]
 
 
 @torch.no_grad()
@@ -130,12 +134,19 @@ def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, density: float, pa
         guard[protected_rows] = True
     if protected_cols is not None:
         guard[:, protected_cols] = True
+    if pattern == "2:4" and bool(guard.any()):
+        raise ValueError("the 2:4 pattern prunes two of every four weights in every row: it cannot keep protected heads whole")
+    free = ~guard
+    total = torch.clamp(free.sum(1), max=n_in - round(density * n_in))
+    done = torch.zeros(n_out, dtype=torch.long)
     keep = torch.ones(n_out, n_in, dtype=torch.bool)
     for start in range(0, n_in, BLOCK):
         end = min(start + BLOCK, n_in)
         sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
         sal[guard[:, start:end]] = float("inf")
-        keep[:, start:end] = ~_block_mask(sal, density, pattern, start)
+        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, done, total)
+        keep[:, start:end] = ~_block_mask(sal, pattern, k)
+        done += (~keep[:, start:end]).sum(1)
         err = torch.zeros(n_out, end - start, dtype=w.dtype)
         for j in range(start, end):
             new = torch.where(keep[:, j], w[:, j], torch.zeros((), dtype=w.dtype))

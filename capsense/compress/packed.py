@@ -19,7 +19,7 @@ What the format cannot store is refused before anything is written (:func:`check
 * GPT-2's ``Conv1D`` matrices (the library packs ``nn.Linear`` only);
 * pruned and low-rank matrices: compressed-tensors has had no sparse storage since 0.15 (its
   bitmask and 2:4 compressors were removed and transformers loads quantized checkpoints only),
-  and no factored one. Those are written with ``format`` dense (zeros stored, products multiplied
+  and no factored one. Those are written with ``fmt`` dense (zeros stored, products multiplied
   out), as before, and their sizes stay accounted (:mod:`~capsense.compress.accounting`).
 """
 
@@ -91,12 +91,12 @@ def check_storable(items: Iterable[tuple[str, tuple[int, int], Any, bool, bool]]
         return
     why, hits = next(iter(problems.items()))
     more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
-    hint = "use `format` dense"
+    hint = "use `fmt` dense"
     if "group size" in why:
         hint = f"use a `group_size` dividing every matrix's columns ({_fitting_groups(n for _, n in hits)}) or {hint}"
     elif "protected" in why:
-        hint = f"set `protect_heads` to 0 or {hint}"
-    raise FormatError(f"`format` compressed-tensors cannot store {hits[0][0]}{more}: {why}; {hint}")
+        hint = f"protect no heads (`protect_top_k` 0, no `protect_heads`) or {hint}"
+    raise FormatError(f"`fmt` compressed-tensors cannot store {hits[0][0]}{more}: {why}; {hint}")
 
 
 def _scheme(bits: int, group: int | None):

@@ -67,6 +67,9 @@ def test_sparsegpt_two_four_pattern():
     pruned, keep = sparsegpt_prune(w, gram, 0.5, "2:4")
     assert (keep.view(24, 16, 4).sum(2) == 2).all()
     assert bool((pruned[~keep] == 0).all())
+    scores = wanda_scores(w, x.pow(2).sum(0).sqrt()).view(24, 16, 4)  # Wanda's 2:4 mask, uncompensated
+    wanda = torch.zeros(24, 16, 4, dtype=torch.bool).scatter_(2, scores.topk(2, dim=2).indices, True).view(24, 64)
+    assert _out_err(w, pruned, x) < 0.9 * _out_err(w, apply_mask(w, wanda), x)
     with pytest.raises(ValueError, match="2:4 pattern"):
         sparsegpt_prune(w, gram, 0.6, "2:4")
     with pytest.raises(ValueError, match="valid patterns"):
@@ -91,3 +94,60 @@ def test_bad_gram_and_damp_are_refused():
         gptq_quantize(w, gram[:10, :10], 4)
     with pytest.raises(ValueError, match="damp"):
         sparsegpt_prune(w, gram, 0.5, damp=0)
+
+
+def test_sparsegpt_rows_keep_the_protected_columns_when_they_exceed_the_budget():
+    w, _, gram = _data(n_in=200)
+    cols = torch.zeros(200, dtype=torch.bool)
+    cols[150:] = True  # 50 protected columns, all in the last block, above round(0.1 * 200) = 20
+    _, keep = sparsegpt_prune(w, gram, 0.1, protected_cols=cols)
+    assert (keep.sum(1) == 50).all() and bool(keep[:, cols].all())
+    with pytest.raises(ValueError, match="cannot keep protected heads whole"):
+        sparsegpt_prune(w, gram, 0.5, "2:4", protected_cols=cols)
+
+
+# -- as settings (registry, calibration, exact sizes) ------------------------------------------
+
+def test_gptq_and_sparsegpt_settings_parse_and_refuse():
+    from capsense.compress.methods import BudgetError, parse_setting
+
+    g = parse_setting({"method": "gptq", "bits": 3, "group_size": 64, "damp": 0.05, "act_order": False})
+    assert g.label == "gptq@3b/g64/damp0.05/natural" and g.needs_gram and g.calibrated
+    assert parse_setting({"method": "gptq", "bits": 4}).to_dict() == {
+        "method": "gptq", "bits": 4, "group_size": 128, "damp": 0.01, "act_order": True}
+    s = parse_setting({"method": "sparsegpt", "density": 0.5, "scope": "2:4"})
+    assert s.label == "sparsegpt@d0.5/2:4" and s.size((8, 64), None, 16) == (256, 256 * 16)
+    for bad, message in [({"method": "gptq"}, "gptq needs bits"), ({"method": "gptq", "bits": 4, "damp": 2}, "damp 2"),
+                         ({"method": "gptq", "bits": 4, "act_order": "yes"}, "act_order"),
+                         ({"method": "sparsegpt", "density": 0.5, "scope": "matrix"}, "valid scopes are row, 2:4"),
+                         ({"method": "sparsegpt", "density": 0.5, "bits": 4}, "bits does not apply to sparsegpt"),
+                         ({"method": "wanda", "density": 0.5, "damp": 0.1}, "damp does not apply to wanda")]:
+        with pytest.raises(BudgetError, match=message):
+            parse_setting(bad)
+
+
+@pytest.mark.parametrize("setting", [{"method": "gptq", "bits": 3, "group_size": 16},
+                                     {"method": "sparsegpt", "density": 0.4}])
+def test_compensated_methods_in_the_engine_beat_their_plain_twins(setting, calib_file):
+    """On the tiny model: exact accounting, and lower layer-output error than RTN / Wanda at equal size."""
+    from conftest import make_char_tokenizer, make_tiny_model
+
+    from capsense.compress.budget import uniform_budget
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.engine import calibrate, compress_model
+    from capsense.compress.targets import find_targets
+
+    twin = {"gptq": {"method": "rtn", "bits": 3, "group_size": 16}, "sparsegpt": {"method": "wanda", "density": 0.4}}
+    errs, sizes = [], []
+    for s in (setting, twin[setting["method"]]):
+        model = make_tiny_model("llama")
+        dense = {t.name: t.get().clone() for t in find_targets(model)}
+        b = uniform_budget(s)
+        stats, _ = calibrate(model, make_char_tokenizer(), uniform_budget({**setting}), str(calib_file), 8)
+        result = compress_model(model, b, stats)
+        sizes.append(result.summary["size_ratio"])
+        errs.append(sum(float(((dense[t.name] - t.get()) @ stats[t.name].gram.float() * (dense[t.name] - t.get())).sum())
+                        for t in find_targets(model)))
+        assert all(isinstance(stats[t.name], InputStats) for t in find_targets(model))
+    assert sizes[0] == sizes[1]
+    assert errs[0] < 0.9 * errs[1]

@@ -27,6 +27,7 @@ import torch
 
 from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
 from capsense.compress.calibration import DEFAULT_CALIBRATION
+from capsense.compress.card import render_card
 from capsense.compress.engine import (
     CompressionError, CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan,
 )
@@ -155,6 +156,8 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
         meta["size"] = {"bytes_on_disk": size_on_disk(tmp),
                         "bytes_accounted": round(s["size_ratio"] * s["model_params"] * s["base_bits"] / 8)}
         tokenizer.save_pretrained(tmp)
+        default = parse_setting(budget.default)
+        (tmp / "README.md").write_text(render_card(meta, default.family if default is not None else ""))
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         if allocation is not None:
             write_budget_file(tmp / "budget.yaml", allocation.budget)

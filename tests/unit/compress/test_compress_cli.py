@@ -64,6 +64,9 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
     if setting["method"] == "rtn":
         assert meta["summary"]["target_bits_per_param"] == pytest.approx(3 + 16 / 32)
     assert "path" not in meta["base_model"] and str(tiny_model_dir) not in (out / "capsense.json").read_text()
+    card = (out / "README.md").read_text()
+    assert str(tiny_model_dir) not in card and "| layer |" in card and f"| {meta['size']['bytes_on_disk']} |" in card
+    assert ("no sparse storage" in card) == (args[1] == "magnitude") and ("reconstructed products" in card) == (args[1] == "svd-llm")
 
 
 @pytest.mark.parametrize("method", ["rtn", "gptq"])
@@ -77,6 +80,7 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["format"]["format"] == "compressed-tensors" and meta["format"]["dtype"] == "bfloat16"
+    assert "pack-quantized" in (out / "README.md").read_text()
     assert abs(meta["size"]["bytes_on_disk"] / meta["size"]["bytes_accounted"] - 1) < 0.10
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert "model.layers.0.mlp.down_proj.weight_packed" in f.keys()
@@ -90,6 +94,10 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
         nll = [torch.nn.functional.cross_entropy(m(x).logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none")
                for m in (loaded, expected)]
     assert float((nll[0] - nll[1]).abs().max()) <= 1e-3
+    from capsense.core.models import load_model  # capsense's own loader unpacks at load (its hooks need weights)
+
+    ours, _ = load_model(str(out), dtype="bfloat16")
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), loaded.state_dict().values()))
 
 
 @pytest.mark.parametrize("args,message", [

@@ -1,0 +1,145 @@
+"""Shippable checkpoints and GPTQ on SmolLM2-135M-Instruct: bytes on disk, reload exactness, GPTQ vs RTN.
+
+    HF_HUB_OFFLINE=1 flock /tmp/capsense-heavy.lock python recipes/bench/compress_ship_smollm2.py \\
+        [--probes 32] [--parts pack,dl] [--out recipes/results/compress/ship_smollm2.json]
+
+``pack``: for RTN and GPTQ at 4 bits, group 64 (128 does not divide SmolLM2's 576-column
+matrices, which compressed-tensors refuses), compress in memory and write the checkpoint with the
+pipeline's writer (compressed-tensors, bfloat16 elsewhere); record the safetensors bytes against
+the bytes ``capsense.json`` accounts, wall time and peak RSS, then reload it with plain
+``AutoModelForCausalLM.from_pretrained`` and compare per-document nats/token on the probes with
+the in-memory model (its parameters cast to the checkpoint's bfloat16; and as compressed, float32).
+
+``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
+base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
+prose,math,code,qa set, their last documents) never sees a probe document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from capsense.compress.budget import uniform_budget
+from capsense.compress.capability_loss import build_probes, measure_probe
+from capsense.compress.engine import calibrate, compress_model
+from capsense.compress.packed import size_on_disk
+from capsense.compress.pipeline import _write_checkpoint
+from capsense.core.models import load_model
+
+HERE = Path(__file__).resolve().parents[1]
+CAPS = ("math", "code", "qa")
+PACK = ({"method": "rtn", "bits": 4, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64})
+DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
+      {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def doc_nll(model, probes) -> dict[str, list[float]]:
+    out = {}
+    for c in CAPS:
+        m = measure_probe(model, probes[c], c)
+        out[c] = [n / max(t, 1) for n, t in zip(m.doc_nats, m.doc_tokens)] + [m.nll]  # per document, then the mean
+    return out
+
+
+def max_delta(a, b) -> dict[str, dict[str, float]]:
+    return {c: {"mean": abs(a[c][-1] - b[c][-1]), "max_doc": max(abs(x - y) for x, y in zip(a[c][:-1], b[c][:-1]))}
+            for c in CAPS}
+
+
+def restore(model, saved) -> None:
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            p.data = saved[k].clone()
+
+
+def pack_part(model, tok, probes, stats, saved, base) -> list[dict]:
+    rows = []
+    for setting in PACK:
+        t0 = time.time()
+        budget = uniform_budget(setting)
+        result = compress_model(model, budget, stats)
+        seconds = time.time() - t0
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "ckpt"
+            t1 = time.time()
+            _write_checkpoint(model, tok, "smollm2-135m", budget, result, None, out, False, "compressed-tensors")
+            write_s = time.time() - t1
+            meta = json.loads((out / "capsense.json").read_text())
+            from transformers import AutoModelForCausalLM
+
+            loaded = AutoModelForCausalLM.from_pretrained(out).eval()  # plain transformers, bfloat16
+            loaded(input_ids=torch.tensor([[1, 2]]))  # compressed-tensors unpacks on the first forward
+            reloaded = doc_nll(loaded, probes)
+            del loaded
+        in_mem32 = doc_nll(model, probes)
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        in_mem16 = doc_nll(model, probes)
+        restore(model, saved)
+        rows.append({
+            "setting": result.summary["label"], "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
+            "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
+            "disk_over_accounted": meta["size"]["bytes_on_disk"] / meta["size"]["bytes_accounted"],
+            "size_ratio": result.summary["size_ratio"], "base_model_has_path": "path" in meta["base_model"],
+            "reload_vs_memory_bf16": max_delta(reloaded, in_mem16), "reload_vs_memory_fp32": max_delta(reloaded, in_mem32),
+            "dL_reloaded": {c: reloaded[c][-1] - base[c][-1] for c in CAPS}, "peak_rss_mb": round(peak_rss_mb()),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def dl_part(model, probes, stats, saved, base) -> list[dict]:
+    rows = []
+    for setting in DL:
+        t0 = time.time()
+        result = compress_model(model, uniform_budget(setting), stats)
+        seconds = time.time() - t0
+        after = doc_nll(model, probes)
+        restore(model, saved)
+        rows.append({"setting": result.summary["label"], "compress_s": round(seconds, 1),
+                     "size_ratio": result.summary["size_ratio"], "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
+                     "peak_rss_mb": round(peak_rss_mb())})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--probes", type=int, default=32)
+    ap.add_argument("--parts", default="pack,dl")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "ship_smollm2.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model, tok = load_model("smollm2-135m", dtype="float32")
+    probes = build_probes(tok, CAPS, args.probes)
+    base = doc_nll(model, probes)
+    saved = {k: p.detach().clone() for k, p in model.named_parameters()}
+    t1 = time.time()
+    stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
+    report = {"probes": args.probes, "calibration": calib, "calibrate_s": round(time.time() - t1, 1),
+              "base_nll": {c: base[c][-1] for c in CAPS}}
+    if "pack" in args.parts:
+        report["pack"] = pack_part(model, tok, probes, stats, saved, base)
+    if "dl" in args.parts:
+        report["dl"] = dl_part(model, probes, stats, saved, base)
+    report["total_s"] = round(time.time() - t0, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

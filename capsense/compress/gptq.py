@@ -60,17 +60,19 @@ def gptq_quantize(weight: torch.Tensor, gram: torch.Tensor, bits: int, group_siz
     """GPTQ of an ``[out, in]`` weight: (dequantized weight in float32, ``[out, groups]`` scales)."""
     bits, group_size = check_bits(bits), check_group_size(group_size)
     _check(weight, gram, damp)
-    u, dead = _inverse_factor(gram, damp)
-    w = weight.detach().double().clone()
+    n_in = weight.shape[1]
+    perm = torch.argsort(torch.diag(gram).double(), descending=True) if act_order else torch.arange(n_in)
+    u, dead = _inverse_factor(gram.double()[perm][:, perm], damp)
+    w = weight.detach().double()[:, perm].clone()
     w[:, dead] = 0.0
-    n_in = w.shape[1]
     g = group_width(n_in, group_size)
     q_max = 2 ** (bits - 1) - 1
-    scales = group_scales(w, bits, group_size).double() if act_order else torch.zeros(w.shape[0], -(-n_in // g), dtype=w.dtype)
-    perm = torch.argsort(torch.diag(gram).double(), descending=True) if act_order else torch.arange(n_in)
-    if act_order:
-        u, _ = _inverse_factor(gram.double()[perm][:, perm], damp)
-        w = w[:, perm]
+    if act_order:  # static scales, from the original weights in the original column order
+        unperm = torch.empty_like(w)
+        unperm[:, perm] = w
+        scales = group_scales(unperm, bits, group_size).double()
+    else:
+        scales = torch.zeros(w.shape[0], -(-n_in // g), dtype=w.dtype)
     q = torch.zeros_like(w)
     for start in range(0, n_in, BLOCK):
         end = min(start + BLOCK, n_in)

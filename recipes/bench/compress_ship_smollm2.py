@@ -1,7 +1,7 @@
 """Shippable checkpoints and GPTQ on SmolLM2-135M-Instruct: bytes on disk, reload exactness, GPTQ vs RTN.
 
     HF_HUB_OFFLINE=1 flock /tmp/capsense-heavy.lock python recipes/bench/compress_ship_smollm2.py \\
-        [--probes 32] [--parts pack,dl] [--out recipes/results/compress/ship_smollm2.json]
+        [--probes 32] [--parts pack,guided,dl] [--out recipes/results/compress/ship_smollm2.json]
 
 ``pack``: for RTN and GPTQ at 4 bits, group 64 (128 does not divide SmolLM2's 576-column
 matrices, which compressed-tensors refuses), compress in memory and write the checkpoint with the
@@ -9,6 +9,9 @@ pipeline's writer (compressed-tensors, bfloat16 elsewhere); record the safetenso
 the bytes ``capsense.json`` accounts, wall time and peak RSS, then reload it with plain
 ``AutoModelForCausalLM.from_pretrained`` and compare per-document nats/token on the probes with
 the in-memory model (its parameters cast to the checkpoint's bfloat16; and as compressed, float32).
+
+``guided``: the same for the ``--keep math`` allocation of each (mixed precision: one config
+group per bit width and group size; levels restricted to group sizes that pack).
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
@@ -63,17 +66,25 @@ def restore(model, saved) -> None:
             p.data = saved[k].clone()
 
 
-def pack_part(model, tok, probes, stats, saved, base) -> list[dict]:
+def guided(model, tok, stats, setting: dict, keep: str):
+    """The ``--keep`` allocation of ``setting`` restricted to packable levels, and its info."""
+    from capsense.compress.guided import Guide, guided_budget
+
+    al = guided_budget(model, tok, uniform_budget(setting), stats, Guide([keep], protect_top_k=0), print, packed=True)
+    return al.budget, al
+
+
+def pack_part(model, tok, probes, stats, saved, base, keep: str | None = None) -> list[dict]:
     rows = []
     for setting in PACK:
         t0 = time.time()
-        budget = uniform_budget(setting)
+        budget, allocation = guided(model, tok, stats, setting, keep) if keep else (uniform_budget(setting), None)
         result = compress_model(model, budget, stats)
         seconds = time.time() - t0
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "ckpt"
             t1 = time.time()
-            _write_checkpoint(model, tok, "smollm2-135m", budget, result, None, out, False, "compressed-tensors")
+            _write_checkpoint(model, tok, "smollm2-135m", budget, result, allocation, out, False, "compressed-tensors")
             write_s = time.time() - t1
             meta = json.loads((out / "capsense.json").read_text())
             from transformers import AutoModelForCausalLM
@@ -88,7 +99,7 @@ def pack_part(model, tok, probes, stats, saved, base) -> list[dict]:
         in_mem16 = doc_nll(model, probes)
         restore(model, saved)
         rows.append({
-            "setting": result.summary["label"], "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
+            "setting": result.summary["label"], "keep": keep, "groups": meta["format"]["groups"], "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
             "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
             "disk_over_accounted": meta["size"]["bytes_on_disk"] / meta["size"]["bytes_accounted"],
             "size_ratio": result.summary["size_ratio"], "base_model_has_path": "path" in meta["base_model"],
@@ -133,6 +144,8 @@ def main() -> None:
               "base_nll": {c: base[c][-1] for c in CAPS}}
     if "pack" in args.parts:
         report["pack"] = pack_part(model, tok, probes, stats, saved, base)
+    if "guided" in args.parts:
+        report["pack_guided_math"] = pack_part(model, tok, probes, stats, saved, base, keep="math")
     if "dl" in args.parts:
         report["dl"] = dl_part(model, probes, stats, saved, base)
     report["total_s"] = round(time.time() - t0, 1)

@@ -1,7 +1,7 @@
 """Shippable checkpoints and GPTQ on SmolLM2-135M-Instruct: bytes on disk, reload exactness, GPTQ vs RTN.
 
     HF_HUB_OFFLINE=1 flock /tmp/capsense-heavy.lock python recipes/bench/compress_ship_smollm2.py \\
-        [--probes 32] [--parts pack,guided,dl] [--out recipes/results/compress/ship_smollm2.json]
+        [--probes 32] [--parts pack,guided,dl] [--pack 0,1] [--dl 0,1,2,3] [--out recipes/results/compress/ship_smollm2.jsonl]
 
 ``pack``: for RTN and GPTQ at 4 bits, group 64 (128 does not divide SmolLM2's 576-column
 matrices, which compressed-tensors refuses), compress in memory and write the checkpoint with the
@@ -34,6 +34,7 @@ from capsense.compress.capability_loss import build_probes, measure_probe
 from capsense.compress.engine import calibrate, compress_model
 from capsense.compress.packed import size_on_disk
 from capsense.compress.pipeline import _write_checkpoint
+from capsense.core.files import append_jsonl
 from capsense.core.models import load_model
 
 HERE = Path(__file__).resolve().parents[1]
@@ -74,9 +75,9 @@ def guided(model, tok, stats, setting: dict, keep: str):
     return al.budget, al
 
 
-def pack_part(model, tok, probes, stats, saved, base, keep: str | None = None) -> list[dict]:
-    rows = []
-    for setting in PACK:
+def pack_part(model, tok, probes, stats, saved, base, keep: str | None = None, which=(0, 1)):
+    """Yields one row per setting, as measured."""
+    for setting in (PACK[i] for i in which):
         t0 = time.time()
         budget, allocation = guided(model, tok, stats, setting, keep) if keep else (uniform_budget(setting), None)
         result = compress_model(model, budget, stats)
@@ -98,31 +99,27 @@ def pack_part(model, tok, probes, stats, saved, base, keep: str | None = None) -
             p.data = p.data.to(torch.bfloat16)
         in_mem16 = doc_nll(model, probes)
         restore(model, saved)
-        rows.append({
-            "setting": result.summary["label"], "keep": keep, "groups": meta["format"]["groups"], "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
+        yield {
+            "part": "guided" if keep else "pack", "setting": result.summary["label"], "keep": keep, "groups": meta["format"]["groups"], "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
             "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
             "disk_over_accounted": meta["size"]["bytes_on_disk"] / meta["size"]["bytes_accounted"],
             "size_ratio": result.summary["size_ratio"], "base_model_has_path": "path" in meta["base_model"],
             "reload_vs_memory_bf16": max_delta(reloaded, in_mem16), "reload_vs_memory_fp32": max_delta(reloaded, in_mem32),
             "dL_reloaded": {c: reloaded[c][-1] - base[c][-1] for c in CAPS}, "peak_rss_mb": round(peak_rss_mb()),
-        })
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+        }
 
 
-def dl_part(model, probes, stats, saved, base) -> list[dict]:
-    rows = []
-    for setting in DL:
+def dl_part(model, probes, stats, saved, base, which=(0, 1, 2, 3)):
+    """Yields one row per setting, as measured."""
+    for setting in (DL[i] for i in which):
         t0 = time.time()
         result = compress_model(model, uniform_budget(setting), stats)
         seconds = time.time() - t0
         after = doc_nll(model, probes)
         restore(model, saved)
-        rows.append({"setting": result.summary["label"], "compress_s": round(seconds, 1),
-                     "size_ratio": result.summary["size_ratio"], "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
-                     "peak_rss_mb": round(peak_rss_mb())})
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+        yield {"part": "dl", "setting": result.summary["label"], "compress_s": round(seconds, 1),
+               "size_ratio": result.summary["size_ratio"], "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
+               "peak_rss_mb": round(peak_rss_mb())}
 
 
 def main() -> None:
@@ -130,9 +127,13 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=32)
     ap.add_argument("--parts", default="pack,dl")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "ship_smollm2.json")
+    ap.add_argument("--pack", default="0,1", help="Indices into PACK (rtn, gptq) for the pack and guided parts.")
+    ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "ship_smollm2.jsonl",
+                    help="JSONL, one line per row, appended as measured.")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    which = [int(i) for i in args.pack.split(",")]
     t0 = time.time()
     model, tok = load_model("smollm2-135m", dtype="float32")
     probes = build_probes(tok, CAPS, args.probes)
@@ -140,18 +141,21 @@ def main() -> None:
     saved = {k: p.detach().clone() for k, p in model.named_parameters()}
     t1 = time.time()
     stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
-    report = {"probes": args.probes, "calibration": calib, "calibrate_s": round(time.time() - t1, 1),
-              "base_nll": {c: base[c][-1] for c in CAPS}}
-    if "pack" in args.parts:
-        report["pack"] = pack_part(model, tok, probes, stats, saved, base)
-    if "guided" in args.parts:
-        report["pack_guided_math"] = pack_part(model, tok, probes, stats, saved, base, keep="math")
-    if "dl" in args.parts:
-        report["dl"] = dl_part(model, probes, stats, saved, base)
-    report["total_s"] = round(time.time() - t0, 1)
+    print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+
+    def emit(rows) -> None:
+        for r in rows:
+            append_jsonl(args.out, {"probes": args.probes, **r})
+            print(json.dumps(r), flush=True)
+
+    if "pack" in args.parts:
+        emit(pack_part(model, tok, probes, stats, saved, base, which=which))
+    if "guided" in args.parts:
+        emit(pack_part(model, tok, probes, stats, saved, base, keep="math", which=which))
+    if "dl" in args.parts:
+        emit(dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]))
+    print(f"done in {time.time() - t0:.0f} s; appended to {args.out}")
 
 
 if __name__ == "__main__":

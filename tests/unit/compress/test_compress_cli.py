@@ -36,6 +36,7 @@ def _compressed_in_memory(tiny_model_dir, setting, calib_file=None):
     (["--method", "rtn", "--bits", "3", "--group-size", "32", "--format", "dense"], {"method": "rtn", "bits": 3, "group_size": 32}),
     (["--method", "svd-llm", "--ratio", "0.6"], {"method": "svd-llm", "ratio": 0.6}),
     (["--method", "wanda", "--density", "0.4", "--targets", "mlp"], None),
+    (["--method", "sparsegpt", "--density", "0.5", "--scope", "2:4"], {"method": "sparsegpt", "density": 0.5, "scope": "2:4"}),
 ])
 def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_model_dir, calib_file, args, setting):
     from transformers import AutoModelForCausalLM
@@ -53,7 +54,7 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
         assert all(m["kind"] == "mlp" for m in meta["matrices"])
         assert meta["calibration"][0]["kind"] == "file"
         return
-    expected = _compressed_in_memory(tiny_model_dir, setting, calib_file if setting["method"] == "svd-llm" else None)
+    expected = _compressed_in_memory(tiny_model_dir, setting, calib_file if setting["method"] in ("svd-llm", "sparsegpt") else None)
     x = tiny_inputs()
     with torch.no_grad():
         assert torch.allclose(loaded(x).logits, expected(x).logits, atol=1e-5)
@@ -63,10 +64,13 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
         assert float((w == 0).float().mean()) == 0.5
     if setting["method"] == "rtn":
         assert meta["summary"]["target_bits_per_param"] == pytest.approx(3 + 16 / 32)
+    if setting["method"] == "sparsegpt":  # dense format (no sparse storage); two of every four weights kept
+        w = loaded.model.layers[1].mlp.up_proj.weight
+        assert ((w != 0).view(w.shape[0], -1, 4).sum(2) == 2).all() and meta["format"]["format"] == "dense"
     assert "path" not in meta["base_model"] and str(tiny_model_dir) not in (out / "capsense.json").read_text()
     card = (out / "README.md").read_text()
     assert str(tiny_model_dir) not in card and "| layer |" in card and f"| {meta['size']['bytes_on_disk']} |" in card
-    assert ("no sparse storage" in card) == (args[1] == "magnitude") and ("reconstructed products" in card) == (args[1] == "svd-llm")
+    assert ("no sparse storage" in card) == (args[1] in ("magnitude", "sparsegpt")) and ("reconstructed products" in card) == (args[1] == "svd-llm")
 
 
 @pytest.mark.parametrize("method", ["rtn", "gptq"])

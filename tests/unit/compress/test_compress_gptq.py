@@ -151,3 +151,17 @@ def test_compensated_methods_in_the_engine_beat_their_plain_twins(setting, calib
         assert all(isinstance(stats[t.name], InputStats) for t in find_targets(model))
     assert sizes[0] == sizes[1]
     assert errs[0] < 0.9 * errs[1]
+
+
+def test_gptq_setting_keeps_protected_heads_at_full_precision():
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.compensated import GPTQSetting
+    from capsense.compress.protect import Protection
+
+    w, x, _ = _data()
+    prot = Protection(rows=torch.arange(24) < 4, cols=torch.arange(64) >= 60)
+    out = GPTQSetting("gptq", 3, 16).apply("m", w, InputStats.from_inputs(x), prot, 16)
+    assert torch.equal(out.weight[:4], w[:4]) and torch.equal(out.weight[:, 60:], w[:, 60:])
+    assert out.scales is None  # a partly protected matrix has no packed form
+    assert (out.stored, out.bits) == GPTQSetting("gptq", 3, 16).size((24, 64), prot, 16)
+    assert len(torch.unique(out.weight[4:, :60])) > 8 and not torch.equal(out.weight[4:, :60], w[4:, :60])

@@ -34,7 +34,8 @@ from capsense.commands.output import echo_written, log
 @click.option("--calibration-samples", type=int, default=64, show_default=True,
               help="Calibration texts (with --keep also the texts of each kept capability for its gradients).")
 @dtype_option(help="Dtype to load and compress in.")
-@dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed).")
+@dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed, "
+              "or bfloat16 for the unpacked tensors of a compressed-tensors checkpoint).")
 @click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
               "the uniform setting (or --budget-size), their most important whole heads protected.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "

@@ -1,4 +1,4 @@
-"""Compression on the embedded SmolLM2-135M-Instruct (slow; CI runs this small slice, ~3 min on 2 cores).
+"""Compression on the embedded SmolLM2-135M-Instruct (slow; CI runs this small slice, ~4 min on 2 cores).
 
 SmolLM2 uses grouped-query attention (9 query heads, 3 KV heads): k_proj and v_proj are
 192 x 576. The full grid lives in recipes/compress_smollm2_grid.yaml.

@@ -15,11 +15,18 @@ from capsense.commands.output import echo_written, log
 @click.command("compress")
 @click.argument("model")
 @registry_option("--method", type=str, default=None, registry="capsense.compress.methods:METHODS",
-                 help="{names} (or from --budget-file).")
+                 help="{names} (or from --budget-file). gptq and sparsegpt compensate each rounding/pruning error "
+                      "with the calibration inputs (Frantar et al.).")
 @click.option("--density", type=float, default=None, help="Pruning: fraction of weights kept, in (0, 1].")
-@click.option("--scope", type=str, default=None, help="Pruning comparison group: row (default), matrix or global.")
-@click.option("--bits", type=int, default=None, help="RTN: bits per weight (2-16).")
-@click.option("--group-size", type=int, default=None, help="RTN: columns per scale (default 128; 0 = per output channel).")
+@click.option("--scope", type=str, default=None, help="Pruning comparison group: row (default), matrix or global; "
+              "sparsegpt: row or 2:4 (two of every four weights, density 0.5).")
+@click.option("--bits", type=int, default=None, help="RTN/GPTQ: bits per weight (2-16; packed checkpoints 2-8).")
+@click.option("--group-size", type=int, default=None, help="RTN/GPTQ: columns per scale (default 128; 0 = per output "
+              "channel). Packed checkpoints need a group size dividing every matrix's columns (SmolLM2: 64, 32 or 0).")
+@click.option("--damp", type=float, default=None, help="GPTQ/SparseGPT: fraction of the mean Hessian diagonal added "
+              "(default 0.01).")
+@click.option("--act-order/--natural-order", "act_order", default=None,
+              help="GPTQ: quantize columns by decreasing input energy (default) or left to right.")
 @click.option("--ratio", type=float, default=None, help="Low-rank: factor parameters / dense parameters, in (0, 1].")
 @click.option("--alpha", type=float, default=None, help="ASVD: activation exponent (default 0.5).")
 @click.option("--targets", default=None, help="Matrices to compress: attn, mlp or attn,mlp (default both).")
@@ -31,7 +38,8 @@ from capsense.commands.output import echo_written, log
 @click.option("--calibration-samples", type=int, default=64, show_default=True,
               help="Calibration texts (with --keep also the texts of each kept capability for its gradients).")
 @dtype_option(help="Dtype to load and compress in.")
-@dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed).")
+@dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed, "
+              "or bfloat16 for the unpacked tensors of a compressed-tensors checkpoint).")
 @click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
               "the uniform setting (or --budget-size), their most important whole heads protected.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
@@ -44,17 +52,25 @@ from capsense.commands.output import echo_written, log
               "on SmolLM2 it did not beat kept at 3-bit RTN), generic or flat (controls).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "compressed-tensors", "dense"]), default="auto",
+              show_default=True, help="Checkpoint format. compressed-tensors: quantized matrices packed as integer codes "
+              "with 16-bit group scales (real size on disk; loads with compressed-tensors installed). dense: every weight "
+              "a float, as compressed in memory. auto: compressed-tensors for rtn/gptq, dense for pruning and low rank "
+              "(compressed-tensors has no sparse or factored storage).")
 @device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
-def compress(model, method, density, scope, bits, group_size, ratio, alpha, targets, budget_file, calibration,
-             calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity, budget_size,
-             device_map, parallelize, out, overwrite):
+def compress(model, method, density, scope, bits, group_size, damp, act_order, ratio, alpha, targets, budget_file,
+             calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
+             budget_size, fmt, device_map, parallelize, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
-    Pruned weights are zeros, RTN weights are dequantized, low-rank matrices are the
-    reconstructed products; capsense.json records the method, settings, achieved density,
-    bits per parameter, parameter ratio and calibration data. With --device-map the model is
+    Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
+    on disk, bfloat16 elsewhere unless --save-dtype). Pruned and low-rank models stay dense: pruned
+    weights are zeros, low-rank matrices the reconstructed products (no standard format stores them
+    smaller); --format dense writes quantized weights dequantized too. capsense.json records the
+    method, settings, achieved density, bits per parameter, parameter ratio, size on disk and
+    calibration data (no path of this machine). With --device-map the model is
     spread over devices (weights must stay in device memory: a map that offloads them to
     CPU memory or disk is refused); the checkpoint is the one compressed without a map.
     """
@@ -68,7 +84,7 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
     check_model(model)
     if not budget_file and method is None:
-        raise CapsenseError("give `method` (magnitude, wanda, rtn, svd, asvd, svd-llm) or `budget_file` FILE")
+        raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
     if calibration:
         from capsense.compress.capabilities import check_calibration_spec
 
@@ -78,7 +94,7 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
     from capsense.compress.calibration import DEFAULT_CALIBRATION
 
     cli_setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
-                   "ratio": ratio, "alpha": alpha}
+                   "damp": damp, "act_order": act_order, "ratio": ratio, "alpha": alpha}
     if budget_file:
         budget = load_budget(budget_file, cli_setting, targets)
     else:
@@ -90,8 +106,9 @@ def compress(model, method, density, scope, bits, group_size, ratio, alpha, targ
         guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
                       size_ratio=budget_size, samples=calibration_samples)
     result = compress_checkpoint(
-        model, budget, out, calibration=calibration or DEFAULT_CALIBRATION, calibration_samples_n=calibration_samples,
-        dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, guide=guide, device_map=placed,
+        model, budget, out, calibration=DEFAULT_CALIBRATION if calibration is None else calibration,
+        calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+        guide=guide, device_map=placed, fmt=fmt,
     )
     s = result.summary
     click.echo(

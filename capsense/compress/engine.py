@@ -42,6 +42,7 @@ class CompressionResult:
     budget: dict[str, Any]
     calibration: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    scales: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # quantized matrices' (packing)
 
     def to_dict(self, per_matrix: bool = True) -> dict[str, Any]:
         d = {"summary": self.summary, "budget": self.budget, "calibration": self.calibration, "seconds": round(self.seconds, 2)}
@@ -163,6 +164,7 @@ def compress_model(
     planned = plan(model, budget)
     protected = check_plan(model, budget, planned)
     accounts: dict[str, acc.MatrixAccount] = {}
+    scales: dict[str, torch.Tensor] = {}
     global_groups: dict[Setting, list[Target]] = {}
     for t, s in planned:
         if s is None:
@@ -179,6 +181,8 @@ def compress_model(
                 raise CompressionError(f"{t.name}: {e}") from None
             t.set(out.weight)
             accounts[t.name] = _account(t, s, out, prot)
+            if out.scales is not None:
+                scales[t.name] = out.scales
         if progress:
             progress(1)
     for s, group in global_groups.items():
@@ -189,4 +193,4 @@ def compress_model(
     summary = acc.summarize(ordered, acc.model_param_count(model), base_bits)
     summary["label"] = setting_label(budget.default)
     summary["protected_heads"] = str(budget.protect_heads) if budget.protect_heads is not None else None
-    return CompressionResult(ordered, summary, budget.describe(), seconds=time.time() - t0)
+    return CompressionResult(ordered, summary, budget.describe(), seconds=time.time() - t0, scales=scales)

@@ -40,6 +40,7 @@ from capsense.compress.budget import Budget, BudgetError, Override, protections
 from capsense.compress.capabilities import parse_capabilities
 from capsense.compress.measured_sensitivity import check_unit, measured_allocation
 from capsense.compress.methods import Setting, parse_setting
+from capsense.compress.packed import unstorable
 from capsense.compress.targets import find_targets
 
 #: How levels are priced (see :class:`Guide`).
@@ -157,11 +158,12 @@ def _levels(base: Setting, flat: bool, spread: tuple[float, float]) -> list[Sett
 
 def guided_budget(
     model: nn.Module, tokenizer, base_budget: Budget, stats, guide: Guide, log: Callable[[str], None] | None = None,
-    fisher_cache: dict | None = None,
+    fisher_cache: dict | None = None, packed: bool = False,
 ) -> Allocation:
     """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
 
-    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities across calls on the same weights.
+    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities across calls on the same weights;
+    ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix.
     """
     log = log or (lambda _m: None)
     base = parse_setting(base_budget.default)
@@ -177,14 +179,14 @@ def guided_budget(
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     prot = protections(model, budget, targets)
     if guide.sensitivity == "measured":
-        return _measured(model, tokenizer, budget, base, targets, goal, prot, stats, guide, heads, log)
+        return _measured(model, tokenizer, budget, base, targets, goal, prot, stats, guide, heads, log, packed)
     if guide.sensitivity == "kept":
         fisher = {t.name: sum(f[t.name] for f in fisher_by_cap.values()) for t in targets}
     elif guide.sensitivity == "generic":
         fisher = _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, fisher_cache)
     else:
         fisher = {t.name: torch.ones(t.shape) for t in targets}
-    levels = _levels(base, guide.sensitivity == "flat", guide.spread)
+    levels = _storable(_levels(base, guide.sensitivity == "flat", guide.spread), targets, packed)
     cache: dict = {}
     cands: dict[str, list[Candidate]] = {}
     for t in targets:
@@ -208,10 +210,18 @@ def guided_budget(
     return Allocation(budget, info)
 
 
+def _storable(levels: list[Setting], targets, packed: bool) -> list[Setting]:
+    """With ``packed``, the levels every target can be packed at (e.g. no group of 128 on 576 columns)."""
+    if not packed:
+        return levels
+    return [s for s in levels if all(unstorable(t.shape, s, False, not t.transposed) is None for t in targets)]
+
+
 def _measured(model, tokenizer, budget: Budget, base: Setting, targets, goal: int, prot, stats, guide: Guide, heads,
-              log) -> Allocation:
+              log, packed: bool = False) -> Allocation:
     overrides, info = measured_allocation(
-        model, tokenizer, guide.keep, base, targets, goal, _levels(base, False, guide.spread), prot, stats,
+        model, tokenizer, guide.keep, base, targets, goal, _storable(_levels(base, False, guide.spread), targets, packed),
+        prot, stats,
         guide.unit, guide.n_levels, guide.samples, log, rounds=guide.rounds,
     )
     budget.overrides = overrides

@@ -1,298 +1,29 @@
-"""Compression settings as typed objects, one class per family, and the registry of methods.
+"""The registry of compression methods: each name's typed setting class, parsing and labels.
 
-A setting validates itself (:meth:`Setting.parse`, via :func:`parse_setting`), names itself
-(:attr:`label`), states its exact size before touching a weight (:meth:`size`), and applies
-itself to one ``[out, in]`` matrix (:meth:`apply`), leaving protected rows/columns
-(:class:`~capsense.compress.protect.Protection`) dense and at full precision. :data:`METHODS` maps each method name to its class; nothing
-dispatches on method names elsewhere. As dicts (``to_dict``) settings keep the file format
-of budget files, grid records and ``capsense.json``.
+:data:`METHODS` maps each method name to its class (:mod:`.settings`: pruning, RTN, low rank;
+:mod:`.compensated`: GPTQ, SparseGPT); nothing dispatches on method names elsewhere. A setting
+validates itself (:meth:`Setting.parse`, via :func:`parse_setting`), names itself (``label``),
+states its exact size before touching a weight and applies itself to one matrix. As dicts
+(``to_dict``) settings keep the file format of budget files, grid records and ``capsense.json``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
-
+from capsense.compress.compensated import GPTQSetting, SparseGPTSetting
+from capsense.compress.settings import (  # noqa: F401 - re-exported: the settings' public home
+    TYPICAL_SHAPE, Applied, BudgetError, LowRankSetting, PruneSetting, QuantSetting, Setting,
+)
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
-from capsense.compress.checks import BudgetError
-from capsense.compress.lowrank import check_ratio, factorize, rank_for_ratio, reconstruct
-from capsense.compress.prune import apply_mask, check_density, check_scope, magnitude_scores, mask_from_scores, wanda_scores
-from capsense.compress.protect import Protection
-from capsense.compress.quantize import check_bits, check_group_size, rtn_bits, rtn_quantize
 
-TYPICAL_SHAPE = (512, 1536)
-SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "skip"}
-
-
-@dataclass(frozen=True)
-class Applied:
-    """One matrix after compression: the new weight, parameters stored and bits."""
-
-    weight: torch.Tensor
-    stored: int
-    bits: int
-
-
-def _free_block(w: torch.Tensor, prot: Protection | None) -> tuple[torch.Tensor, torch.Tensor]:
-    n_out, n_in = w.shape
-    p = prot or Protection()
-    return p.free_rows(n_out), p.free_cols(n_in)
-
-
-def _n_protected(shape: tuple[int, int], prot: Protection | None) -> int:
-    return prot.n_protected(shape) if prot is not None else 0
-
-
-def _put_block(w: torch.Tensor, fr: torch.Tensor, fc: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    out = w.clone()
-    out[fr.nonzero()[:, 0][:, None], fc.nonzero()[:, 0][None, :]] = block.to(w.dtype)
-    return out
-
-
-@dataclass(frozen=True)
-class Setting:
-    """Base of the compression settings: ``method`` plus the family's own fields."""
-
-    method: str
-    family: ClassVar[str] = ""
-    fields: ClassVar[tuple[str, ...]] = ()
-    calibrated_methods: ClassVar[frozenset[str]] = frozenset()
-    # Heads a guided allocation protects whole by default: protected weights stay at base bits, dear
-    # next to 3-4-bit codes (on SmolLM2 protecting 8 heads under RTN cost more than it saved).
-    protect_heads_default: ClassVar[int] = 8
-
-    @property
-    def calibrated(self) -> bool:
-        """Whether the method needs calibration statistics of the matrix inputs."""
-        return self.method in self.calibrated_methods
-
-    @property
-    def needs_gram(self) -> bool:
-        return False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, **{k: getattr(self, k) for k in self.fields}}
-
-    @classmethod
-    def parse(cls, method: str, d: Mapping[str, Any]) -> Setting:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    @property
-    def label(self) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def size(self, shape: tuple[int, int], prot: Protection | None, base_bits: int) -> tuple[int, int]:
-        """Exact (stored parameters, bits) of a matrix of ``shape`` under this setting."""
-        raise NotImplementedError  # pragma: no cover
-
-    def typical_bits(self, base_bits: int = 16) -> int:
-        """Exact bits on a typical matrix (512 x 1536, where group-size levels differ in size):
-        how allocations order and compare the method's levels."""
-        return self.size(TYPICAL_SHAPE, None, base_bits)[1]
-
-    def apply(self, name: str, w: torch.Tensor, stats, prot: Protection | None, base_bits: int,
-              cache: dict | None = None) -> Applied:
-        """Compress ``w`` (``[out, in]``); ``stats`` is the matrix's InputStats when calibrated."""
-        raise NotImplementedError  # pragma: no cover
-
-    def levels(self) -> list[Setting]:
-        """Candidate settings of this method, cheapest first, for non-uniform allocation."""
-        raise NotImplementedError  # pragma: no cover
-
-    def level_costs(self, levels: list[Setting], name: str, w: torch.Tensor, sensitivity: torch.Tensor, stats,
-                    prot: Protection | None, base_bits: int, cache: dict | None = None) -> list[tuple[Setting, int, float]]:
-        """(level, exact bits, ``sum F (W - W')^2``) of each level that fits this matrix."""
-        out = []
-        f = sensitivity.float()
-        for s in levels:
-            try:
-                applied = s.apply(name, w, stats, prot, base_bits, cache)
-            except CapsenseError:
-                continue  # a level this matrix cannot take (a rank below 1)
-            out.append((s, applied.bits, float((f * (w.float() - applied.weight.float()).pow(2)).sum())))
-        return out
-
-
-@dataclass(frozen=True)
-class PruneSetting(Setting):
-    """Unstructured pruning (magnitude or Wanda) at ``density`` compared per ``scope``."""
-
-    density: float = 1.0
-    scope: str = "row"
-    family: ClassVar[str] = "prune"
-    fields: ClassVar[tuple[str, ...]] = ("density", "scope")
-    calibrated_methods: ClassVar[frozenset[str]] = frozenset({"wanda"})
-
-    @classmethod
-    def parse(cls, method: str, d: Mapping[str, Any]) -> PruneSetting:
-        if d.get("density") is None:
-            raise BudgetError(f"{method} needs a density (fraction of weights kept, in (0, 1])")
-        return cls(method, check_density(d["density"]), check_scope(d.get("scope") or "row"))
-
-    @property
-    def label(self) -> str:
-        scope = "" if self.scope == "row" else f"/{self.scope}"
-        return f"{self.method}@d{self.density:g}{scope}"
-
-    def scores(self, w: torch.Tensor, stats) -> torch.Tensor:
-        return wanda_scores(w, stats.input_norm) if self.calibrated else magnitude_scores(w)
-
-    def size(self, shape, prot, base_bits):
-        n_out, n_in = shape
-        fr, fc = (prot.free_shape(shape) if prot is not None else (n_out, n_in))
-        if self.scope == "row":
-            kept = fr * max(round(self.density * n_in), n_in - fc) + (n_out - fr) * n_in
-        elif self.scope == "matrix":
-            kept = max(round(self.density * n_out * n_in), _n_protected(shape, prot))
-        else:
-            raise BudgetError("the size of global-scope pruning depends on every matrix: use scope row or matrix")
-        return kept, kept * base_bits
-
-    def apply(self, name, w, stats, prot, base_bits, cache=None):
-        p = prot or Protection()
-        mask = mask_from_scores(self.scores(w, stats), self.density, self.scope, p.cols, p.rows)
-        kept = int(mask.sum())
-        return Applied(apply_mask(w, mask), kept, kept * base_bits)
-
-    def levels(self):
-        return [PruneSetting(self.method, round(0.1 + 0.025 * i, 3), self.scope) for i in range(37)]
-
-    def level_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
-        """Row scope: one sort per matrix prices every density (cumulative cost of the lowest scores)."""
-        if self.scope != "row":
-            return super().level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache)
-        p = prot or Protection()
-        n_out, n_in = w.shape
-        scores = self.scores(w, stats)
-        order = torch.argsort(scores, dim=1)
-        contrib = (sensitivity.float() * w.float().pow(2)).gather(1, order)
-        cum = torch.cat([torch.zeros(n_out, 1), contrib.cumsum(1)], 1).double()
-        free_rows = p.free_rows(n_out)
-        n_prot_cols = int(p.cols.sum()) if p.cols is not None else 0
-        out = []
-        for s in levels:
-            k = max(round(s.density * n_in), n_prot_cols)
-            # protected columns score +inf in apply(), so they are never among the pruned lowest
-            cost = float(cum[free_rows, n_in - k].sum()) if p.cols is None else self._cost_cols(
-                scores, sensitivity, w, p, n_in - k, free_rows)
-            out.append((s, s.size(tuple(w.shape), prot, base_bits)[1], cost))
-        return out
-
-    @staticmethod
-    def _cost_cols(scores, sensitivity, w, p: Protection, n_pruned: int, free_rows) -> float:
-        sc = scores.clone()
-        sc[:, p.cols] = float("inf")
-        order = torch.argsort(sc, dim=1)[:, :n_pruned]
-        return float((sensitivity.float() * w.float().pow(2)).gather(1, order)[free_rows].sum())
-
-
-@dataclass(frozen=True)
-class QuantSetting(Setting):
-    """Symmetric round-to-nearest quantization at ``bits`` with one scale per ``group_size`` columns."""
-
-    bits: int = 16
-    group_size: int = 128
-    family: ClassVar[str] = "quant"
-    fields: ClassVar[tuple[str, ...]] = ("bits", "group_size")
-    protect_heads_default: ClassVar[int] = 0
-
-    @classmethod
-    def parse(cls, method: str, d: Mapping[str, Any]) -> QuantSetting:
-        if d.get("bits") is None:
-            raise BudgetError("rtn needs bits (2-16)")
-        gs = d.get("group_size")
-        return cls(method, check_bits(d["bits"]), check_group_size(128 if gs is None else gs))
-
-    @property
-    def label(self) -> str:
-        return f"{self.method}@{self.bits}b/g{self.group_size}"
-
-    def size(self, shape, prot, base_bits):
-        fr, fc = prot.free_shape(shape) if prot is not None else shape
-        n = shape[0] * shape[1]
-        return n, rtn_bits((fr, fc), self.bits, self.group_size) + (n - fr * fc) * base_bits
-
-    def apply(self, name, w, stats, prot, base_bits, cache=None):
-        fr, fc = _free_block(w, prot)
-        if prot is None:
-            new = rtn_quantize(w, self.bits, self.group_size)
-        else:
-            new = _put_block(w, fr, fc, rtn_quantize(w[fr][:, fc], self.bits, self.group_size))
-        stored, bits = self.size(tuple(w.shape), prot, base_bits)
-        return Applied(new, stored, bits)
-
-    def levels(self):
-        """Bit widths 2-8, each with groups of 32, 64, 128, 256 columns or one scale per row (finer steps of size)."""
-        return [QuantSetting(self.method, b, g) for b in (2, 3, 4, 5, 6, 8) for g in (0, 256, 128, 64, 32)]
-
-
-@dataclass(frozen=True)
-class LowRankSetting(Setting):
-    """Rank truncation (svd, asvd, svd-llm) keeping a ``ratio`` of the parameters in factors."""
-
-    ratio: float = 1.0
-    alpha: float | None = None  # asvd only
-    family: ClassVar[str] = "lowrank"
-    calibrated_methods: ClassVar[frozenset[str]] = frozenset({"asvd", "svd-llm"})
-
-    @classmethod
-    def parse(cls, method: str, d: Mapping[str, Any]) -> LowRankSetting:
-        if d.get("ratio") is None:
-            raise BudgetError(f"{method} needs a parameter ratio in (0, 1]")
-        alpha = float(d.get("alpha", 0.5)) if method == "asvd" else None
-        return cls(method, check_ratio(d["ratio"]), alpha)
-
-    @property
-    def needs_gram(self) -> bool:
-        return self.method == "svd-llm"
-
-    def to_dict(self):
-        return {"method": self.method, "ratio": self.ratio, **({"alpha": self.alpha} if self.alpha is not None else {})}
-
-    @property
-    def label(self) -> str:
-        return f"{self.method}@r{self.ratio:g}"
-
-    def rank(self, shape, prot) -> int:
-        fr, fc = prot.free_shape(shape) if prot is not None else shape
-        try:
-            return rank_for_ratio((fr, fc), self.ratio)
-        except CapsenseError as e:
-            raise BudgetError(str(e)) from None
-
-    def size(self, shape, prot, base_bits):
-        fr, fc = prot.free_shape(shape) if prot is not None else shape
-        stored = self.rank(shape, prot) * (fr + fc) + shape[0] * shape[1] - fr * fc
-        return stored, stored * base_bits
-
-    def apply(self, name, w, stats, prot, base_bits, cache=None):
-        fr, fc = _free_block(w, prot)
-        key = (self.method, name, self.alpha, int(fr.sum()), int(fc.sum()))
-        factors = cache.get(key) if cache is not None else None
-        if factors is None:
-            factors = factorize(
-                w[fr][:, fc], self.method,
-                input_abs_mean=stats.abs_mean[fc] if stats is not None else None,
-                gram=stats.gram[fc][:, fc] if stats is not None and stats.gram is not None else None,
-                alpha=self.alpha if self.alpha is not None else 0.5,
-            )
-            if cache is not None:
-                factors = tuple(f.float() for f in factors)
-                cache[key] = factors
-        new = _put_block(w, fr, fc, reconstruct(factors, self.rank(tuple(w.shape), prot)))
-        stored, bits = self.size(tuple(w.shape), prot, base_bits)
-        return Applied(new, stored, bits)
-
-    def levels(self):
-        return [LowRankSetting(self.method, round(0.1 + 0.05 * i, 3), self.alpha) for i in range(19)]
-
+SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "damp", "act_order", "skip"}
 
 METHODS: Registry[type[Setting]] = Registry("method", "methods", BudgetError)
-for _name, _cls in (("magnitude", PruneSetting), ("wanda", PruneSetting), ("rtn", QuantSetting),
+for _name, _cls in (("magnitude", PruneSetting), ("wanda", PruneSetting), ("sparsegpt", SparseGPTSetting),
+                    ("rtn", QuantSetting), ("gptq", GPTQSetting),
                     ("svd", LowRankSetting), ("asvd", LowRankSetting), ("svd-llm", LowRankSetting)):
     METHODS.register(_name, _cls)
 FAMILY_KEYS = {"prune": ("density", "scope"), "quant": ("bits", "group_size"), "lowrank": ("ratio", "alpha")}
@@ -313,8 +44,8 @@ def parse_setting(setting: Mapping[str, Any]) -> Setting | None:
         parsed = cls.parse(str(method), setting)
     except (TypeError, ValueError, CapsenseError) as e:  # int("x") / float("x") of a user's value, or its range
         raise BudgetError(str(e)) from None
-    own = FAMILY_KEYS[cls.family]
-    given = [k for f, keys in FAMILY_KEYS.items() for k in keys if k not in own and setting.get(k) is not None]
+    own = set(FAMILY_KEYS[cls.family]) | set(cls.fields)
+    given = sorted(k for k in SETTING_KEYS - {"method", "skip"} if k not in own and setting.get(k) is not None)
     if given:
         raise BudgetError(f"{', '.join(dict.fromkeys(given))} does not apply to {method}")
     return parsed

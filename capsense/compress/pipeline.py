@@ -5,6 +5,15 @@ calibrates if the method needs it, lets a :class:`~capsense.compress.guided.Guid
 allocation when given, compresses with :func:`capsense.compress.engine.compress_model` and saves
 the result atomically with ``capsense.json`` describing what was done (and ``budget.yaml`` for a
 guided allocation) in a form stock transformers loads.
+
+Formats (``fmt``): ``compressed-tensors`` packs quantized matrices as integer codes with their
+16-bit group scales (:mod:`.packed`; the rest of the model at ``save_dtype``, bfloat16 unless
+given), so the checkpoint has the size the accounting states; ``dense`` stores every weight as
+a float (pruned weights as zeros, quantized ones dequantized, low-rank products multiplied out).
+``auto`` (the default) is compressed-tensors for the quantizing methods (rtn, gptq) and dense
+for pruning and low rank, which compressed-tensors cannot store (no sparse or factored format).
+What the chosen format cannot store, and a calibrated method without calibration data, are
+refused before the slow part and before anything is written.
 """
 
 from __future__ import annotations
@@ -16,9 +25,38 @@ from typing import Any
 
 import torch
 
-from capsense.compress.budget import Budget, setting_label, write_budget_file
+from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
 from capsense.compress.calibration import DEFAULT_CALIBRATION
-from capsense.compress.engine import CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan
+from capsense.compress.card import render_card
+from capsense.compress.engine import (
+    CompressionError, CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan,
+)
+from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
+
+
+def resolve_format(fmt: str, budget: Budget) -> str:
+    """``compressed-tensors`` or ``dense``: ``auto`` packs when the default method quantizes."""
+    if fmt == "auto":
+        s = parse_setting(budget.default)
+        return "compressed-tensors" if s is not None and s.family == "quant" else "dense"
+    if fmt not in FORMATS:
+        raise CompressionError(f"unknown `fmt` {fmt!r}: valid formats are auto, {', '.join(FORMATS)}")
+    return fmt
+
+
+def check_calibration_given(budget: Budget, calibration: str, n_samples: int) -> None:
+    """A calibrated method (wanda, gptq, sparsegpt, asvd, svd-llm) needs calibration data."""
+    settings = [budget.default] + [o.setting for o in budget.overrides]
+    calibrated = [s.method for s in map(parse_setting, settings) if s is not None and s.calibrated]
+    if calibrated and (not calibration.strip() or n_samples < 1):
+        raise CompressionError(f"{calibrated[0]} needs calibration data: give `calibration` (capabilities, tasks, a "
+                               f"file or text) and `calibration_samples` >= 1 (got {calibration!r}, {n_samples})")
+
+
+def _check_format(model, budget: Budget, planned, protected, fmt: str) -> None:
+    if fmt == "compressed-tensors":
+        check_storable((t.name, t.shape, s, protected.get(t.name) is not None and protected[t.name].n_protected(t.shape) > 0,
+                        not t.transposed) for t, s in planned)
 
 
 def compress_checkpoint(
@@ -33,6 +71,7 @@ def compress_checkpoint(
     log: Callable[[str], None] | None = None,
     guide=None,
     device_map: str | dict[str, Any] | None = None,
+    fmt: str = "auto",
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
@@ -49,10 +88,12 @@ def compress_checkpoint(
 
     log = log or (lambda _m: None)
     check_output_dir(out, overwrite)  # fail before the slow part
+    fmt = resolve_format(fmt, budget)
+    check_calibration_given(budget, calibration, calibration_samples_n)
     model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
-    check_plan(model, budget, planned)
+    _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
     needed, _ = needs_calibration(planned)
     stats, calib_info = {}, []
     if needed:
@@ -62,37 +103,61 @@ def compress_checkpoint(
     if guide is not None:
         from capsense.compress.guided import guided_budget  # the Fisher and measured sensitivities: only when guided
 
-        allocation = guided_budget(model, tokenizer, budget, stats, guide, log)
+        allocation = guided_budget(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
         budget = allocation.budget
+        planned = plan(model, budget)
+        _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
     log(f"compressing: {setting_label(budget.default)}")
     result = compress_model(model, budget, stats)
     result.calibration = calib_info
-    if save_dtype and save_dtype != "auto":
+    if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
-    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite)
+    store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
+    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store)
     return result
 
 
+def _packed(result: CompressionResult) -> dict[str, PackedWeight]:
+    return {a.name: PackedWeight(a.setting["bits"], a.setting["group_size"], result.scales[a.name])
+            for a in result.accounts if a.name in result.scales}
+
+
 def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result: CompressionResult, allocation,
-                      out: str | Path, overwrite: bool) -> None:
+                      out: str | Path, overwrite: bool, fmt: str = "dense", store: torch.dtype = torch.bfloat16) -> None:
     """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
     from capsense.core.files import atomic_output_dir
     from capsense.core.models import model_fingerprint
+    from capsense.ship.metadata import public_name
 
+    base = model_fingerprint(model_name)
+    base.pop("path", None)  # a path of this machine: what is shared carries none (as the exports)
+    base["model"] = public_name(model_name)
     meta = {
         "capsense_compress": 1,
-        "base_model": model_fingerprint(model_name),
+        "base_model": base,
         "method": budget.default.get("method"),
         "setting": budget.default,
         "label": result.summary["label"],
         **result.to_dict(per_matrix=True),
         **({"allocation": allocation.info} if allocation is not None else {}),
+        "format": {"format": "dense"},
         "note": "weights are stored dense: pruned weights are zeros, RTN weights are dequantized, low-rank "
         "matrices are the reconstructed products; accounting counts what a sparse/quantized/factored store needs",
     }
+    if fmt == "compressed-tensors":
+        meta["note"] = ("quantized matrices are stored packed (compressed-tensors pack-quantized: integer codes and "
+                        "16-bit group scales), the rest at the checkpoint dtype; load with compressed-tensors installed")
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if fmt == "compressed-tensors":
+            meta["format"] = write_packed(model, _packed(result), tmp, dtype=store)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
+        s = result.summary
+        meta["size"] = {"bytes_on_disk": size_on_disk(tmp),
+                        "bytes_accounted": round(s["size_ratio"] * s["model_params"] * s["base_bits"] / 8)}
         tokenizer.save_pretrained(tmp)
+        default = parse_setting(budget.default)
+        (tmp / "README.md").write_text(render_card(meta, default.family if default is not None else ""))
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         if allocation is not None:
             write_budget_file(tmp / "budget.yaml", allocation.budget)

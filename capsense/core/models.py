@@ -282,6 +282,11 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
     finally:
         hf_logging.enable_progress_bar()
+    if getattr(model, "ct_decompress_hook", None) is not None:
+        # a packed compressed-tensors checkpoint (capsense compress): unpack now, with the library's own
+        # decompressor, so capsense's hooks see real weights (transformers' dequantize=True load applies
+        # one config group's scheme to every module, wrong for mixed bit widths)
+        model.hf_quantizer.compressor.decompress_model(model)
     with model_load_errors(name):
         model = (model if target is None else model.to(target)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)

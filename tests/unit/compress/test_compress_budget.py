@@ -107,7 +107,7 @@ def test_budget_overrides(tmp_path):
 
 @pytest.mark.parametrize("text,match", [
     ("method: magnitude\ndensity: 1.5\n", r"density 1.5 is outside \(0, 1\]"),
-    ("method: prune\ndensity: 0.5\n", "unknown `method` 'prune': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
+    ("method: prune\ndensity: 0.5\n", "unknown `method` 'prune': valid methods are magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm"),
     ("method: rtn\nbits: 1\n", "RTN needs an integer bit width from 2 to 16"),
     ("method: magnitude\ndensity: 0.5\noverrides:\n  - layers: 0\n    density: 0\n", "outside"),
     ("method: magnitude\ndensity: 0.5\nbogus: 1\n", "unknown key"),
@@ -130,7 +130,7 @@ def test_ratio_leaving_no_rank_is_an_error_before_any_change():
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # checked before any weight changed
     with pytest.raises(BudgetError, match="unknown `method`"):
-        normalize_setting({"method": "gptq", "bits": 4})
+        normalize_setting({"method": "awq", "bits": 4})
 
 
 def _heads_budget(tmp_path, method_lines: str):

@@ -33,9 +33,10 @@ def _compressed_in_memory(tiny_model_dir, setting, calib_file=None):
 
 @pytest.mark.parametrize("args,setting", [
     (["--method", "magnitude", "--density", "0.5"], {"method": "magnitude", "density": 0.5}),
-    (["--method", "rtn", "--bits", "3", "--group-size", "32"], {"method": "rtn", "bits": 3, "group_size": 32}),
+    (["--method", "rtn", "--bits", "3", "--group-size", "32", "--format", "dense"], {"method": "rtn", "bits": 3, "group_size": 32}),
     (["--method", "svd-llm", "--ratio", "0.6"], {"method": "svd-llm", "ratio": 0.6}),
     (["--method", "wanda", "--density", "0.4", "--targets", "mlp"], None),
+    (["--method", "sparsegpt", "--density", "0.5", "--scope", "2:4"], {"method": "sparsegpt", "density": 0.5, "scope": "2:4"}),
 ])
 def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_model_dir, calib_file, args, setting):
     from transformers import AutoModelForCausalLM
@@ -53,7 +54,7 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
         assert all(m["kind"] == "mlp" for m in meta["matrices"])
         assert meta["calibration"][0]["kind"] == "file"
         return
-    expected = _compressed_in_memory(tiny_model_dir, setting, calib_file if setting["method"] == "svd-llm" else None)
+    expected = _compressed_in_memory(tiny_model_dir, setting, calib_file if setting["method"] in ("svd-llm", "sparsegpt") else None)
     x = tiny_inputs()
     with torch.no_grad():
         assert torch.allclose(loaded(x).logits, expected(x).logits, atol=1e-5)
@@ -63,17 +64,62 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
         assert float((w == 0).float().mean()) == 0.5
     if setting["method"] == "rtn":
         assert meta["summary"]["target_bits_per_param"] == pytest.approx(3 + 16 / 32)
+    if setting["method"] == "sparsegpt":  # dense format (no sparse storage); two of every four weights kept
+        w = loaded.model.layers[1].mlp.up_proj.weight
+        assert ((w != 0).view(w.shape[0], -1, 4).sum(2) == 2).all() and meta["format"]["format"] == "dense"
+    assert "path" not in meta["base_model"] and str(tiny_model_dir) not in (out / "capsense.json").read_text()
+    card = (out / "README.md").read_text()
+    assert str(tiny_model_dir) not in card and "| layer |" in card and f"| {meta['size']['bytes_on_disk']} |" in card
+    assert ("no sparse storage" in card) == (args[1] in ("magnitude", "sparsegpt")) and ("reconstructed products" in card) == (args[1] == "svd-llm")
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path, tiny_model_dir, calib_file, method):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    r = run("compress", tiny_model_dir, "--method", method, "--bits", "4", "--group-size", "32",
+            "--calibration", calib_file, "--calibration-samples", 8, "--out", out)
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["format"]["format"] == "compressed-tensors" and meta["format"]["dtype"] == "bfloat16"
+    assert "pack-quantized" in (out / "README.md").read_text()
+    assert abs(meta["size"]["bytes_on_disk"] / meta["size"]["bytes_accounted"] - 1) < 0.10
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert "model.layers.0.mlp.down_proj.weight_packed" in f.keys()
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    expected = _compressed_in_memory(tiny_model_dir, {"method": method, "bits": 4, "group_size": 32},
+                                     calib_file if method == "gptq" else None)
+    for p in expected.parameters():  # the checkpoint stores the rest in bfloat16
+        p.data = p.data.to(torch.bfloat16)
+    x = tiny_inputs()
+    with torch.no_grad():
+        nll = [torch.nn.functional.cross_entropy(m(x).logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none")
+               for m in (loaded, expected)]
+    assert float((nll[0] - nll[1]).abs().max()) <= 1e-3
+    from capsense.core.models import load_model  # capsense's own loader unpacks at load (its hooks need weights)
+
+    ours, _ = load_model(str(out), dtype="bfloat16")
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), loaded.state_dict().values()))
 
 
 @pytest.mark.parametrize("args,message", [
     (["--method", "magnitude", "--density", "1.5"], "density 1.5 is outside (0, 1]"),
     (["--method", "magnitude", "--density", "0"], "density 0.0 is outside (0, 1]"),
     (["--method", "rtn", "--bits", "1"], "RTN needs an integer bit width from 2 to 16"),
-    (["--method", "gptq", "--bits", "4"], "unknown --method 'gptq': valid methods are magnitude, wanda, rtn, svd, asvd, svd-llm"),
+    (["--method", "awq", "--bits", "4"], "unknown --method 'awq': valid methods are magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm"),
     (["--method", "svd", "--ratio", "0.01"], "leaves no rank"),
     (["--method", "magnitude", "--density", "0.5", "--targets", "embed"], "unknown target kind embed"),
     (["--method", "magnitude", "--density", "0.5", "--scope", "block"], "unknown pruning scope 'block'"),
     (["--method", "magnitude"], "magnitude needs a density"),
+    (["--method", "gptq", "--bits", "4", "--calibration-samples", "0"], "gptq needs calibration data"),
+    (["--method", "gptq", "--bits", "4", "--calibration", ""], "gptq needs calibration data"),
+    (["--method", "rtn", "--bits", "12", "--group-size", "32"], "--format compressed-tensors cannot store"),
+    (["--method", "rtn", "--bits", "4", "--group-size", "48"], "group size 48 on 64 input columns"),
+    (["--method", "wanda", "--density", "0.5", "--format", "compressed-tensors"], "no sparse storage"),
+    (["--method", "rtn", "--bits", "4", "--damp", "0.1"], "damp does not apply to rtn"),
+    (["--method", "sparsegpt", "--density", "0.6", "--scope", "2:4"], "density must be 0.5"),
     ([], "give --method"),
 ])
 def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_model_dir, args, message):

@@ -165,13 +165,30 @@ def test_keep_writes_allocation_and_budget_file(tmp_path, tiny_model_dir):
     tiny = tiny_model_dir
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "rtn", "--bits", "3", "--keep", "math",
-                                  "--calibration-samples", "4", "--protect-top-k", "1", "--out", str(out)])
+                                  "--calibration-samples", "4", "--protect-top-k", "1", "--format", "dense", "--out", str(out)])
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["allocation"]["keep"] == ["math"] and meta["allocation"]["allocated_bits"] <= meta["allocation"]["target_bits"]
     doc = yaml.safe_load((out / "budget.yaml").read_text())
     assert doc["method"] == "rtn" and doc["protect"]["whole"] is True
     assert sum(a["bits"] for a in meta["matrices"]) == meta["allocation"]["allocated_bits"]
+
+
+def test_guided_gptq_is_one_packed_checkpoint_with_a_config_group_per_level(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "3", "--group-size", "32",
+                                  "--keep", "math", "--calibration-samples", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "capsense.json").read_text())
+    levels = {(a["setting"]["bits"], a["setting"]["group_size"]) for a in meta["matrices"]}
+    groups = {(g["bits"], g["group_size"]) for g in meta["format"]["groups"]}
+    assert len(levels) > 1 and groups == levels  # a mixed allocation, each level its own config group
+    assert all(g in (0, 32, 64) for _, g in levels)  # only group sizes that divide 64 and 128 columns
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert len(config["config_groups"]) == len(levels)
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
 
 
 @pytest.mark.parametrize("prot", [None, "rows", "cols"])

@@ -108,7 +108,8 @@ def test_rtn_levels_and_half_step_error(bits, group):
     for i in range(5):
         for start in range(0, 96, g):
             wg, qg = w[i, start : start + g], q[i, start : start + g]
-            step = wg.abs().max() / (2 ** (bits - 1) - 1)
+            # the scale is max|w| / q_max rounded to bfloat16 (8 significant bits) for packing
+            step = (wg.abs().max() / (2 ** (bits - 1) - 1)).to(torch.bfloat16).float()
             assert len(torch.unique(qg)) <= 2**bits
             assert (qg - wg).abs().max() <= step / 2 + 1e-6
             levels = torch.round(qg / step)

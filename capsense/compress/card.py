@@ -1,0 +1,72 @@
+"""The model card (README.md) of a compressed checkpoint, rendered from its ``capsense.json`` alone.
+
+It states what a user of the folder needs before downloading it: the base model, the method and
+setting, the storage format (packed, or dense and why), the real bytes on disk next to the
+accounted ones, the bits or density of every layer's matrices, the kept capabilities of a guided
+allocation, and how to load it. No path of the machine that wrote it appears (``capsense.json``
+carries none).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from capsense import __version__
+from capsense.core.tables import markdown_table
+
+DENSE_WHY = {
+    "prune": "pruned weights are stored as zeros: compressed-tensors has had no sparse storage since 0.15",
+    "lowrank": "low-rank matrices are stored as their reconstructed products: no standard format stores factors",
+    "quant": "quantized weights are stored dequantized (`--format dense`)",
+}
+
+
+def _cell(m: dict[str, Any]) -> str:
+    s = m["setting"]
+    if m["method"] == "none":
+        return "dense"
+    if "bits" in s:
+        return f"{s['bits']}b/g{s['group_size']}"
+    if "density" in s:
+        return f"d{m['nonzero'] / m['n_params']:.2f}"
+    return f"r{m['stored_params'] / m['n_params']:.2f}"
+
+
+def _layer_table(matrices: list[dict[str, Any]]) -> str:
+    """One row per layer, one column per matrix: its bits/group, density or rank ratio."""
+    rows: dict[int, dict[str, str]] = defaultdict(dict)
+    for m in matrices:
+        layer = int(m["name"].split(".layers.")[1].split(".")[0]) if ".layers." in m["name"] else -1
+        rows[layer][m["name"].rsplit(".", 1)[-1]] = _cell(m)
+    return markdown_table([{"layer": k, **v} for k, v in sorted(rows.items())])
+
+
+def render_card(meta: dict[str, Any], family: str) -> str:
+    """README.md text for a compressed checkpoint described by ``meta`` (its ``capsense.json``)."""
+    base = meta["base_model"].get("model", "the base model")
+    fmt = meta.get("format", {})
+    size, s = meta.get("size", {}), meta["summary"]
+    lines = [f"# {base}, compressed: {meta['label']}", "",
+             f"Compressed from `{base}` by `{meta['method']}` with capsense {__version__}.", ""]
+    if fmt.get("format") == "compressed-tensors":
+        lines += ["Stored in the compressed-tensors `pack-quantized` format (integer codes, 16-bit group scales; "
+                  f"other tensors in {fmt.get('dtype')}). Load it with `compressed-tensors` installed:", "",
+                  "```python", "from transformers import AutoModelForCausalLM",
+                  'model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER_OR_REPO")', "```", ""]
+    else:
+        lines += [f"Stored dense: {DENSE_WHY.get(family, 'every weight a float')}. The accounted size below is what "
+                  "a sparse/quantized/factored store would need, not the bytes of this folder.", ""]
+    lines += [markdown_table([{
+        "bytes on disk (safetensors)": size.get("bytes_on_disk"), "bytes accounted": size.get("bytes_accounted"),
+        "size ratio (accounted, vs 16-bit)": s["size_ratio"], "bits/param (compressed matrices)": s["target_bits_per_param"],
+        "density (compressed matrices)": s["target_density"]}])]
+    alloc = meta.get("allocation")
+    if alloc:
+        lines += ["", f"Guided allocation keeping **{', '.join(alloc['keep'])}** (sensitivity {alloc['sensitivity']}), "
+                  "at the size of the uniform setting; protected heads: "
+                  f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces it."]
+    lines += ["", "## Per layer", "", _layer_table(meta.get("matrices", [])), "",
+              "Everything here is also in `capsense.json`; measure the capabilities you need with "
+              "`capsense measure THIS_FOLDER` before relying on it."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+"""GPTQ and SparseGPT: quantize or prune one matrix, compensating each error on the columns not yet done.
+
+Both minimise the layer's output error ``||W X - W' X||^2`` over the calibration inputs ``X``, whose
+Hessian is proportional to the Gram matrix ``G = X^T X`` that calibration already collects
+(:class:`~capsense.compress.calibration.InputStats` with ``gram=True``). Columns are processed left
+to right; after column ``j`` is rounded (GPTQ) or zeroed (SparseGPT), its error, divided by the
+``j``-th diagonal entry of the upper Cholesky factor ``U`` of ``G^-1``, is subtracted from the
+remaining columns along row ``j`` of ``U`` (the optimal-brain-surgeon update, done lazily in blocks
+of 128 columns). Frantar et al., "GPTQ" (2022) and "SparseGPT" (2023); written from the papers.
+
+* ``damp``: ``damp * mean(diag G)`` is added to the diagonal so ``G`` is invertible (1% as in the
+  papers). Columns whose input was always zero get weight 0: no calibration token can tell.
+* GPTQ ``act_order``: columns are processed by decreasing ``diag G`` (the most active inputs
+  first, while most columns remain to absorb their error). The group scales are then fixed up front
+  from the original weights, in the original column order, so groups stay contiguous and a packed
+  checkpoint needs no column index; without it each group's scale is taken from the updated weights
+  when the group starts. Scales follow :mod:`~capsense.compress.quantize` (bfloat16-exact).
+* SparseGPT picks its mask block by block (128 columns), pruning the weights of least
+  ``w^2 / U_jj^2`` (the OBS saliency) after the previous blocks' updates: per row, cumulatively
+  exact (a row keeps ``round(density * in)`` weights, like Wanda's row scope), or ``2:4`` (two of
+  every four consecutive weights, density 0.5). Protected rows and columns are never pruned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from capsense.compress.checks import BudgetError
+from capsense.compress.quantize import check_bits, check_group_size, group_scales, group_width, storable_scale
+
+BLOCK = 128
+PATTERNS = ("row", "2:4")
+
+
+def _inverse_factor(gram: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(upper Cholesky factor of the damped ``G^-1``, mask of dead input columns)."""
+    h = gram.detach().double().clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1.0
+    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype)
+    inv = torch.cholesky_inverse(torch.linalg.cholesky(h))
+    return torch.linalg.cholesky(inv, upper=True), dead
+
+
+def _check(w: torch.Tensor, gram: torch.Tensor, damp: float) -> None:
+    if gram.shape != (w.shape[1], w.shape[1]):
+        raise BudgetError(f"the Gram matrix has shape {tuple(gram.shape)}, expected {(w.shape[1],) * 2}")
+    if not 0 < damp < 1:
+        raise BudgetError(f"damp {damp} is outside (0, 1): it is the fraction of the mean Hessian diagonal added")
+
+
+def _propagate(w: torch.Tensor, err: torch.Tensor, u: torch.Tensor, start: int, end: int) -> None:
+    """Lazy block update: the block's scaled errors moved onto the columns after it."""
+    if end < w.shape[1]:
+        w[:, end:] -= err @ u[start:end, end:]
+
+
+@torch.no_grad()
+def gptq_quantize(weight: torch.Tensor, gram: torch.Tensor, bits: int, group_size: int = 128,
+                  damp: float = 0.01, act_order: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ of an ``[out, in]`` weight: (dequantized weight in float32, ``[out, groups]`` scales)."""
+    bits, group_size = check_bits(bits), check_group_size(group_size)
+    _check(weight, gram, damp)
+    n_in = weight.shape[1]
+    perm = torch.argsort(torch.diag(gram).double(), descending=True) if act_order else torch.arange(n_in)
+    u, dead = _inverse_factor(gram.double()[perm][:, perm], damp)
+    w = weight.detach().double()[:, perm].clone()
+    w[:, dead] = 0.0
+    g = group_width(n_in, group_size)
+    q_max = 2 ** (bits - 1) - 1
+    if act_order:  # static scales, from the original weights in the original column order
+        unperm = torch.empty_like(w)
+        unperm[:, perm] = w
+        scales = group_scales(unperm, bits, group_size).double()
+    else:
+        scales = torch.zeros(w.shape[0], -(-n_in // g), dtype=w.dtype)
+    q = torch.zeros_like(w)
+    for start in range(0, n_in, BLOCK):
+        end = min(start + BLOCK, n_in)
+        err = torch.zeros(w.shape[0], end - start, dtype=w.dtype)
+        for j in range(start, end):
+            col = int(perm[j])
+            if not act_order and col % g == 0:  # a group starts: its scale from the updated weights
+                block = w[:, col : col + g]
+                scales[:, col // g] = storable_scale(block.abs().amax(1) / q_max, bits).double()
+            s = scales[:, col // g]
+            q[:, j] = torch.clamp(torch.round(w[:, j] / s), -q_max, q_max) * s
+            e = (w[:, j] - q[:, j]) / u[j, j]
+            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
+            err[:, j - start] = e
+        _propagate(w, err, u, start, end)
+    out = torch.empty_like(q)
+    out[:, perm] = q
+    return out.float(), scales.float()
+
+
+def _row_prune_counts(density: float, start: int, end: int, free: torch.Tensor, done: torch.Tensor,
+                      total: torch.Tensor) -> torch.Tensor:
+    """Weights each row prunes in columns ``start:end``: the cumulative share ``c - round(density * c)``
+    through column ``end``, at least what the later columns can no longer absorb (protected ones
+    cannot be pruned), so each row prunes exactly ``total`` in all."""
+    free_here = free[:, start:end].sum(1)
+    free_after = free[:, end:].sum(1)
+    share = torch.clamp(torch.full_like(done, end - round(density * end)), max=total)
+    return torch.minimum(torch.maximum(share - done, total - done - free_after).clamp(min=0), free_here)
+
+
+def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) -> torch.Tensor:
+    """Pruned-mask of one block (True = pruned): the ``k[row]`` least salient free entries of each
+    row, or for ``2:4`` the two least salient of every four; protected entries are +inf."""
+    n_out, width = saliency.shape
+    if pattern == "2:4":
+        low = torch.topk(saliency.view(n_out, width // 4, 4), 2, dim=2, largest=False).indices
+        pruned = torch.zeros(n_out, width // 4, 4, dtype=torch.bool).scatter_(2, low, True)
+        return pruned.view(n_out, width)
+    rank = torch.argsort(torch.argsort(saliency, dim=1), dim=1)
+    return rank < k[:, None]
+
+
+@torch.no_grad()
+def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, density: float, pattern: str = "row",
+                    damp: float = 0.01, protected_rows: torch.Tensor | None = None,
+                    protected_cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseGPT of an ``[out, in]`` weight: (pruned, compensated weight in float32, keep-mask)."""
+    _check(weight, gram, damp)
+    if pattern not in PATTERNS:
+        raise BudgetError(f"unknown sparsity pattern {pattern!r}: valid patterns are {', '.join(PATTERNS)}")
+    n_out, n_in = weight.shape
+    if pattern == "2:4" and (density != 0.5 or n_in % 4):
+        raise BudgetError(f"the 2:4 pattern keeps two of every four weights: it needs density 0.5 (got {density}) "
+                         f"and input columns divisible by 4 (got {n_in})")
+    u, dead = _inverse_factor(gram, damp)
+    w = weight.detach().double().clone()
+    w[:, dead] = 0.0
+    guard = torch.zeros(n_out, n_in, dtype=torch.bool)
+    if protected_rows is not None:
+        guard[protected_rows] = True
+    if protected_cols is not None:
+        guard[:, protected_cols] = True
+    if pattern == "2:4" and bool(guard.any()):
+        raise BudgetError("the 2:4 pattern prunes two of every four weights in every row: it cannot keep protected heads whole")
+    free = ~guard
+    total = torch.clamp(free.sum(1), max=n_in - round(density * n_in))
+    done = torch.zeros(n_out, dtype=torch.long)
+    keep = torch.ones(n_out, n_in, dtype=torch.bool)
+    for start in range(0, n_in, BLOCK):
+        end = min(start + BLOCK, n_in)
+        sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
+        sal[guard[:, start:end]] = float("inf")
+        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, done, total)
+        keep[:, start:end] = ~_block_mask(sal, pattern, k)
+        done += (~keep[:, start:end]).sum(1)
+        err = torch.zeros(n_out, end - start, dtype=w.dtype)
+        for j in range(start, end):
+            new = torch.where(keep[:, j], w[:, j], torch.zeros((), dtype=w.dtype))
+            e = (w[:, j] - new) / u[j, j]
+            w[:, j] = new
+            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
+            err[:, j - start] = e
+        _propagate(w, err, u, start, end)
+    w[~keep] = 0.0
+    return w.float(), keep

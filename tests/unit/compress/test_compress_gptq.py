@@ -1,0 +1,168 @@
+"""GPTQ and SparseGPT against their defining properties and against RTN / Wanda on correlated inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsense.compress.checks import BudgetError
+from capsense.compress.gptq import gptq_quantize, sparsegpt_prune
+from capsense.compress.prune import apply_mask, mask_from_scores, wanda_scores
+from capsense.compress.quantize import rtn_quantize
+
+
+def _data(n_out=24, n_in=64, tokens=400, seed=0):
+    """A weight and correlated, unevenly scaled inputs (where error compensation matters)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n_out, n_in, generator=g)
+    mix = torch.randn(n_in, n_in, generator=g) / n_in**0.5 + torch.eye(n_in)
+    scale = torch.linspace(0.2, 3, n_in)[torch.randperm(n_in, generator=g)]  # outlier features anywhere
+    x = torch.randn(tokens, n_in, generator=g) @ mix * scale
+    return w, x, (x.T @ x).double()
+
+
+def _out_err(w, w2, x):
+    return float(((w - w2) @ x.T).pow(2).sum())
+
+
+@pytest.mark.parametrize("bits,group,act_order", [(3, 16, True), (3, 16, False), (4, 32, True), (4, 0, False), (2, 64, True)])
+def test_gptq_codes_lie_on_the_group_grid_and_beat_rtn(bits, group, act_order):
+    w, x, gram = _data()
+    q, scales = gptq_quantize(w, gram, bits, group, act_order=act_order)
+    g = 64 if group == 0 else group
+    assert scales.shape == (24, 64 // g)
+    assert torch.equal(scales.to(torch.bfloat16).float(), scales)  # storable as 16-bit scales
+    codes = q / scales.repeat_interleave(g, dim=1)
+    q_max = 2 ** (bits - 1) - 1
+    assert torch.equal(codes, codes.round()) and codes.abs().max() <= q_max
+    assert _out_err(w, q, x) < 0.8 * _out_err(w, rtn_quantize(w, bits, group), x)
+
+
+def test_gptq_without_input_correlation_is_rtn():
+    """With G = I nothing is compensated (U is diagonal): GPTQ in natural order is exactly RTN."""
+    w, _, _ = _data()
+    q, _ = gptq_quantize(w, torch.eye(64, dtype=torch.float64), 4, 16, act_order=False)
+    assert torch.equal(q, rtn_quantize(w, 4, 16))
+
+
+def test_dead_inputs_get_zero_weight():
+    w, x, _ = _data()
+    x[:, 5] = 0
+    q, _ = gptq_quantize(w, (x.T @ x).double(), 4, 16)
+    pruned, keep = sparsegpt_prune(w, (x.T @ x).double(), 0.5)
+    assert bool((q[:, 5] == 0).all()) and bool((pruned[:, 5] == 0).all())
+
+
+@pytest.mark.parametrize("density", [0.5, 0.3, 0.77])
+def test_sparsegpt_keeps_exact_row_counts_and_beats_wanda(density):
+    w, x, gram = _data(n_in=200)  # two blocks, the second partial
+    pruned, keep = sparsegpt_prune(w, gram, density)
+    assert (keep.sum(1) == round(density * 200)).all()
+    assert bool((pruned[~keep] == 0).all())
+    wanda = apply_mask(w, mask_from_scores(wanda_scores(w, x.pow(2).sum(0).sqrt()), density, "row"))
+    assert _out_err(w, pruned, x) < 0.9 * _out_err(w, wanda, x)
+
+
+def test_sparsegpt_two_four_pattern():
+    w, x, gram = _data()
+    pruned, keep = sparsegpt_prune(w, gram, 0.5, "2:4")
+    assert (keep.view(24, 16, 4).sum(2) == 2).all()
+    assert bool((pruned[~keep] == 0).all())
+    scores = wanda_scores(w, x.pow(2).sum(0).sqrt()).view(24, 16, 4)  # Wanda's 2:4 mask, uncompensated
+    wanda = torch.zeros(24, 16, 4, dtype=torch.bool).scatter_(2, scores.topk(2, dim=2).indices, True).view(24, 64)
+    assert _out_err(w, pruned, x) < 0.9 * _out_err(w, apply_mask(w, wanda), x)
+    with pytest.raises(BudgetError, match="2:4 pattern"):
+        sparsegpt_prune(w, gram, 0.6, "2:4")
+    with pytest.raises(BudgetError, match="valid patterns"):
+        sparsegpt_prune(w, gram, 0.5, "4:8")
+
+
+def test_sparsegpt_never_prunes_protected_rows_or_columns():
+    w, _, gram = _data()
+    rows = torch.zeros(24, dtype=torch.bool)
+    rows[3:6] = True
+    cols = torch.zeros(64, dtype=torch.bool)
+    cols[10:14] = True
+    pruned, keep = sparsegpt_prune(w, gram, 0.25, protected_rows=rows, protected_cols=cols)
+    assert bool(keep[rows].all()) and bool(keep[:, cols].all())
+    assert torch.allclose(pruned[rows], w[rows])  # nothing pruned in a row: nothing to compensate
+    assert (keep[~rows].sum(1) == 16).all()  # the protected columns count toward the row's 16
+
+
+def test_bad_gram_and_damp_are_refused():
+    w, _, gram = _data()
+    with pytest.raises(BudgetError, match="Gram matrix has shape"):
+        gptq_quantize(w, gram[:10, :10], 4)
+    with pytest.raises(BudgetError, match="damp"):
+        sparsegpt_prune(w, gram, 0.5, damp=0)
+
+
+def test_sparsegpt_rows_keep_the_protected_columns_when_they_exceed_the_budget():
+    w, _, gram = _data(n_in=200)
+    cols = torch.zeros(200, dtype=torch.bool)
+    cols[150:] = True  # 50 protected columns, all in the last block, above round(0.1 * 200) = 20
+    _, keep = sparsegpt_prune(w, gram, 0.1, protected_cols=cols)
+    assert (keep.sum(1) == 50).all() and bool(keep[:, cols].all())
+    with pytest.raises(BudgetError, match="cannot keep protected heads whole"):
+        sparsegpt_prune(w, gram, 0.5, "2:4", protected_cols=cols)
+
+
+# -- as settings (registry, calibration, exact sizes) ------------------------------------------
+
+def test_gptq_and_sparsegpt_settings_parse_and_refuse():
+    from capsense.compress.methods import BudgetError, parse_setting
+
+    g = parse_setting({"method": "gptq", "bits": 3, "group_size": 64, "damp": 0.05, "act_order": False})
+    assert g.label == "gptq@3b/g64/damp0.05/natural" and g.needs_gram and g.calibrated
+    assert parse_setting({"method": "gptq", "bits": 4}).to_dict() == {
+        "method": "gptq", "bits": 4, "group_size": 128, "damp": 0.01, "act_order": True}
+    s = parse_setting({"method": "sparsegpt", "density": 0.5, "scope": "2:4"})
+    assert s.label == "sparsegpt@d0.5/2:4" and s.size((8, 64), None, 16) == (256, 256 * 16)
+    for bad, message in [({"method": "gptq"}, "gptq needs bits"), ({"method": "gptq", "bits": 4, "damp": 2}, "damp 2"),
+                         ({"method": "gptq", "bits": 4, "act_order": "yes"}, "act_order"),
+                         ({"method": "sparsegpt", "density": 0.5, "scope": "matrix"}, "valid scopes are row, 2:4"),
+                         ({"method": "sparsegpt", "density": 0.5, "bits": 4}, "bits does not apply to sparsegpt"),
+                         ({"method": "wanda", "density": 0.5, "damp": 0.1}, "damp does not apply to wanda")]:
+        with pytest.raises(BudgetError, match=message):
+            parse_setting(bad)
+
+
+@pytest.mark.parametrize("setting", [{"method": "gptq", "bits": 3, "group_size": 16},
+                                     {"method": "sparsegpt", "density": 0.4}])
+def test_compensated_methods_in_the_engine_beat_their_plain_twins(setting, calib_file):
+    """On the tiny model: exact accounting, and lower layer-output error than RTN / Wanda at equal size."""
+    from conftest import make_char_tokenizer, make_tiny_model
+
+    from capsense.compress.budget import uniform_budget
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.engine import calibrate, compress_model
+    from capsense.compress.targets import find_targets
+
+    twin = {"gptq": {"method": "rtn", "bits": 3, "group_size": 16}, "sparsegpt": {"method": "wanda", "density": 0.4}}
+    errs, sizes = [], []
+    for s in (setting, twin[setting["method"]]):
+        model = make_tiny_model("llama")
+        dense = {t.name: t.get().clone() for t in find_targets(model)}
+        b = uniform_budget(s)
+        stats, _ = calibrate(model, make_char_tokenizer(), uniform_budget({**setting}), str(calib_file), 8)
+        result = compress_model(model, b, stats)
+        sizes.append(result.summary["size_ratio"])
+        errs.append(sum(float(((dense[t.name] - t.get()) @ stats[t.name].gram.float() * (dense[t.name] - t.get())).sum())
+                        for t in find_targets(model)))
+        assert all(isinstance(stats[t.name], InputStats) for t in find_targets(model))
+    assert sizes[0] == sizes[1]
+    assert errs[0] < 0.9 * errs[1]
+
+
+def test_gptq_setting_keeps_protected_heads_at_full_precision():
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.compensated import GPTQSetting
+    from capsense.compress.protect import Protection
+
+    w, x, _ = _data()
+    prot = Protection(rows=torch.arange(24) < 4, cols=torch.arange(64) >= 60)
+    out = GPTQSetting("gptq", 3, 16).apply("m", w, InputStats.from_inputs(x), prot, 16)
+    assert torch.equal(out.weight[:4], w[:4]) and torch.equal(out.weight[:, 60:], w[:, 60:])
+    assert out.scales is None  # a partly protected matrix has no packed form
+    assert (out.stored, out.bits) == GPTQSetting("gptq", 3, 16).size((24, 64), prot, 16)
+    assert len(torch.unique(out.weight[4:, :60])) > 8 and not torch.equal(out.weight[4:, :60], w[4:, :60])

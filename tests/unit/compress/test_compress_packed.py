@@ -1,0 +1,85 @@
+"""compressed-tensors checkpoints: exact round trip through stock transformers, size on disk, refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+
+from capsense.compress.engine import compress_model
+from capsense.compress.budget import uniform_budget
+from capsense.compress.gptq import gptq_quantize
+from capsense.compress.methods import PruneSetting, QuantSetting
+from capsense.compress.packed import FormatError, PackedWeight, check_storable, size_on_disk, write_packed
+from capsense.compress.quantize import group_scales
+from capsense.compress.targets import find_targets
+from conftest import make_tiny_model, tiny_inputs
+
+pytest.importorskip("compressed_tensors")
+
+
+def _nll(model, ids):
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+def _mixed(model):
+    """GPTQ 3-bit g16 on the MLP, RTN 4-bit per row on attention: the packed record of each matrix."""
+    packed, g = {}, torch.Generator().manual_seed(0)
+    for t in find_targets(model):
+        w = t.get()
+        if t.kind == "mlp":
+            x = torch.randn(256, w.shape[1], generator=g) * torch.rand(w.shape[1], generator=g) * 3
+            new, scales = gptq_quantize(w, (x.T @ x).double(), 3, 16)
+            packed[t.name] = PackedWeight(3, 16, scales)
+        else:
+            new = QuantSetting("rtn", 4, 0).apply(t.name, w, None, None, 16).weight
+            packed[t.name] = PackedWeight(4, 0, group_scales(new, 4, 0))
+        t.set(new)
+    return packed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mixed_checkpoint_reloads_exactly_with_stock_transformers(tmp_path, dtype):
+    model = make_tiny_model("llama", tie_word_embeddings=True)
+    packed = _mixed(model)
+    info = write_packed(model, packed, tmp_path, dtype=dtype)
+    assert {(g["bits"], g["group_size"]) for g in info["groups"]} == {(3, 16), (4, 0)}
+    loaded = T.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert loaded.dtype == dtype
+    ref = model
+    for p in ref.parameters():  # the parameters at the checkpoint's dtype (buffers such as RoPE's stay float32)
+        p.data = p.data.to(dtype)
+    ids = tiny_inputs()
+    assert float((_nll(ref, ids) - _nll(loaded, ids)).abs().max()) <= 1e-6
+    for t in find_targets(ref):  # the dequantized weights are the in-memory ones, bit for bit
+        assert torch.equal(dict(loaded.named_modules())[t.name].weight, t.get())
+
+
+def test_packed_size_on_disk_matches_the_accounted_size(tmp_path):
+    model = make_tiny_model("llama", hidden_size=256, intermediate_size=512, tie_word_embeddings=True)
+    result = compress_model(model, uniform_budget({"method": "rtn", "bits": 4, "group_size": 32}))
+    # RTN's max|w| maps to q_max exactly, so its scales are recovered from the compressed weights
+    packed = {t.name: PackedWeight(4, 32, group_scales(t.get(), 4, 32)) for t in find_targets(model)}
+    write_packed(model, packed, tmp_path)
+    accounted = result.summary["size_ratio"] * result.summary["model_params"] * 16 / 8
+    on_disk = size_on_disk(tmp_path)
+    assert abs(on_disk / accounted - 1) < 0.10, (on_disk, accounted)
+    dense = sum(p.numel() for p in model.parameters()) * 2
+    assert on_disk < 0.5 * dense  # really packed, not fake-quantized floats
+
+
+def test_what_the_format_cannot_store_is_refused_with_the_remedy():
+    q = lambda bits, g: QuantSetting("rtn", bits, g)  # noqa: E731
+    check_storable([("a", (8, 64), q(4, 32), False, True), ("b", (8, 64), None, False, True), ("c", (8, 64), q(8, 0), False, True)])
+    with pytest.raises(FormatError, match=r"cannot store a: 12-bit codes: packed codes are 1 to 8 bits"):
+        check_storable([("a", (8, 64), q(12, 32), False, True)])
+    with pytest.raises(FormatError, match=r"cannot store a \(and 1 more\): group size 128 on 576 .*\(64, 32, 16, 0\)"):
+        check_storable([("a", (8, 576), q(4, 128), False, True), ("b", (8, 576), q(4, 128), False, True)])
+    with pytest.raises(FormatError, match="no sparse storage.*`fmt` dense"):
+        check_storable([("a", (8, 64), PruneSetting("wanda", 0.5), False, True)])
+    with pytest.raises(FormatError, match="protect no heads"):
+        check_storable([("a", (8, 64), q(4, 32), True, True)])
+    with pytest.raises(FormatError, match="Conv1D"):
+        check_storable([("a", (8, 64), q(4, 32), False, False)])

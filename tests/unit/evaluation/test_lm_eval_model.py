@@ -149,7 +149,7 @@ def test_entry_point_declared_and_startup_stays_light():
 
 
 def test_pretrained_may_be_a_local_gguf_file(tmp_path, monkeypatch):
-    from capsense.core.heads import HeadSet
+    from capsense.core.heads import HeadSet, HeadSpecError
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
     from conftest import write_tiny_gguf
 
@@ -158,5 +158,5 @@ def test_pretrained_may_be_a_local_gguf_file(tmp_path, monkeypatch):
     lm = CapsenseMaskedLM(pretrained=str(tmp_path / "tiny.gguf"), heads="L1H2", device="cpu", batch_size=1)
     assert lm.model.config.model_type == "llama" and lm.heads == HeadSet.parse("L1H2")
     assert str(tmp_path / "cache" / "models" / "gguf") in lm.model.name_or_path
-    with pytest.raises(ValueError, match="layer 2 out of range in L2H0: this model has 2 layers"):
+    with pytest.raises(HeadSpecError, match="layer 2 out of range in L2H0: this model has 2 layers"):
         lm.set_heads("L2H0")

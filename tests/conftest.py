@@ -120,3 +120,55 @@ def calib_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("calib") / "calib.txt"
     p.write_text("\n".join(f"The quick brown fox {i} jumps over the lazy dog number {i * 7}." for i in range(12)))
     return p
+
+
+def write_tiny_gguf(path, arch: str = "llama", n_layers: int = 2, seed: int = 0) -> dict:
+    """Write a loadable tiny GGUF file (float32, a byte-level vocabulary of 64); return its tensors by name.
+
+    ``N_HEADS`` query heads of width 8, 2 KV heads. ``arch`` other than ``llama`` writes the
+    same tensors under that architecture name (for refusals: only the header is read).
+    """
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    head_dim, vocab, ffn = 8, 64, 64
+    hidden = N_HEADS * head_dim
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(N_HEADS)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"<{i}>" for i in range(3)] + [chr(97 + i % 26) * (1 + i // 26) for i in range(vocab - 3)])
+    w.add_token_types([1] * vocab)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_merges(["a a"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    for i in range(n_layers):
+        shapes.update({
+            f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.attn_q.weight": (hidden, hidden),
+            f"blk.{i}.attn_k.weight": (2 * head_dim, hidden), f"blk.{i}.attn_v.weight": (2 * head_dim, hidden),
+            f"blk.{i}.attn_output.weight": (hidden, hidden), f"blk.{i}.ffn_norm.weight": (hidden,),
+            f"blk.{i}.ffn_gate.weight": (ffn, hidden), f"blk.{i}.ffn_up.weight": (ffn, hidden),
+            f"blk.{i}.ffn_down.weight": (hidden, ffn),
+        })
+    tensors = {}
+    for name, shape in shapes.items():
+        t = 1 + 0.1 * rng.standard_normal(shape) if len(shape) == 1 else 0.1 * rng.standard_normal(shape)
+        tensors[name] = t.astype(np.float32)
+        w.add_tensor(name, tensors[name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors

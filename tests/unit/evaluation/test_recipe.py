@@ -13,7 +13,7 @@ from capsense.evaluation.recipe import RecipeError, load_recipe, recipe_steps
 RECIPES = sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", [p for p in RECIPES if p.name.startswith(("paper_", "smollm2_"))], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.name.startswith(("paper_", "smollm2_", "gemma3_"))], ids=lambda p: p.name)
 def test_shipped_recipes_load(path):
     data = load_recipe(path)
     steps = recipe_steps(data)

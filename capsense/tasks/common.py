@@ -41,6 +41,12 @@ def tokenizer_from_metadata(metadata: dict[str, Any]):
     return None
 
 
+def docs_from_pairs(pairs, sep: str = " ") -> list[dict[str, Any]]:
+    """Documents ``{"id", "context", "continuation"}`` from (context, answer) pairs, in order; the
+    answer follows ``sep`` (a space for words, "" where the pair carries its own spacing)."""
+    return [{"id": i, "context": c, "continuation": sep + a} for i, (c, a) in enumerate(pairs)]
+
+
 def split_pair(context: str, continuation: str) -> tuple[str, str]:
     """Move trailing spaces of the context onto the continuation, as lm-eval does."""
     n = len(context) - len(context.rstrip())

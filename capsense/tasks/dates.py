@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.tasks.common import docs_from_pairs
+
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -50,4 +52,4 @@ def make_docs() -> list[dict[str, Any]]:
         steps.append((f"The month before {m} is", MONTHS[i - 1]) if i % 2 else (f"The month after {m} is", MONTHS[(i + 1) % 12]))
     groups = [steps, list(YEARS), list(COUNTS)]
     pairs = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-    return [{"id": i, "context": c, "continuation": " " + a} for i, (c, a) in enumerate(pairs)]
+    return docs_from_pairs(pairs)

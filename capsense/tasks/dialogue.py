@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.tasks.common import docs_from_pairs
+
 PAIRS = (
     ("User: Thank you so much for your help!\nAssistant: You're", " welcome"),
     ("User: Hello!\nAssistant: Hello! How can I", " help you"),
@@ -46,4 +48,4 @@ PAIRS = (
 
 def make_docs() -> list[dict[str, Any]]:
     """One document per exchange, in the listed order."""
-    return [{"id": i, "context": c, "continuation": t} for i, (c, t) in enumerate(PAIRS)]
+    return docs_from_pairs(PAIRS, sep="")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.tasks.common import docs_from_pairs
+
 CAPITALS = (
     ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
     ("Russia", "Moscow"), ("Egypt", "Cairo"), ("England", "London"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
@@ -54,4 +56,4 @@ def make_docs() -> list[dict[str, Any]]:
         list(PLAIN),
     ]
     pairs = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-    return [{"id": i, "context": c, "continuation": " " + a} for i, (c, a) in enumerate(pairs)]
+    return docs_from_pairs(pairs)

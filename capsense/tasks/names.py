@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.tasks.common import docs_from_pairs
+
 PAIRS = (
     ("The theory of relativity was developed by Albert", "Einstein"),
     ("The play Romeo and Juliet was written by William", "Shakespeare"),
@@ -55,4 +57,4 @@ PAIRS = (
 
 def make_docs() -> list[dict[str, Any]]:
     """One document per (description, name) pair, in the listed order."""
-    return [{"id": i, "context": c, "continuation": " " + a} for i, (c, a) in enumerate(PAIRS)]
+    return docs_from_pairs(PAIRS)

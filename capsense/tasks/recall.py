@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.tasks.common import docs_from_pairs
+
 PAIRS = (
     ("Bees make", "honey"),
     ("Cows give us", "milk"),
@@ -52,4 +54,4 @@ PAIRS = (
 
 def make_docs() -> list[dict[str, Any]]:
     """One document per (description, answer) pair, in the listed order."""
-    return [{"id": i, "context": c, "continuation": " " + a} for i, (c, a) in enumerate(PAIRS)]
+    return docs_from_pairs(PAIRS)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.tasks.common import docs_from_pairs
+
 PAIRS = (
     ("import numpy as", " np"),
     ("import pandas as", " pd"),
@@ -48,4 +50,4 @@ PAIRS = (
 
 def make_docs() -> list[dict[str, Any]]:
     """One document per (code, completion) pair, in the listed order."""
-    return [{"id": i, "context": c, "continuation": t} for i, (c, t) in enumerate(PAIRS)]
+    return docs_from_pairs(PAIRS, sep="")

@@ -98,9 +98,20 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
     atomic_write_text(out / "scores.csv", table.getvalue())
     heatmap(out / "heatmap.png", result.scores.importance, layout, f"{cfg.task}: importance ({cfg.method}"
             + (", selective" if cfg.controls else "") + ")",
-            unmeasured=np.isnan(result.target_effect) if cfg.method == "prior-guided" else None)
+            unmeasured=unpainted(cfg, result))
     atomic_write_text(out / "report.md", report_markdown(cfg, result, recs, manifest))
     return heads_path
+
+
+def unpainted(cfg: LocateConfig, result: LocateResult) -> np.ndarray | None:
+    """Heads the heatmap leaves grey: never measured alone (prior-guided) and set aside by the
+    collateral screen, whose importance is a rank placeholder (below every clean head), not an
+    effect: painted, it stretched the colour scale and washed out the real importances."""
+    grey = np.isnan(result.target_effect) if cfg.method == "prior-guided" else np.zeros(len(result.target_effect), bool)
+    if result.screen is not None:
+        grey = grey.copy()
+        grey[list(result.screen.excluded)] = True
+    return grey if grey.any() else None
 
 
 def heatmap_grid(importance: np.ndarray, layout: HeadLayout, unmeasured: np.ndarray | None = None):

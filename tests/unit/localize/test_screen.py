@@ -109,3 +109,16 @@ def test_refine_draws_only_from_clean_heads_measured_alone():
     assert refine_candidates(result, 6, "t") == [0, 3, 4, 6, 7, 2, 5]  # too few measured: then the unmeasured
     result.estimates = {"t": np.array([0, 0, 0.1, 0, 0, 0.5, 0, 0])}
     assert refine_candidates(result, 6, "t") == [0, 3, 4, 6, 7, 5, 2]  # ... by their estimate
+
+
+def test_heatmap_leaves_set_aside_heads_grey():
+    from capsense.localize.config import LocateConfig
+    from capsense.localize.fit import LocateResult
+    from capsense.localize.outputs import unpainted
+
+    imp = np.array([0.9, 0.8, 0.7, 0.6])
+    effect = np.array([0.9, 0.8, np.nan, 0.6])
+    result = LocateResult(HeadScores(imp, np.ones(4), imp.copy()), None, effect, {"c": np.array([0, 0.5, np.nan, 0])}, 5, {}, 0.0)
+    result.screen = collateral_screen(result.control_effects, z=3.0, floor=0.01)
+    cfg = LocateConfig(model="m", task="t", out="o", controls=["c"])
+    assert list(unpainted(cfg, result)) == [False, True, True, False]  # 1 set aside, 2 never measured alone

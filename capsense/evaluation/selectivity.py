@@ -72,6 +72,26 @@ def worsening(base: float, value: float, lower_better: bool) -> float | None:
     return rel if lower_better else -rel
 
 
+def _target_row(rows: Sequence[Any], target: str, usable: set[str], tolerance: float) -> OffTarget | None:
+    """The target's task-level row, judged like the others: it must be hurt beyond the tolerance
+    and beyond what K random heads do, or the set is not the capability's (measured on Gemma 3:
+    a set chosen by nats/token left induction accuracy at 1.00 while random sets hurt every control)."""
+    for r in rows:
+        low = _low(r)
+        if r.task != target or (low and target in usable) or (not low and target not in usable):
+            continue
+        w = worsening(r.base, r.ablated, low)
+        if w is None:
+            return None
+        rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
+        worst = max(rw) if rw else None
+        band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
+        return OffTarget(task=r.task, metric=r.metric, role="target", base=r.base, ablated=r.ablated, worsening=w,
+                         random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
+                         within_random=(w <= max(0.0, band)) if rw else None)
+    return None
+
+
 def _low(r: Any) -> bool:
     return lower_is_better(r.metric, getattr(r, "higher_is_better", None))
 
@@ -97,14 +117,24 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
             ablated=r.ablated, worsening=w, random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
             within_random=(w <= max(0.0, band)) if rw else None,
         ))
+    tgt = _target_row(rows, target, usable, tolerance)
     failing = [j for j in judged if j.fails]
     caution = [j for j in judged if not j.fails and j.within_random is not None and j.within_tolerance != j.within_random]
     worst = max(judged, key=lambda j: j.worsening, default=None)
     worst_held = max((j for j in judged if j.role == "held-out"), key=lambda j: j.worsening, default=None)
+    hit = tgt is not None and tgt.worsening > tolerance and tgt.within_random is not True
+    line = verdict_line(judged, failing, caution, worst, tolerance)
+    if not hit and judged:
+        line = ("NOT selective: the target itself is not clearly hurt ("
+                + ("no usable target row" if tgt is None else
+                   f"{tgt.task} {tgt.metric} {100 * tgt.worsening:+.1f}% worse, tolerance {100 * tolerance:.0f}%"
+                   + ("" if tgt.random_worst is None else f", random-K worst {100 * tgt.random_worst:+.1f}%"))
+                + "); off-target: " + line)
     return {
-        "selective": not failing and bool(judged),
+        "selective": not failing and bool(judged) and hit,
+        "target": asdict(tgt) if tgt else None,
         "tolerance": tolerance,
-        "line": verdict_line(judged, failing, caution, worst, tolerance),
+        "line": line,
         "worst": asdict(worst) if worst else None,
         "worst_held_out": asdict(worst_held) if worst_held else None,
         "rows": [asdict(j) for j in judged],

@@ -40,6 +40,7 @@ def test_selective_only_when_every_off_target_row_is_within_tolerance():
 
 def test_direction_low_accuracies_and_the_random_band():
     rows = [
+        row("t", "acc", 0.7, 0.1, [0.7, 0.68]),  # the target, wrecked
         row("a", "acc", 0.05, 0.0),  # too low a base to judge an accuracy: a is judged by its nats/token
         row("a", "nats_per_token", 3.0, 3.03),
         row("b", "nats_per_token", 2.0, 1.9),  # lower is better: an improvement
@@ -66,3 +67,11 @@ def test_default_validation_tasks_add_the_held_out_suite():
     assert tasks[:3] == ["capsense_induction", "capsense_facts", "capsense_qa"]
     assert tasks[3:] == [t for t in HELD_OUT if t != "capsense_qa"]  # the search scored qa: not held out
     assert validation_tasks(hf, ["capsense_induction", "held-out"]) == ["capsense_induction", *HELD_OUT]
+
+
+def test_a_set_that_spares_the_target_is_not_selective():
+    rows = [row("t", "acc", 1.0, 1.0, [1.0, 1.0, 1.0]),  # the target untouched (Gemma 3, a saturated copy task)
+            row("c", "acc", 0.5, 0.49, [0.3, 0.35, 0.4])]
+    v = judge(rows, "t", [], tolerance=0.10)
+    assert not v["selective"] and v["line"].startswith("NOT selective: the target itself is not clearly hurt")
+    assert v["target"]["worsening"] == 0.0

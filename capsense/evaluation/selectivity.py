@@ -72,24 +72,25 @@ def worsening(base: float, value: float, lower_better: bool) -> float | None:
     return rel if lower_better else -rel
 
 
-def _target_row(rows: Sequence[Any], target: str, usable: set[str], tolerance: float) -> OffTarget | None:
-    """The target's task-level row, judged like the others: it must be hurt beyond the tolerance
-    and beyond what K random heads do, or the set is not the capability's (measured on Gemma 3:
-    a set chosen by nats/token left induction accuracy at 1.00 while random sets hurt every control)."""
+def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float) -> list[OffTarget]:
+    """Each task's task-level row (its accuracy where ``usable``, else nats/token) judged against the
+    tolerance and the random K-head band; ``role(task)`` names it, or None to leave the task out."""
+    out = []
     for r in rows:
         low = _low(r)
-        if r.task != target or (low and target in usable) or (not low and target not in usable):
+        name = role(r.task)
+        if name is None or (low and r.task in usable) or (not low and r.task not in usable):
             continue
         w = worsening(r.base, r.ablated, low)
         if w is None:
-            return None
+            continue
         rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
         worst = max(rw) if rw else None
         band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
-        return OffTarget(task=r.task, metric=r.metric, role="target", base=r.base, ablated=r.ablated, worsening=w,
-                         random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
-                         within_random=(w <= max(0.0, band)) if rw else None)
-    return None
+        out.append(OffTarget(task=r.task, metric=r.metric, role=name, base=r.base, ablated=r.ablated, worsening=w,
+                             random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
+                             within_random=(w <= max(0.0, band)) if rw else None))
+    return out
 
 
 def _low(r: Any) -> bool:
@@ -98,26 +99,12 @@ def _low(r: Any) -> bool:
 
 def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
     """The verdict over validation rows (:class:`capsense.evaluation.validate.ValidationRow`)."""
-    judged: list[OffTarget] = []
     usable = {r.task for r in rows if not _low(r) and np.isfinite(r.base) and r.base >= MIN_BASE_SCORE}
-    for r in rows:
-        if r.task == target:
-            continue
-        low = _low(r)
-        if (low and r.task in usable) or (not low and r.task not in usable):
-            continue  # a task with a usable accuracy is judged by it; one without, by its nats/token
-        w = worsening(r.base, r.ablated, low)
-        if w is None:
-            continue
-        rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
-        worst = max(rw) if rw else None
-        band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
-        judged.append(OffTarget(
-            task=r.task, metric=r.metric, role="searched" if r.task in searched else "held-out", base=r.base,
-            ablated=r.ablated, worsening=w, random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
-            within_random=(w <= max(0.0, band)) if rw else None,
-        ))
-    tgt = _target_row(rows, target, usable, tolerance)
+    judged = _judged_rows(rows, usable, lambda t: None if t == target else ("searched" if t in searched else "held-out"),
+                          tolerance)
+    # the target, judged the same way: it must be hurt beyond the tolerance and what K random heads do
+    # (measured on Gemma 3: a set chosen by nats/token left induction accuracy at 1.00)
+    tgt = next(iter(_judged_rows(rows, usable, lambda t: "target" if t == target else None, tolerance)), None)
     failing = [j for j in judged if j.fails]
     caution = [j for j in judged if not j.fails and j.within_random is not None and j.within_tolerance != j.within_random]
     worst = max(judged, key=lambda j: j.worsening, default=None)

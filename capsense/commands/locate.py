@@ -48,9 +48,9 @@ from capsense.commands.output import echo_written, log
 @click.option("--fe-budget", "budget", type=float, default=50.0, show_default=True,
               help="prior-guided: forward-equivalents for attribution and knockouts (a forward over the documents = 1, "
                    "a backward = 2, a prefix-reused forward = its share of layers); measure-and-choose comes on top.")
-@click.option("--top-m", type=int, default=24, show_default=True,
+@click.option("--top-m", type=int, default=32, show_default=True,
               help="prior-guided: heads with the largest |estimate| knocked out one at a time.")
-@click.option("--group-size", type=int, default=8, show_default=True,
+@click.option("--group-size", type=int, default=16, show_default=True,
               help="prior-guided: heads per group knockout over the rest (a group that hurts is split).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,

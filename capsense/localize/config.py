@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
+from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
 from capsense.localize.refine import DEFAULT_TOLERANCE
 from capsense.localize.screen import DEFAULT_SCREEN_Z
 from capsense.localize.solvers import SOLVERS
@@ -56,8 +57,8 @@ class LocateConfig:
     refine: int | None = None  # measure-and-choose budget; None = refine.DEFAULT_BUDGET with controls, else 0
     tolerance: float = DEFAULT_TOLERANCE
     budget: float = 50.0  # prior-guided: forward-equivalents for attribution + knockouts (refine not included)
-    top_m: int = 24  # prior-guided: heads with the largest |estimate| knocked out alone
-    group_size: int = 8  # prior-guided: heads per group knockout over the rest
+    top_m: int = DEFAULT_TOP_M  # prior-guided: heads with the largest |estimate| knocked out alone
+    group_size: int = DEFAULT_GROUP_SIZE  # prior-guided: heads per group knockout over the rest
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)

@@ -17,6 +17,7 @@ import numpy as np
 
 from capsense.core.tables import relative_change
 from capsense.localize.config import LocateConfig
+from capsense.localize.coverage import Coverage
 from capsense.localize.refine import Refinement
 from capsense.localize.screen import Screen
 from capsense.localize.solvers import HeadScores, make_solver, residualize, ridge_effects, standardize
@@ -38,6 +39,7 @@ class LocateResult:
     estimates: dict[str, np.ndarray] | None = None  # attribution's estimated effect per task (relative)
     forward_equivalents: float = 0.0
     screen: Screen | None = None  # the collateral screen of a selective run
+    coverage: Coverage | None = None  # the heads not measured alone and a bound on what they hide
 
 
 def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:

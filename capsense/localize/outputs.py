@@ -87,6 +87,8 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         meta["screen"] = result.screen.as_dict(lambda i: _name(i, n_heads))
     if result.refinement is not None:
         meta["refine"] = result.refinement.as_dict(lambda i: _name(i, n_heads))
+    if result.coverage is not None:
+        meta["coverage"] = result.coverage.as_dict(lambda i: _name(i, n_heads))
     heads_path = write_heads_file(out / "heads.json", HeadsFile(model=cfg.model, heads=recs, meta=meta))
     cols = ["rank", "layer", "head", "importance", "confidence", "raw_importance", "target_effect", "control_effect", "estimate"]
     cols += [f"effect_{c}" for c in cfg.controls]
@@ -198,6 +200,8 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         lines += ["", *_screen_lines(result.screen, manifest["layout"]["n_heads"])]
     if result.refinement is not None:
         lines += ["", *_refine_lines(result.refinement, cfg, manifest["layout"]["n_heads"])]
+    if result.coverage is not None:
+        lines += ["", *_coverage_lines(result.coverage, manifest["layout"]["n_heads"])]
     if result.raw_scores is not None:
         raw_top = [_name(int(i), manifest["layout"]["n_heads"]) for i in result.raw_scores.rank[:10]]
         lines += ["", f"Raw target-score ranking (not selective), top 10: {', '.join(raw_top)}"]
@@ -223,9 +227,24 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         "",
         "| set | heads | target |" + "".join(f" {c} |" for c in cfg.controls) + " within tolerance |",
         "|" + "---|" * (4 + len(cfg.controls)),
-        row("ranking's top K", ref.start),
+        row("first set measured", ref.start),
         row("chosen", ref.quality, ref.heads),
     ]
+
+
+def _coverage_lines(cov, n_heads: int) -> list[str]:
+    """The false-negative report: heads not measured alone and how much target effect could hide there."""
+    name = lambda h: _name(h, n_heads)  # noqa: E731
+    lines = ["## What the search did not measure", "", cov.summary(name) + "."]
+    if not cov.not_measured:
+        return lines
+    lines += ["", "Bound: the smallest measured damage of a knockout containing the head; it holds when head effects "
+              "add up and none is negative (a head that helps the target inside the same knockout can hide more)."]
+    misses = cov.possible_misses()[:10]
+    if misses:
+        lines += ["", "| head not measured alone | bound | estimate |", "|---|---|---|"]
+        lines += [f"| {name(h)} | {_pct(cov.bound[h])} | {_pct(cov.estimate.get(h))} |" for h in misses]
+    return lines
 
 
 def _screen_lines(screen, n_heads: int) -> list[str]:

@@ -16,10 +16,22 @@ most while the set breaks the tolerance, else the one the target misses least), 
 against the next untried candidates of the ranking, and keeps a swap only if it improves
 the search objective (feasible first, then target damage). The loop ends when the budget of
 evaluations or the candidates run out; the choice is made over every K-set measured.
+
+**Predicted start** (``singles``: each candidate's measured single-head damage on the target and
+every control, which every selective run has already paid for): instead of the top K of the
+ranking, the search starts from the K-set the singles predict best, by the same rule
+:func:`choose` applies to measured sets (predicted within tolerance, target near the best,
+least control damage). A set's damage is predicted log-additively,
+``log(1 + d_set) = sum_h log(1 + d_h)``, which keeps a sum of relative worsenings from
+running past what compounding gives. When the measured start is within tolerance the search
+stops there: the singles already ranked every other set below it, so only an interaction the
+singles cannot see could change the choice, and the leave-one-out rounds exist to find those
+when the start breaks the tolerance.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +49,9 @@ SWAPS_PER_ROUND = 3
 
 #: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
 Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
+#: per head: its single-head (relative target damage, {control: relative damage}).
+Singles = dict[int, tuple[float, dict[str, float]]]
+MAX_PREDICTED_SETS = 200_000  # K-subsets of the pool scored from the singles (C(20, 5) = 15,504)
 
 
 @dataclass
@@ -150,12 +165,15 @@ def refine(
     tolerance: float = DEFAULT_TOLERANCE,
     pool: int | None = None,
     target_slack: float = DEFAULT_TARGET_SLACK,
+    singles: Singles | None = None,
 ) -> Refinement:
     """Search K-head sets near the top of ``ranking``.
 
     ``measure(sets)`` returns, per head set, the relative target damage and the relative
     damage per control (positive = worse); it is called with only unmeasured sets and never
-    with more than ``budget`` sets in total.
+    with more than ``budget`` sets in total. ``singles``: per candidate head its single-head
+    damage (target, controls); with them the search starts from the predicted best K-set
+    (:func:`predicted_best`) and stops there when it is within tolerance.
     """
     if k < 1 or k > len(ranking):
         raise RefineError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
@@ -163,11 +181,15 @@ def refine(
     pool = pool if pool is not None else 4 * k
     measured = _Measured(measure, budget, tolerance)
     current = tuple(ranking[:k])
+    if singles is not None:
+        current = predicted_best(ranking[: k + pool], k, singles, tolerance, target_slack)
     measured.run([current])
     start = measured.get(current)
     if start is None:
         raise RefineError("refine needs a `budget` of at least 1 evaluation")
-    queue = [h for h in ranking[k : k + pool] if h not in current]
+    if singles is not None and start.feasible:
+        return Refinement(list(current), start, start, measured.order)
+    queue = [h for h in ranking[: k + pool] if h not in current]
     tried: dict[int, set[int]] = {}
     while len(measured.order) < budget and queue:
         cur = measured.get(current)
@@ -188,6 +210,31 @@ def refine(
             tried = {}
     chosen = choose([q for q in measured.order if len(q.heads) == k], target_slack)
     return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order)
+
+
+def predicted_best(pool: Sequence[int], k: int, singles: Singles, tolerance: float,
+                   target_slack: float = DEFAULT_TARGET_SLACK) -> tuple[int, ...]:
+    """The K-set of ``pool`` the single-head damages predict best, by :func:`choose`'s rule.
+
+    Damage composes log-additively (``log1p(d_set) = sum log1p(d_h)``); a head without singles
+    counts as harmless. Ties keep ``pool`` order (deterministic, so a resumed run replays it).
+    The pool is cut so that at most :data:`MAX_PREDICTED_SETS` subsets are scored.
+    """
+    from math import comb
+
+    pool = [int(h) for h in pool]
+    while len(pool) > k and comb(len(pool), k) > MAX_PREDICTED_SETS:
+        pool = pool[:-1]
+    controls = sorted({c for h in pool if h in singles for c in singles[h][1]})
+    logs = np.zeros((len(pool), 1 + len(controls)))
+    for i, h in enumerate(pool):
+        t, cs = singles.get(h, (0.0, {}))
+        logs[i] = np.log1p(np.maximum([t, *(cs.get(c, 0.0) for c in controls)], -0.99))
+    sets = np.array(list(itertools.combinations(range(len(pool)), k)), dtype=int)
+    pred = np.expm1(logs[sets].sum(axis=1))  # [sets, 1 + controls]
+    quality = [SetQuality(tuple(pool[j] for j in s), float(p[0]), dict(zip(controls, map(float, p[1:]))), tolerance)
+               for s, p in zip(sets, pred)]
+    return choose(quality, target_slack).heads
 
 
 def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_SLACK) -> SetQuality:

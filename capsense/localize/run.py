@@ -29,13 +29,14 @@ from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
 from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.coverage import coverage
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first, put_last
 from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
-from capsense.localize.refine import Refinement, head_set_masks, refine
+from capsense.localize.refine import Refinement, Singles, head_set_masks, refine
 from capsense.localize.screen import collateral_screen
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
@@ -146,8 +147,10 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
     }
 
 
-def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, ranking: Sequence[int]) -> tuple[Refinement, list[Evaluation]]:
-    """Measure and choose the top-K set on the run's documents (see :mod:`capsense.localize.refine`)."""
+def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, ranking: Sequence[int],
+                   singles: Singles | None = None) -> tuple[Refinement, list[Evaluation]]:
+    """Measure and choose the top-K set on the run's documents (see :mod:`capsense.localize.refine`),
+    starting from the set ``singles`` predict best when given."""
     spent: list[Evaluation] = []
 
     def measure(sets: list[tuple[int, ...]]) -> list[tuple[float, dict[str, float]]]:
@@ -160,8 +163,24 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
         ]
 
     k = min(cfg.top_k, n, len(ranking))
-    found = refine(ranking, k, measure, budget=refine_budget(cfg), tolerance=cfg.tolerance)
+    found = refine(ranking, k, measure, budget=refine_budget(cfg), tolerance=cfg.tolerance, singles=singles)
     return found, spent
+
+
+def single_effects(result: LocateResult, cfg: LocateConfig, heads: Sequence[int]) -> Singles:
+    """Per head its single-head damage on the target and every control, as the run knows it: measured
+    (or a regression's effect) where there is one, else attribution's estimate when the run ranks by
+    nll (the estimate's unit), else none (the prediction then counts the head as harmless)."""
+    est = result.estimates if cfg.metric == "nll" else None
+
+    def value(effects: np.ndarray, task: str, h: int) -> float:
+        v = float(effects[h])
+        if np.isfinite(v):
+            return v
+        return float(est[task][h]) if est is not None and task in est else 0.0
+
+    return {int(h): (value(result.target_effect, cfg.task, h),
+                     {c: value(result.control_effects[c], c, h) for c in cfg.controls}) for h in heads}
 
 
 def _in_phase(runner: MaskRunner, progress: RunProgress | None, name: str, resumed: int, work: Callable[[], Any]) -> Any:
@@ -189,8 +208,9 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
     n = layout.n_total
     ranking = refine_candidates(result, min(cfg.top_k, n), cfg.task)
+    singles = single_effects(result, cfg, ranking)
     result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)),
-                                         lambda: refine_ranking(runner, cfg, n, evals[0], ranking))
+                                         lambda: refine_ranking(runner, cfg, n, evals[0], ranking, singles))
     result.scores = put_first(result.scores, result.refinement.heads)
     result.n_evaluations += len(spent)
     q = result.refinement.quality
@@ -217,6 +237,17 @@ def refine_candidates(result: LocateResult, k: int, task: str) -> list[int]:
     if est is not None:
         rest = sorted(rest, key=lambda h: -float(est[h]))
     return measured + rest
+
+
+def coverage_step(cfg: LocateConfig, result: LocateResult, evals: list[Evaluation], layout: HeadLayout,
+                  log: Callable[[str], None]) -> None:
+    """What the search did not measure alone, and a bound on how much target effect hides there
+    (:mod:`capsense.localize.coverage`); read from the search's evaluations, before refine."""
+    est = (result.estimates or {}).get(cfg.task) if cfg.metric == "nll" else None
+    rest = evals[1:]
+    result.coverage = coverage([e.heads for e in rest], damage(rest, cfg.task, cfg, evals[0]) if rest else [],
+                               layout.n_total, min(cfg.top_k, layout.n_total), est)
+    log("coverage: " + result.coverage.summary(lambda h: str(Head.from_index(h, layout.n_heads))))
 
 
 def screen_step(cfg: LocateConfig, result: LocateResult, layout: HeadLayout, log: Callable[[str], None]) -> None:
@@ -310,6 +341,7 @@ def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layou
     try:
         found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
         result = method.fit(found.evals, cfg, n)
+        coverage_step(cfg, result, found.evals, layout, log)
         if found.chosen is not None:
             result.scores = put_first(result.scores, found.chosen)
         if cfg.controls:

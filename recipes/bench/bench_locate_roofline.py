@@ -1,7 +1,7 @@
 """Roofline of mask evaluation on SmolLM2-135M: per-mask time against this machine's GEMM rate.
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 python recipes/bench/bench_locate_roofline.py \\
-        [--task capsense_induction] [--limit 24] [--masks 8] [--threads 2]
+        [--task capsense_induction] [--limit 24] [--masks 8] [--threads 2] [--dtypes float32,bfloat16]
 
 In one process, on the run's documents (the probe ``capsense locate`` builds, batch size 16):
 
@@ -16,7 +16,10 @@ In one process, on the run's documents (the probe ``capsense locate`` builds, ba
    uses (prefix reuse where the task allows it).
 
 The floor is executed FLOPs / sustained rate at the model's shapes; the report gives measured /
-floor (1.0 = at the floor). Writes ``recipes/results/locate_roofline.json`` (``--out``).
+floor (1.0 = at the floor). With several ``--dtypes`` every step runs for each in the same process
+and the report adds the side-by-side ratio of seconds per mask (bfloat16 computes the blocks in
+bf16; capsense's LM head scores in float32 either way). Records the CPU's name and whether it has
+AMX-BF16 / AVX-512 BF16. Writes ``recipes/results/locate_roofline.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import numpy as np
 import torch
 
 
-def gemm_rate(m: int, k: int, n: int, seconds: float = 1.5) -> float:
-    """Sustained FLOP/s of ``[m, k] @ [k, n]`` in float32 (repeated for about ``seconds``)."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def gemm_rate(m: int, k: int, n: int, seconds: float = 1.5, dtype: torch.dtype = torch.float32) -> float:
+    """Sustained FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` (repeated for about ``seconds``)."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     for _ in range(3):
         a @ b
     reps, t0 = 0, time.perf_counter()
@@ -58,22 +61,25 @@ def forward_flops(cfg, batches: list[list[int]], scored: int, padded: bool) -> f
     return total + 2.0 * d * cfg.vocab_size * scored
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", default="capsense_induction")
-    ap.add_argument("--limit", type=int, default=24)
-    ap.add_argument("--masks", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--out", default="recipes/results/locate_roofline.json")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+def cpu_info() -> dict:
+    """The CPU's model name and its bf16 instruction sets (from /proc/cpuinfo, where it exists)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), None)
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    return {"model_name": name, "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
 
+
+def measure(args, dtype: str) -> dict:
+    """Every step of the roofline for one dtype."""
     from capsense.core.models import load_model
     from capsense.localize.evaluator import MaskEvaluator
     from capsense.scoring.probe import ProbeScorer, build_probe
 
-    model, tok = load_model("smollm2-135m", "float32")
+    tdtype = getattr(torch, dtype)
+    model, tok = load_model("smollm2-135m", dtype)
     cfg = model.config
     probe = build_probe(args.task, tok, args.limit, 0)
     full = ProbeScorer(model, probe, batch_size=args.batch_size)
@@ -87,11 +93,11 @@ def main() -> None:
     d, ff = cfg.hidden_size, cfg.intermediate_size
     kv = cfg.num_key_value_heads * (getattr(cfg, "head_dim", None) or d // cfg.num_attention_heads)
     shapes = {"q/o": (rows, d, d), "k/v": (rows, d, kv), "gate/up": (rows, d, ff), "down": (rows, ff, d)}
-    rates = {name: gemm_rate(*s) for name, s in shapes.items()}
+    rates = {name: gemm_rate(*s, dtype=tdtype) for name, s in shapes.items()}
     # the model's GEMMs weighted by their FLOPs: the rate its linear layers can reach at best
     weights = {"q/o": 2 * d * d, "k/v": 2 * d * kv, "gate/up": 2 * d * ff, "down": d * ff}
     model_rate = sum(weights.values()) / sum(w / rates[k] for k, w in weights.items())
-    peak = gemm_rate(2048, 2048, 2048)
+    peak = gemm_rate(2048, 2048, 2048, dtype=tdtype)
 
     rng = np.random.default_rng(0)
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
@@ -112,8 +118,8 @@ def main() -> None:
     used_s = (time.perf_counter() - t0) / args.masks
 
     floor_s = flops_exec / model_rate
-    out = {
-        "task": args.task, "documents": args.limit, "threads": args.threads, "batches": len(batches),
+    return {
+        "dtype": dtype, "task": args.task, "documents": args.limit, "threads": args.threads, "batches": len(batches),
         "padded_tokens": sum(len(b) * max(b) for b in batches), "real_tokens": sum(map(sum, batches)), "scored_tokens": scored,
         "gflop_per_forward_executed": flops_exec / 1e9, "gflop_per_forward_useful": flops_useful / 1e9,
         "gemm_gflops_model_shapes": {k: v / 1e9 for k, v in rates.items()},
@@ -124,6 +130,28 @@ def main() -> None:
         "locate_scorer": type(ev.scorers[args.task]).__name__,
         "locate_scorer_s_per_mask": used_s, "locate_scorer_vs_floor": used_s / floor_s,
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="capsense_induction")
+    ap.add_argument("--limit", type=int, default=24)
+    ap.add_argument("--masks", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--dtypes", default="float32", help="comma-separated: float32, bfloat16")
+    ap.add_argument("--out", default="recipes/results/locate_roofline.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    runs = {dt: measure(args, dt) for dt in args.dtypes.split(",")}
+    out = {"cpu": cpu_info(), **(runs[next(iter(runs))] if len(runs) == 1 else {"by_dtype": runs})}
+    if "float32" in runs and "bfloat16" in runs:
+        f, b = runs["float32"], runs["bfloat16"]
+        out["bfloat16_vs_float32"] = {
+            "locate_scorer_s_per_mask": b["locate_scorer_s_per_mask"] / f["locate_scorer_s_per_mask"],
+            "full_forward_s_per_mask": b["full_forward_s_per_mask"] / f["full_forward_s_per_mask"],
+            "gemm_peak_2048": b["gemm_gflops_peak_2048"] / f["gemm_gflops_peak_2048"],
+        }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))

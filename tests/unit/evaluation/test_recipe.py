@@ -80,5 +80,7 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
     r = CliRunner().invoke(main, ["run", str(recipe), "--no-progress"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert f"{TOY_TASK}: top-2 = " in r.output and "| task | metric | base | ablated |" in r.output
-    assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + 4
+    n_refine = json.loads((tmp_path / "out" / "locate" / "heads.json").read_text())["refine"]["n_evaluations"]
+    assert 1 <= n_refine <= 4  # the predicted set first; more only when it breaks the tolerance
+    assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + n_refine
     assert json.loads((tmp_path / "out" / "validate" / "validation.json").read_text())["rows"]

@@ -123,3 +123,24 @@ def test_heatmap_leaves_heads_never_measured_alone_unpainted(tmp_path):
     rgb = (matplotlib.image.imread(tmp_path / "h.png")[..., :3] * 255).round()
     grey = (np.abs(rgb - 211).max(axis=-1) < 1).mean()
     assert grey > 0.05, grey  # two lightgrey cells (without them: a few anti-aliased pixels, about 0.01%)
+
+
+def test_budget_never_exceeds_the_exhaustive_sweep(toy, tmp_path):
+    # 12 heads: the sweep (clean forward + every head alone with prefix reuse) costs far less than 500
+    out = tmp_path / "big"
+    r = _locate(toy, out, "--fe-budget", "500", "--top-m", "12")
+    assert r.exit_code == 0, r.output
+    share = json.loads((out / "manifest.json").read_text())["cost_model"]["reuse_share"]
+    sweep = 1.0 + sum(mask_cost([h], N_LAYERS, N_HEADS, share) for h in range(N_LAYERS * N_HEADS))
+    assert "the cost of measuring every head alone" in r.output
+    assert _fe(out) <= sweep + 1e-9
+
+
+def test_coverage_reports_what_was_not_measured_alone(toy, tmp_path):
+    out = tmp_path / "cov"
+    assert _locate(toy, out, "--top-m", "3", "--group-size", "4", "--top-k", "2").exit_code == 0
+    cov = load_heads_file(out / "heads.json").meta["coverage"]
+    evals = read_evaluations(out)
+    singles = {e.heads[0] for e in evals if len(e.heads) == 1}
+    assert cov["measured_alone"] == len(singles) and cov["not_measured_alone"] == N_LAYERS * N_HEADS - len(singles)
+    assert "## What the search did not measure" in (out / "report.md").read_text()

@@ -77,3 +77,14 @@ def test_a_second_score_shares_the_singles():
     search = prior_guided(est, _measure(sim), _cost, settings, also=also)
     by_size = [int(h) for h in np.argsort(-np.abs(est))[:3]]
     assert set(special) | set(by_size) <= set(search.singles)
+
+
+def test_cli_defaults_are_the_library_defaults():
+    """The CLI keeps its defaults as numbers (no library import before the arguments are checked)."""
+    from capsense.commands.locate import locate
+    from capsense.localize.config import LocateConfig
+    from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
+
+    opts = {p.name: p.default for p in locate.params}
+    assert opts["top_m"] == DEFAULT_TOP_M == LocateConfig.top_m
+    assert opts["group_size"] == DEFAULT_GROUP_SIZE == LocateConfig.group_size

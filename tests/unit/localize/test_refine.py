@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from capsense.localize.refine import SetQuality, refine
+from capsense.localize.refine import SetQuality, predicted_best, refine
 from capsense.errors import CapsenseError
 
 
@@ -94,3 +94,34 @@ def test_choose_buys_control_margin_when_the_target_is_saturated():
     assert choose([a, b, c, d]) is b
     assert choose([a, b, c, d], target_slack=0.0) is a
     assert choose([d, SetQuality((7,), 1.0, {"c": 0.1}, 0.03)]).heads == (7,)  # none feasible: least control damage
+
+
+def _singles(target, control):
+    return {h: (target.get(h, 0.0), {"ctl": control.get(h, 0.0)}) for h in set(target) | set(control)}
+
+
+def test_predicted_start_measures_one_set_when_effects_add_up():
+    # The same world as the swap test: the singles predict {0, 1, 3}; measured within tolerance, the search stops.
+    target = {0: 1.0, 1: 0.8, 2: 0.7, 3: 0.5, 4: 0.4, 5: 0.3}
+    control = {2: 0.10, 4: 0.05}
+    measure, calls = _world(target, control)
+    r = refine(list(range(10)), 3, measure, budget=20, tolerance=0.03, singles=_singles(target, control))
+    assert calls == [(0, 1, 3)] and r.heads == [0, 1, 3] and r.quality.feasible
+
+
+def test_predicted_start_falls_back_to_swaps_on_an_interaction():
+    # Heads 0 and 1 hurt the control together only: the prediction cannot see it, leave-one-out finds it.
+    target = {0: 1.0, 1: 0.9, 2: 0.5, 3: 0.45, 4: 0.1}
+    measure, calls = _world(target, {}, {frozenset((0, 1)): 0.2})
+    r = refine(list(range(8)), 3, measure, budget=20, tolerance=0.05, singles=_singles(target, {}))
+    assert not r.start.feasible and r.start.heads == (0, 1, 2)
+    assert r.quality.feasible and set(r.heads) == {0, 2, 3} and len(calls) > 1
+
+
+def test_predicted_best_follows_chooses_rule():
+    singles = {0: (2.0, {"c": 0.0}), 1: (1.9, {"c": 0.02}), 2: (1.9, {"c": 0.0}), 3: (0.1, {"c": 0.0}), 4: (3.0, {"c": 0.5})}
+    # 4 breaks the tolerance alone; among the feasible pairs, {0, 2} and {0, 1} are near the best target, {0, 2} costs less
+    assert predicted_best([4, 0, 1, 2, 3], 2, singles, tolerance=0.03) == (0, 2)
+    # log-additive: two 10% control damages predict 21%, beyond a 20% tolerance
+    s2 = {0: (1.0, {"c": 0.1}), 1: (1.0, {"c": 0.1}), 2: (0.5, {"c": 0.0})}
+    assert predicted_best([0, 1, 2], 2, s2, tolerance=0.2) in ((0, 2), (1, 2))

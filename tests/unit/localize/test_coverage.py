@@ -1,0 +1,29 @@
+"""The false-negative report (capsense.localize.coverage): bounds from the knockouts a run made."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capsense.localize.coverage import coverage
+
+
+def test_bound_is_the_smallest_mask_containing_the_head():
+    masks = [(0,), (1,), (2, 3, 4, 5), (2, 3), (6, 7)]
+    damage = [0.9, 0.5, 0.6, 0.05, 0.3]
+    cov = coverage(masks, damage, n=10, k=2, estimate=np.arange(10) / 10)
+    assert cov.measured == [0, 1] and cov.kth_single == pytest.approx(0.5)
+    assert cov.bound == {2: 0.05, 3: 0.05, 4: 0.6, 5: 0.6, 6: 0.3, 7: 0.3}
+    assert cov.uncovered == [8, 9]  # in no mask: no bound
+    assert cov.possible_misses() == [4, 5]  # bound 0.6 >= the 2nd single's 0.5; 6 and 7 are ruled out
+    d = cov.as_dict(lambda h: f"h{h}")
+    assert d["n_possible_misses"] == 2 and d["largest_bound"] == {"head": "h4", "bound": 0.6}
+    assert d["uncovered"] == ["h8", "h9"] and d["largest_estimates_not_measured"][0] == {"head": "h9", "estimate": 0.9}
+    text = cov.summary(lambda h: f"h{h}")
+    assert "8 of 10 heads not measured alone" in text and "2 head(s) not ruled out" in text and "2 head(s) in no" in text
+
+
+def test_every_head_measured():
+    cov = coverage([(h,) for h in range(4)], [0.1, 0.2, 0.3, 0.4], n=4, k=2)
+    assert cov.not_measured == 0 and cov.summary(str) == "every head was measured alone"
+    assert cov.possible_misses() == []

@@ -1,29 +1,41 @@
-"""Recovery curves on SmolLM2-135M: overlap with the exhaustive top 5 vs forward-equivalents.
+"""Recovery curves: overlap with the exhaustive top 5 vs forward-equivalents, for any model.
 
-    HF_HUB_OFFLINE=1 python recipes/bench/bench_locate_recovery.py --root runs/bench-recovery \\
-        --sweeps /work/runs [--tasks capsense_induction,...] [--budget 50] [--cs-masks 60]
+One command per model (each stage resumes; run folders under ``--root``):
 
-Inputs: per task an exhaustive single-head sweep (``<sweeps>/sweep-<task>``: ``capsense locate
-smollm2-135m --task <task> --method exhaustive --limit 24 --dtype float32``), the reference.
-Per task it runs (or resumes), on the same 24 documents, raw nll score, float32:
+    HF_HUB_OFFLINE=1 python recipes/bench/bench_locate_recovery.py --model smollm2-135m
+    HF_HUB_OFFLINE=1 python recipes/bench/bench_locate_recovery.py --model gemma3-270m
 
-* ``<root>/<task>/prior``: ``--method prior-guided --budget <budget>``; its ``attribution.json``
-  is also the ``attribution``-alone result (3 forward-equivalents + the clean forward);
-* ``<root>/<task>/cs``: ``--method cs --masks <cs-masks>`` (balanced, 5 heads per mask, lasso).
+Per task (``--tasks``, default the four below), on the same 24 documents, raw nll score, float32,
+no controls, the model's own layout (read from the run's manifest; no per-model settings):
 
+* ``<root>/sweep-<task>`` (stage ``sweep``): ``--method exhaustive``, every head knocked out
+  alone (the reference); once finished it is recorded with ``record_sweeps.py`` into
+  ``recipes/results/locate_<tag>_sweeps.json`` (``<tag>``: the model name before its first ``-``);
+* ``<root>/<task>/prior`` (stage ``prior``): ``--method prior-guided --budget <budget>``; its
+  ``attribution.json`` is also the ``attribution``-alone result (3 forward-equivalents + the clean forward);
+* ``<root>/<task>/cs`` (stage ``cs``): ``--method cs --masks <cs-masks>`` (balanced, default
+  sparsity 2% of the heads per mask: 5 on SmolLM2's 270, 1 on Gemma 3's 72; lasso).
+
+The reference effects come from the sweep folder, or, when it is gone, from the recorded sweeps
+file (``--sweeps-json``), so the prior-guided and cs stages can be rerun after an algorithm change
+without the sweep (``--stages prior,cs``).
 Overlap: heads of a method's top 5 whose exhaustive effect is within 5% of the fifth-largest
 exhaustive effect (so a near-tie with the fifth head counts as a hit), at most 5.
 Curves: prior-guided's top 5 of the heads measured alone after each evaluation; cs refit on
 its first m masks. Forward-equivalents (:mod:`capsense.scoring.cost`): a forward over the
 run's documents = 1, a backward = 2, a prefix-reused forward = its fraction of layers.
-Writes ``recipes/results/locate_recovery.json`` and ``.md`` (or ``--results``).
+Writes ``--results`` + ``.json`` / ``.md`` (default ``recipes/results/locate_recovery`` for
+SmolLM2, whose table predates the model parameter, ``locate_recovery_<tag>`` for any other model);
+``--table-only`` rewrites the ``.md`` from the ``.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,15 +45,37 @@ from capsense.localize.run import locate
 from capsense.localize.store import read_evaluations
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
 
+HERE = Path(__file__).resolve().parent
 TASKS = ("capsense_induction", "capsense_arithmetic", "capsense_antonyms", "capsense_sequence")
-N_LAYERS, N_HEADS = 30, 9
-N = N_LAYERS * N_HEADS
+STAGES = ("sweep", "prior", "cs")
 HIT_MARGIN = 0.05
 CS_CHECKPOINTS = (10, 20, 30, 40, 50, 60, 80, 100, 150)
+PRIOR_AT = (10, 20, 30, 50)  # the table's prior-guided columns: overlap within this many FE
 
 
-def name(i: int) -> str:
-    return f"L{i // N_HEADS}H{i % N_HEADS}"
+class Layout(NamedTuple):
+    """A model's heads as the run manifest records them (flat index = layer * n_heads + head).
+    (A NamedTuple, not a dataclass: the other bench scripts load this file by path.)"""
+
+    n_layers: int
+    n_heads: int
+
+    @property
+    def n(self) -> int:
+        return self.n_layers * self.n_heads
+
+    def name(self, i: int) -> str:
+        return f"L{i // self.n_heads}H{i % self.n_heads}"
+
+    @classmethod
+    def of(cls, run: Path) -> Layout:
+        lay = json.loads((run / "manifest.json").read_text())["layout"]
+        return cls(int(lay["n_layers"]), int(lay["n_heads"]))
+
+
+def tag(model: str) -> str:
+    """Short model name for result files: ``smollm2-135m`` -> ``smollm2``, ``gemma3-270m`` -> ``gemma3``."""
+    return Path(model).name.split("-")[0].lower()
 
 
 def nll_damage(evals, task: str) -> np.ndarray:
@@ -50,14 +84,26 @@ def nll_damage(evals, task: str) -> np.ndarray:
     return (v - v[0]) / v[0]
 
 
+def sweep_finished(folder: Path) -> bool:
+    return (folder / "heads.json").is_file()
+
+
 def sweep_effects(folder: Path, task: str) -> np.ndarray:
+    lay = Layout.of(folder)
     evals = read_evaluations(folder)
     d = nll_damage(evals, task)
-    eff = np.full(N, np.nan)
+    eff = np.full(lay.n, np.nan)
     for e, x in zip(evals[1:], d[1:]):
         if len(e.heads) == 1:
             eff[e.heads[0]] = x
     assert not np.isnan(eff).any(), f"{folder}: the sweep is incomplete"
+    return eff
+
+
+def recorded_effects(record: dict, lay: Layout) -> np.ndarray:
+    """Effects from a ``record_sweeps.py`` entry, in flat head order of ``lay``."""
+    eff = np.array([record["effects"].get(lay.name(i), np.nan) for i in range(lay.n)], dtype=float)
+    assert not np.isnan(eff).any(), "the recorded sweep does not cover every head of this layout"
     return eff
 
 
@@ -70,18 +116,24 @@ def reuse_share(run: Path) -> float:
     return float(json.loads((run / "manifest.json").read_text()).get("cost_model", {}).get("reuse_share", 1.0))
 
 
+def sweep_cost(lay: Layout, share: float) -> float:
+    """Forward-equivalents of an exhaustive single-head sweep (clean forward + every head alone)."""
+    return 1 + sum(mask_cost([h], lay.n_layers, lay.n_heads, share) for h in range(lay.n))
+
+
 def prior_curve(run: Path, task: str, eff: np.ndarray) -> list[dict]:
+    lay = Layout.of(run)
     evals = read_evaluations(run, design_only=True)
     share = reuse_share(run)
     d = nll_damage(evals, task)
     fe, singles, out = ATTRIBUTION, {}, []
     for e, x in zip(evals, d):
-        fe += mask_cost(e.heads, N_LAYERS, N_HEADS, share)
+        fe += mask_cost(e.heads, lay.n_layers, lay.n_heads, share)
         if len(e.heads) == 1:
             singles[e.heads[0]] = x
         top = sorted(singles, key=lambda h: -singles[h])[:5]
         out.append({"fe": round(fe, 2), "evaluations": len(out) + 1, "overlap": overlap(top, eff) if len(top) == 5 else 0,
-                    "top5": [name(h) for h in top]})
+                    "top5": [lay.name(h) for h in top]})
     return out
 
 
@@ -89,17 +141,18 @@ def cs_curve(run: Path, task: str, eff: np.ndarray, solver: str = "lasso") -> li
     from capsense.localize.fit import design_matrix
     from capsense.localize.solvers import make_solver
 
+    lay = Layout.of(run)
     evals = read_evaluations(run, design_only=True)
     share = reuse_share(run)
-    costs = np.cumsum([mask_cost(e.heads, N_LAYERS, N_HEADS, share) for e in evals])
+    costs = np.cumsum([mask_cost(e.heads, lay.n_layers, lay.n_heads, share) for e in evals])
     y = -np.array([e.scores[task]["nll"] for e in evals])
     out = []
     for m in CS_CHECKPOINTS:
         if len(evals) < m + 1:
             break
-        scores = make_solver(solver, None, 0, confidence=False).fit(design_matrix(evals[: m + 1], N), y[: m + 1]).scores_
+        scores = make_solver(solver, None, 0, confidence=False).fit(design_matrix(evals[: m + 1], lay.n), y[: m + 1]).scores_
         top = [int(h) for h in scores.top(5)]
-        out.append({"fe": round(float(costs[m]), 2), "masks": m, "overlap": overlap(top, eff), "top5": [name(h) for h in top]})
+        out.append({"fe": round(float(costs[m]), 2), "masks": m, "overlap": overlap(top, eff), "top5": [lay.name(h) for h in top]})
     return out
 
 
@@ -109,8 +162,15 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def analyse(task: str, root: Path, sweep: Path) -> dict:
-    eff = sweep_effects(sweep, task)
+def first_fe(curve: list[dict], k: int) -> float | None:
+    """Forward-equivalents at which a curve first reaches ``k``/5 (None: never)."""
+    return next((p["fe"] for p in curve if p["overlap"] >= k), None)
+
+
+def analyse(task: str, root: Path, eff: np.ndarray, sweep_share: float | None = None) -> dict:
+    """Every method's result on ``task`` against the sweep's effects ``eff``; ``sweep_share``: the
+    sweep's prefix-reuse share (None: the prior run's, the same documents and scorer)."""
+    lay = Layout.of(root / "prior")
     est = np.asarray(json.loads((root / "prior" / "attribution.json").read_text())["estimate"][task])
     ex_top = [int(h) for h in np.argsort(-eff, kind="stable")[:5]]
     est_rank = {int(h): r + 1 for r, h in enumerate(np.argsort(-est, kind="stable"))}
@@ -118,40 +178,48 @@ def analyse(task: str, root: Path, sweep: Path) -> dict:
     att_top = [int(h) for h in np.argsort(-est, kind="stable")[:5]]
     prior = prior_curve(root / "prior", task, eff)
     cs = cs_curve(root / "cs", task, eff) if (root / "cs").is_dir() else []
-    sweep_fe = 1 + sum(mask_cost([h], N_LAYERS, N_HEADS, reuse_share(sweep)) for h in range(N))
+    share = reuse_share(root / "prior") if sweep_share is None else sweep_share
     return {
         "task": task,
-        "exhaustive_top5": [{"head": name(h), "effect": round(float(eff[h]), 4)} for h in ex_top],
+        "n_heads": lay.n,
+        "exhaustive_top5": [{"head": lay.name(h), "effect": round(float(eff[h]), 4)} for h in ex_top],
         "hit_threshold": round(float(np.sort(eff)[::-1][4] * (1 - HIT_MARGIN)), 4),
-        "exhaustive_fe": round(sweep_fe, 1),
+        "exhaustive_fe": round(sweep_cost(lay, share), 1),
         "attribution": {
             "fe": ATTRIBUTION + 1,
             "overlap": overlap(att_top, eff),
-            "top5": [name(h) for h in att_top],
+            "top5": [lay.name(h) for h in att_top],
             "spearman": round(spearman(est, eff), 3),
             "false_negatives": [
-                {"head": name(h), "effect": round(float(eff[h]), 4), "estimate": round(float(est[h]), 4),
+                {"head": lay.name(h), "effect": round(float(eff[h]), 4), "estimate": round(float(est[h]), 4),
                  "estimate_rank": est_rank[h], "abs_estimate_rank": abs_rank[h]}
                 for h in ex_top if h not in att_top
             ],
         },
-        "prior_guided": {"final": prior[-1], "first_4of5_fe": next((p["fe"] for p in prior if p["overlap"] >= 4), None),
+        "prior_guided": {"final": prior[-1], "first_4of5_fe": first_fe(prior, 4), "first_5of5_fe": first_fe(prior, 5),
                          "curve": prior},
-        "cs": {"curve": cs, "first_4of5_fe": next((p["fe"] for p in cs if p["overlap"] >= 4), None)},
+        "cs": {"curve": cs, "first_4of5_fe": first_fe(cs, 4), "first_5of5_fe": first_fe(cs, 5)},
     }
+
+
+def at_most(curve: list[dict], fe: float) -> str:
+    """Best overlap a curve reached within ``fe`` forward-equivalents ("-": no point that cheap)."""
+    best = max((c["overlap"] for c in curve if c["fe"] <= fe), default=None)
+    return "-" if best is None else f"{best}/5"
 
 
 def markdown(results: list[dict]) -> str:
     rows = []
     for r in results:
-        a, p = r["attribution"], r["prior_guided"]
-        cs50 = max((c["overlap"] for c in r["cs"]["curve"] if c["fe"] <= 50), default=None)
+        a, p, cs = r["attribution"], r["prior_guided"], r["cs"]["curve"]
         rows.append([r["task"], f"{a['overlap']}/5 @ {a['fe']:.0f}", f"{a['spearman']:.2f}",
                      ", ".join(f"{f['head']} (#{f['estimate_rank']}, est {f['estimate']:+.3f})" for f in a["false_negatives"]) or "none",
-                     f"{p['final']['overlap']}/5 @ {p['final']['fe']:.1f}", str(p["first_4of5_fe"]),
-                     "-" if cs50 is None else f"{cs50}/5", str(r["cs"]["first_4of5_fe"]), f"{r['exhaustive_fe']:.0f}"])
-    head = ["task", "attribution alone", "Spearman", "attribution's misses (rank, estimate)", "prior-guided",
-            "FE to 4/5 (prior)", "cs best <= 50 FE", "FE to 4/5 (cs)", "exhaustive FE"]
+                     *(at_most(p["curve"], fe) for fe in PRIOR_AT), f"{p['final']['overlap']}/5 @ {p['final']['fe']:.1f}",
+                     str(first_fe(p["curve"], 4)), str(first_fe(p["curve"], 5)),
+                     at_most(cs, 50), str(first_fe(cs, 4)), f"{r['exhaustive_fe']:.0f}"])
+    head = ["task", "attribution alone", "Spearman", "attribution's misses (rank, estimate)",
+            *(f"prior <= {fe} FE" for fe in PRIOR_AT), "prior-guided final", "FE to 4/5 (prior)", "FE to 5/5 (prior)",
+            "cs best <= 50 FE", "FE to 4/5 (cs)", "exhaustive FE"]
     curves = []
     for r in results:
         pts = [f"{p['fe']:.0f}:{p['overlap']}" for p in r["prior_guided"]["curve"][:: max(1, len(r['prior_guided']['curve']) // 12)]]
@@ -160,36 +228,84 @@ def markdown(results: list[dict]) -> str:
     return markdown_table([dict(zip(head, r)) for r in rows], head) + "\n\nRecovery curves (forward-equivalents : overlap/5)\n\n" + "\n".join(curves) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default="runs/bench-recovery")
-    ap.add_argument("--sweeps", default="/work/runs", help="Folder holding sweep-<task> exhaustive runs.")
+def run_stages(args, task: str, stages: set[str], sweep: Path) -> None:
+    """Run (or resume) the requested stages of ``task``; a finished sweep is recorded."""
+    root = Path(args.root) / task
+    common = dict(model=args.model, task=task, limit=24, seed=0, dtype="float32", progress=True)
+    if "sweep" in stages:
+        locate(LocateConfig(out=str(sweep), method="exhaustive", **common))
+        spec = importlib.util.spec_from_file_location("record_sweeps", HERE / "record_sweeps.py")
+        record_sweeps = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(record_sweeps)
+        record_sweeps.main([str(sweep), "--out", str(args.sweeps_json)])
+    if "prior" in stages:
+        locate(LocateConfig(out=str(root / "prior"), method="prior-guided", budget=args.budget, top_m=args.top_m,
+                            group_size=args.group_size, **common))
+    if "cs" in stages and args.cs_masks:
+        locate(LocateConfig(out=str(root / "cs"), method="cs", masks=args.cs_masks, **common))
+
+
+def reference(args, task: str, sweep: Path) -> tuple[np.ndarray, float | None] | None:
+    """The sweep's effects and its reuse share: from the folder, else from the recorded file."""
+    if sweep_finished(sweep):
+        return sweep_effects(sweep, task), reuse_share(sweep)
+    recorded = json.loads(args.sweeps_json.read_text()) if args.sweeps_json.is_file() else {}
+    if task in recorded and (Path(args.root) / task / "prior" / "manifest.json").is_file():
+        return recorded_effects(recorded[task], Layout.of(Path(args.root) / task / "prior")), recorded[task].get("reuse_share")
+    print(f"{task}: no finished sweep in {sweep} nor in {args.sweeps_json}; run the sweep stage", flush=True)
+    return None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--root", default=None, help="Run folders (default runs/bench-recovery-<tag>).")
+    ap.add_argument("--sweeps", default=None, help="Folder holding sweep-<task> exhaustive runs (default: --root).")
+    ap.add_argument("--sweeps-json", type=Path, default=None,
+                    help="Recorded sweeps (default recipes/results/locate_<tag>_sweeps.json).")
     ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"Comma-separated subset of {', '.join(STAGES)}, or none.")
     ap.add_argument("--budget", type=float, default=50.0)
     ap.add_argument("--top-m", type=int, default=24)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--cs-masks", type=int, default=60)
-    ap.add_argument("--results", default="recipes/results/locate_recovery")
-    ap.add_argument("--skip-run", action="store_true")
-    args = ap.parse_args()
-    results = []
-    for task in args.tasks.split(","):
-        root = Path(args.root) / task
-        common = dict(model="smollm2-135m", task=task, limit=24, seed=0, dtype="float32", progress=True)
-        if not args.skip_run:
-            locate(LocateConfig(out=str(root / "prior"), method="prior-guided", budget=args.budget, top_m=args.top_m,
-                                group_size=args.group_size, **common))
-            if args.cs_masks:
-                locate(LocateConfig(out=str(root / "cs"), method="cs", masks=args.cs_masks, **common))
-        sweep = Path(args.sweeps) / f"sweep-{task}"
-        if not (sweep / "heads.json").is_file():
-            print(f"{task}: no finished sweep in {sweep}; rerun with --skip-run when it is there", flush=True)
-            continue
-        results.append(analyse(task, root, sweep))
-        print(json.dumps({k: v for k, v in results[-1].items() if k not in ("prior_guided", "cs")}, indent=1), flush=True)
+    ap.add_argument("--results", default=None)
+    ap.add_argument("--skip-run", action="store_true", help="Same as --stages none: analyse what is there.")
+    ap.add_argument("--table-only", action="store_true", help="Rewrite the .md from the results .json; run nothing.")
+    args = ap.parse_args(argv)
+    t = tag(args.model)
+    args.root = args.root or f"runs/bench-recovery-{t}"
+    args.sweeps = args.sweeps or args.root
+    args.sweeps_json = args.sweeps_json or HERE.parent / "results" / f"locate_{t}_sweeps.json"
+    args.results = args.results or str(HERE.parent / "results" / ("locate_recovery" if t == "smollm2" else f"locate_recovery_{t}"))
+    stages = set() if args.skip_run or args.stages == "none" else set(filter(None, args.stages.split(",")))
+    if stages - set(STAGES):
+        ap.error(f"unknown stage(s) {', '.join(sorted(stages - set(STAGES)))}: valid are {', '.join(STAGES)} or none")
+    unknown = set(args.tasks.split(",")) - set(TASKS)
+    if unknown:
+        ap.error(f"unknown task(s) {', '.join(sorted(unknown))}: the recovery tasks are {', '.join(TASKS)}")
+    args.stage_set = stages
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     out = Path(args.results)
+    stored = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else []
+    by_task = {r["task"]: r for r in stored}
+    if not args.table_only:
+        for task in args.tasks.split(","):
+            sweep = Path(args.sweeps) / f"sweep-{task}"
+            run_stages(args, task, args.stage_set, sweep)
+            ref = reference(args, task, sweep)
+            if ref is None or not (Path(args.root) / task / "prior" / "attribution.json").is_file():
+                continue
+            by_task[task] = analyse(task, Path(args.root) / task, *ref)
+            print(json.dumps({k: v for k, v in by_task[task].items() if k not in ("prior_guided", "cs")}, indent=1), flush=True)
+    results = [by_task[t] for t in TASKS if t in by_task]  # every task recorded so far, in the table's order
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    if not args.table_only:
+        out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(results))
     print(markdown(results))
 

@@ -1,7 +1,7 @@
 """Wall time and forward-equivalents to 4/5 recovery: prior-guided vs cs vs exhaustive, one run.
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 python recipes/bench/bench_locate_wall.py \\
-        [--task capsense_induction] [--cs-masks 150] [--root /tmp/capsense-wall]
+        [--model smollm2-135m] [--task capsense_induction] [--cs-masks 150] [--root /tmp/capsense-wall]
 
 One process, one model load, the same 24 documents (raw nll, float32), three fresh runs of
 ``capsense locate`` in turn, each timed from the call to its return:
@@ -16,7 +16,8 @@ first reached 4/5 (per-evaluation seconds come from evaluations.jsonl), so start
 attribution and the final fit and report all count. cs is refitted at the recovery
 benchmark's checkpoints (10, 20, ..., 150 masks), with Lasso and with lasso-cv (the earlier cs
 result: 4/5 at 150 masks with lasso-cv, 3/5 with Lasso); the first to 4/5 counts. Overlap and forward-equivalents as in
-``bench_locate_recovery.py`` (same functions). Writes ``recipes/results/locate_wall_<task>.json``.
+``bench_locate_recovery.py`` (same functions; the model's layout from the run manifest). Writes
+``recipes/results/locate_wall_<task>.json`` for SmolLM2, ``locate_wall_<tag>_<task>.json`` for another model.
 """
 
 from __future__ import annotations
@@ -54,16 +55,18 @@ def time_to(run: Path, wall: float, n_evals: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--task", default="capsense_induction")
     ap.add_argument("--cs-masks", type=int, default=150)
     ap.add_argument("--budget", type=float, default=50.0)
     ap.add_argument("--root", type=Path, default=Path("/tmp/capsense-wall"))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    out = args.out or HERE.parent / "results" / f"locate_wall_{args.task}.json"
-    root = args.root / args.task
+    t = rec.tag(args.model)
+    out = args.out or HERE.parent / "results" / (f"locate_wall_{args.task}.json" if t == "smollm2" else f"locate_wall_{t}_{args.task}.json")
+    root = args.root / t / args.task
     shutil.rmtree(root, ignore_errors=True)  # a timing run starts fresh
-    common = dict(model="smollm2-135m", task=args.task, limit=24, seed=0, dtype="float32", progress=True)
+    common = dict(model=args.model, task=args.task, limit=24, seed=0, dtype="float32", progress=True)
     walls = {
         "exhaustive": timed(LocateConfig(out=str(root / "exhaustive"), method="exhaustive", **common)),
         "prior": timed(LocateConfig(out=str(root / "prior"), method="prior-guided", budget=args.budget, top_m=24,
@@ -78,10 +81,10 @@ def main() -> None:
     best = min(curves, key=lambda s: firsts[s]["fe"] if firsts[s] else float("inf"))  # the solver that got there first
     cs, c4 = curves[best], firsts[best]
     p4 = next((p for p in prior if p["overlap"] >= 4), None)
-    sweep_fe = 1 + sum(rec.mask_cost([h], rec.N_LAYERS, rec.N_HEADS, rec.reuse_share(root / "exhaustive")) for h in range(rec.N))
+    sweep_fe = rec.sweep_cost(rec.Layout.of(root / "exhaustive"), rec.reuse_share(root / "exhaustive"))
     n_prior_design = len(read_evaluations(root / "prior", design_only=True))
     result = {
-        "task": args.task, "documents": 24, "cs_masks": args.cs_masks,
+        "model": args.model, "task": args.task, "documents": 24, "cs_masks": args.cs_masks,
         "exhaustive": {"fe": round(sweep_fe, 1), "wall_s": round(walls["exhaustive"], 1),
                        "evaluations": len(read_evaluations(root / "exhaustive"))},
         "prior_guided": {

@@ -32,7 +32,6 @@ from capsense.localize.config import LocateConfig, LocateError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first, put_last
-from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, head_set_masks, refine

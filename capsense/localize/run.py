@@ -47,6 +47,12 @@ from capsense.scoring.probe import build_probe
 BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")
 
 
+#: How to resume a folder written before an identity key was recorded: the setting that does what
+#: the earlier release did (it had no collateral screen, and controls used `limit` documents).
+EARLIER_IDENTITY = {"screen": "`screen` 0 (no collateral screen, as that release ran)",
+                    "control_limit": "no `control_limit` (that release scored controls on `limit` documents)"}
+
+
 def identity_keys(cfg: LocateConfig) -> list[str]:
     """The settings that must match for a run folder to be resumed by ``cfg``."""
     keys = [*BASE_IDENTITY, *get_method(cfg).identity_keys]
@@ -372,7 +378,7 @@ def open_store(ctx: DistContext, lock: RunFolderLock, manifest: dict, keys: list
 
     def main() -> None:
         lock.acquire()
-        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads)
+        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads, EARLIER_IDENTITY)
 
     ctx.on_main(main)
     return opened["store"] if ctx.is_main else RunStore.attach(lock.folder, n_heads, ctx.rank)

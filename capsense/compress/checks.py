@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from capsense.errors import CapsenseError
-
-
-class BudgetError(CapsenseError):
-    """A compression request that cannot be used as given: a setting, a budget file, target kinds
-    or heads to protect. One class (the names ``TargetError`` and ``ProtectionError`` are kept as
-    aliases): no caller ever told them apart, they only converted one into another."""
+from capsense.errors import BudgetError, CapsenseError  # noqa: F401 - BudgetError re-exported: its old home
 
 
 def unit_fraction(value: float, name: str, meaning: str) -> float:

@@ -16,13 +16,9 @@ import socket
 import time
 from pathlib import Path
 
-from capsense.errors import CapsenseError
+from capsense.errors import RunFolderBusyError
 
 LOCK_FILE = ".capsense.lock"
-
-
-class RunFolderBusyError(CapsenseError):
-    """Another process is writing this run folder."""
 
 
 class RunFolderLock:

@@ -27,9 +27,6 @@ import numpy as np
 from capsense.errors import CapsenseError
 
 
-class RefineError(CapsenseError):
-    """Refinement asked for with an impossible set size or budget."""
-
 DEFAULT_BUDGET = 24
 DEFAULT_TOLERANCE = 0.03  # relative control worsening allowed on the run's documents
 DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked
@@ -158,7 +155,7 @@ def refine(
     with more than ``budget`` sets in total.
     """
     if k < 1 or k > len(ranking):
-        raise RefineError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
+        raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
     ranking = [int(h) for h in ranking]
     pool = pool if pool is not None else 4 * k
     measured = _Measured(measure, budget, tolerance)
@@ -166,7 +163,7 @@ def refine(
     measured.run([current])
     start = measured.get(current)
     if start is None:
-        raise RefineError("refine needs a `budget` of at least 1 evaluation")
+        raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     queue = [h for h in ranking[k : k + pool] if h not in current]
     tried: dict[int, set[int]] = {}
     while len(measured.order) < budget and queue:

@@ -28,7 +28,8 @@ from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
 from capsense.core.progress import Phase, RunProgress
-from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.config import LocateConfig
+from capsense.errors import CapsenseError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first, put_last
@@ -88,7 +89,7 @@ def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> i
     if not method.random_masks:
         return 1
     if cfg.heads_per_mask is not None and cfg.heads_per_mask > n:
-        raise LocateError(
+        raise CapsenseError(
             f"`heads_per_mask` {cfg.heads_per_mask} is more than the model's {n} heads "
             f"({layout.n_layers} layers x {layout.n_heads} heads)"
         )
@@ -366,7 +367,7 @@ def check_free(out: Path) -> None:
 def check_processes(world: int, masks: int) -> None:
     """Refuse more processes than the run has masks to share (one process needs none: attribution alone)."""
     if world > 1 and world > masks:
-        raise LocateError(
+        raise CapsenseError(
             f"{world} processes for {masks} masks: at most one process per mask can have work; "
             f"launch at most {masks} processes (accelerate launch --num_processes)"
         )

@@ -31,17 +31,13 @@ from typing import Any
 
 from capsense.core.files import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl_tail
 from capsense.core.heads import Head, HeadSet
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, RunStoreError
 from capsense.localize.lock import LOCK_FILE
 
 MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"
 SHARD_GLOB = "evaluations.rank*.jsonl"
 REFINE_ROUND = -1  # ``round`` of the evaluations that measure candidate top-K sets (capsense.localize.refine)
-
-
-class RunStoreError(CapsenseError):
-    """The output folder cannot hold this run."""
 
 
 def shard_name(rank: int) -> str:
@@ -77,7 +73,7 @@ def _read_log(path: Path, n_heads: int, repair: bool) -> list[Evaluation]:
         repair_jsonl_tail(path)
     try:
         return [Evaluation.from_dict(d, n_heads) for d in read_jsonl(path)]
-    except (CapsenseError, KeyError, TypeError, ValueError) as e:  # CorruptFileError, HeadSpecError among them
+    except (CapsenseError, KeyError, TypeError, ValueError) as e:  # a torn line inside, a bad head name among them
         raise RunStoreError(f"{path} holds a line that is not an evaluation ({e}); the file is damaged") from None
 
 

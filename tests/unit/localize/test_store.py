@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from capsense.localize.store import EVALUATIONS, Evaluation, RunStore, RunStoreError
+from capsense.localize.store import EVALUATIONS, Evaluation, RunStore
+from capsense.errors import RunStoreError
 
 KEYS = ["model", "task", "seed"]
 

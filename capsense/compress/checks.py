@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capsense.errors import BudgetError, CapsenseError  # noqa: F401 - BudgetError re-exported: its old home
+from capsense.errors import CapsenseError
 
 
 def unit_fraction(value: float, name: str, meaning: str) -> float:

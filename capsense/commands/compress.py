@@ -74,45 +74,24 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, r
     spread over devices (weights must stay in device memory: a map that offloads them to
     CPU memory or disk is refused); the checkpoint is the one compressed without a map.
     """
-    from capsense.core.files import check_output_dir
-    from capsense.core.models import check_model
-    from capsense.core.placement import parse_device_map
-    from capsense.errors import CapsenseError
+    from capsense.compress.request import check_request
 
     budget_file = with_old_name("budget_file", budget_file, "--budget-file")
-    check_output_dir(out, overwrite)  # before any heavy import
-    placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
-    check_model(model)
-    if not budget_file and method is None:
-        raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
-    if calibration:
-        from capsense.compress.capabilities import check_calibration_spec
+    placed = check_request(model, out, overwrite, device_map_from(device_map, parallelize), method, budget_file,
+                           calibration)  # before any heavy import
+    from capsense.compress.request import compress_request
 
-        check_calibration_spec(calibration)  # a misspelt task is an error, not literal text
-    from capsense.compress.pipeline import compress_checkpoint
-    from capsense.compress.budget import load_budget, uniform_budget
-    from capsense.compress.calibration import DEFAULT_CALIBRATION
-
-    cli_setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
-                   "damp": damp, "act_order": act_order, "ratio": ratio, "alpha": alpha}
-    if budget_file:
-        budget = load_budget(budget_file, cli_setting, targets)
-    else:
-        budget = uniform_budget({k: v for k, v in cli_setting.items() if v is not None}, targets)
-    guide = None
-    if keep:
-        from capsense.compress.guided import Guide
-
-        guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
-                      size_ratio=budget_size, samples=calibration_samples)
-    result = compress_checkpoint(
-        model, budget, out, calibration=DEFAULT_CALIBRATION if calibration is None else calibration,
-        calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=placed, fmt=fmt,
+    setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
+               "damp": damp, "act_order": act_order, "ratio": ratio, "alpha": alpha}
+    result = compress_request(
+        model, out, setting, targets=targets, budget_file=budget_file, keep=keep, sensitivity=sensitivity,
+        protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, calibration=calibration,
+        calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
+        device_map=placed, fmt=fmt, log=log,
     )
     s = result.summary
     click.echo(
-        f"{s['label']} on {', '.join(budget.targets)}; target density {s['target_density']:.4f}, "
+        f"{s['label']} on {', '.join(result.budget['targets'])}; target density {s['target_density']:.4f}, "
         f"bits/param {s['target_bits_per_param']:.3f}, param ratio {s['target_param_ratio']:.4f}; "
         f"model size ratio {s['size_ratio']:.4f}"
     )

@@ -21,37 +21,26 @@ from capsense.commands.output import echo_written
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the fits as JSON.")
 def fit(grid_file, report_dir, predict_densities, method, allow_extrapolation, json_out):
     """Fit predictors to GRID_FILE (from capsense grid) and report held-out errors."""
-    from capsense.compress.study.analysis import fit_grid, predict_pruning
-    from capsense.compress.study.grid import read_records
-    from capsense.compress.study.predictors import FitError
+    from capsense.compress.study.analysis import fit_grid_file
     from capsense.compress.study.report import fits_markdown, write_report
-
     from capsense.core.files import atomic_write_text
+    from capsense.errors import CapsenseError
 
     try:
         densities = [float(x) for x in predict_densities.split(",")] if predict_densities else []
     except ValueError:
-        raise FitError(f"`predict_densities` must be comma-separated numbers, got {predict_densities!r}") from None
-    records = read_records(grid_file)
-    if not records:
-        raise FitError(f"{grid_file} holds no measurements")
-    fits = fit_grid(records)
+        raise CapsenseError(f"`predict_densities` must be comma-separated numbers, got {predict_densities!r}") from None
+    fitted = fit_grid_file(grid_file, densities, method, allow_extrapolation)
+    fits = fitted.fits
     click.echo(fits_markdown(fits))
-    if densities:
-        methods = [method] if method else list(fits["pruning"])
-        if not methods:
-            raise FitError("the grid has no pruning measurements to predict from")
-        for m in methods:
-            for d in densities:
-                pred = predict_pruning(fits, m, d, allow_extrapolation=allow_extrapolation)
-                for cap, p in pred.items():
-                    flag = "  EXTRAPOLATED outside [%g, %g]" % tuple(p["range"]) if p["extrapolated"] else ""
-                    click.echo(f"predict {m} d={d:g} {cap}: dL {p['dL']:+.4f} nats/token{flag}")
+    for p in fitted.predictions:
+        flag = "  EXTRAPOLATED outside [%g, %g]" % tuple(p["range"]) if p["extrapolated"] else ""
+        click.echo(f"predict {p['method']} d={p['density']:g} {p['capability']}: dL {p['dL']:+.4f} nats/token{flag}")
     written = []
     if json_out:
         written.append(atomic_write_text(json_out, json.dumps(fits, indent=1, default=float) + "\n"))
     if report_dir:
-        path = write_report(records, fits, report_dir)
+        path = write_report(fitted.records, fits, report_dir)
         click.echo(f"report: {path}")
         written.append(path)
     echo_written(written)

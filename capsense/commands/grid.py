@@ -47,26 +47,13 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     if model:
         check_model(model)  # before any heavy import
     elif not spec_file:
-        raise CapsenseError("give MODEL (or `spec_file` FILE)")
-    from capsense.compress.budget import METHODS
-    from capsense.compress.study.grid import grid_table, load_spec, run_grid, settings_from_lists, spec_from_dict
+        raise CapsenseError("give `model` (or `spec_file` FILE)")
+    from capsense.compress.study.grid import grid_spec, grid_table, run_grid
 
-    over = {"model": model, "capabilities": capabilities, "probes": probes, "dtype": dtype, "calibration": calibration,
-            "calibration_samples": calibration_samples, "targets": targets}
     names = [x.strip() for x in (methods or "").split(",") if x.strip()]
-    settings = settings_from_lists(names, {"densities": _floats(densities) if densities else None,
-                                           "bits": _floats(bits_list) if bits_list else None,
-                                           "ratios": _floats(ratios) if ratios else None}, group_size)
-    if spec_file:
-        spec = load_spec(spec_file, over)
-        if settings:
-            spec.settings = spec_from_dict({"model": spec.model, "settings": settings, "targets": targets}).settings
-    else:
-        if not settings:
-            raise CapsenseError(
-                f"give `methods` (from {', '.join(METHODS)}) with `densities`/`bits_list`/`ratios`, or `spec_file` FILE"
-            )
-        spec = spec_from_dict({**{k: v for k, v in over.items() if v is not None}, "settings": settings})
+    values = {"densities": _floats(densities) or None, "bits": _floats(bits_list) or None, "ratios": _floats(ratios) or None}
+    spec = grid_spec(spec_file, names, values, group_size, model=model, capabilities=capabilities, probes=probes,
+                     dtype=dtype, calibration=calibration, calibration_samples=calibration_samples, targets=targets)
     records = run_grid(spec, out, progress=not no_progress, log=log)
     click.echo(grid_table(records))
     click.echo(f"{len(records)} measurements in {out}")

@@ -22,36 +22,14 @@ from capsense.commands.output import echo_written
 @out_option("Write the JSON here (atomically).", required=False, file=True)
 def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, out):
     """Measure MODEL's loss (nats/token of reference completions, prompt masked) per capability."""
-    from capsense.core.models import check_model
-    from capsense.errors import CapsenseError
-    from capsense.evaluation.evaluate import check_output_file
+    from capsense.compress.capabilities import check_measure
 
-    if probes < 1:
-        raise CapsenseError(f"`probes` must be at least 1, got {probes}")
-    check_output_file(out)  # before any heavy import
-    for name in (model, reference):
-        if name:
-            check_model(name)
-    from capsense.compress.capabilities import parse_capabilities
-    from capsense.compress.capability_loss import build_probes, measure as run_measure
+    check_measure(model, reference, probes, out, capabilities)  # before any heavy import
+    from capsense.compress.capability_loss import measure_models
     from capsense.core.files import atomic_write_text
-    from capsense.core.models import load_model
 
-    # NOTE (issue 9): the reference/dL arithmetic below belongs in capsense.compress.capability_loss
-    # (helper "compress" owns it); it stays here until that module grows a function for it.
-    caps = parse_capabilities(capabilities)
-    m, tok = load_model(model, dtype=dtype)
-    probe_sets = build_probes(tok, caps, probes)
-    result = {c: v.to_dict(per_doc) for c, v in run_measure(m, probe_sets, batch_size).items()}
-    doc: dict = {"model": model, "probes": probes, "dtype": dtype, "capabilities": result}
-    if reference:
-        del m
-        r, rtok = load_model(reference, dtype=dtype)
-        ref = run_measure(r, build_probes(rtok, caps, probes), batch_size)
-        doc["reference"] = reference
-        for c in caps:
-            result[c]["nll0"] = ref[c].nll
-            result[c]["dL"] = result[c]["nll"] - ref[c].nll
+    doc = measure_models(model, capabilities, probes, batch_size, dtype, reference, per_doc)
+    result = doc["capabilities"]
     text = json.dumps(doc, indent=2) + "\n"
     for c, v in result.items():
         extra = f"  dL {v['dL']:+.4f}" if "dL" in v else ""

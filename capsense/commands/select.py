@@ -21,14 +21,12 @@ from capsense.commands.options import old_name, with_old_name
 @click.option("--weights", default=None, help="Capability weights, e.g. math=2,code=1.")
 def select(grid_file, budget, size_key, capabilities, weights):
     """Pick from GRID_FILE by prediction, and report regret against the best measured setting."""
-    from capsense.compress.study.analysis import fit_grid
-    from capsense.compress.study.grid import read_records
-    from capsense.compress.study.select import SelectError, select as run_select
+    from capsense.compress.study.select import select_from_grid
+    from capsense.errors import CapsenseError
 
     budget = with_old_name("budget", budget, "--max-size")
     if budget is None:
-        raise SelectError("give `budget`: the largest allowed size, as a fraction of the dense 16-bit size")
-
+        raise CapsenseError("give `budget`: the largest allowed size, as a fraction of the dense 16-bit size")
     w = {}
     for part in (weights or "").split(","):
         if part.strip():
@@ -36,14 +34,9 @@ def select(grid_file, budget, size_key, capabilities, weights):
             try:
                 w[k.strip()] = float(v)
             except ValueError:
-                raise SelectError(f"`weights` must look like math=2,code=1, got {part!r}") from None
-    records = read_records(grid_file)
+                raise CapsenseError(f"`weights` must look like math=2,code=1, got {part!r}") from None
     caps = [c.strip() for c in capabilities.split(",")] if capabilities else None
-    known = {r["capability"] for r in records}
-    bad = [c for c in (caps or []) + list(w) if c not in known]
-    if bad:
-        raise SelectError(f"capability {', '.join(bad)} is not in the grid: it has {', '.join(sorted(known))}")
-    s = run_select(records, fit_grid(records), budget, caps, w, size_key)
+    s = select_from_grid(grid_file, budget, size_key, caps, w)
     c, b = s["chosen"], s["best_measured"]
     click.echo(f"budget {size_key} <= {budget:g}: {s['n_feasible']} settings fit, {s['n_predictable']} predictable")
     click.echo(f"chosen: {c['label']} ({c['targets']}) size {c['size']:.3f}, predicted dL {c['predicted']:+.4f}, measured {c['measured']:+.4f}")

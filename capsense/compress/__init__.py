@@ -27,9 +27,9 @@ import importlib
 _NAMES = {
     "METHODS": "budget", "Budget": "budget", "BudgetError": "budget", "load_budget": "budget",
     "normalize_setting": "budget", "uniform_budget": "budget",
-    "CAPABILITIES": "capabilities", "MeasureError": "capabilities",
+    "CAPABILITIES": "capabilities",
     "build_probes": "capability_loss", "measure": "capability_loss",
-    "CompressionError": "engine", "CompressionResult": "engine", "compress_model": "engine",
+    "CompressionResult": "engine", "compress_model": "engine",
     "compress_checkpoint": "pipeline",
     "find_targets": "targets",
 }

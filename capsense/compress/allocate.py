@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from capsense.compress.methods import BudgetError, Setting
+from capsense.compress.methods import Setting
+from capsense.errors import BudgetError
 from capsense.compress.protect import Protection
 
 

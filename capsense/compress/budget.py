@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capsense.compress.methods import (
-    METHODS, SETTING_KEYS, BudgetError, Setting, parse_setting, setting_label,
-)
+from capsense.compress.methods import METHODS, SETTING_KEYS, Setting, parse_setting, setting_label
+from capsense.errors import BudgetError
 from capsense.compress.protect import Protection, head_protection
 from capsense.compress.targets import KINDS, Target, parse_kinds
 
@@ -168,7 +167,8 @@ def uniform_budget(setting: Mapping[str, Any], targets: str | Sequence[str] | No
 
 def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, targets: str | None = None) -> Budget:
     """Read a budget file; non-None ``cli_setting`` values override its default setting."""
-    from capsense.core.heads import HeadSet, HeadSpecError
+    from capsense.core.heads import HeadSet
+    from capsense.errors import HeadSpecError
 
     p = Path(path)
     if not p.is_file():

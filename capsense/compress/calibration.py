@@ -33,10 +33,6 @@ from capsense.core.placement import input_device
 DEFAULT_CALIBRATION = "prose,math,code,qa"
 
 
-class CalibrationError(CapsenseError):
-    """Calibration data that cannot be read or is empty."""
-
-
 @dataclass
 class InputStats:
     """Running statistics of one matrix's inputs."""
@@ -91,7 +87,7 @@ def collect_stats(
 ) -> dict[str, InputStats]:
     """Run ``samples`` (token id lists) through ``model``; statistics of each target's input."""
     if not samples:
-        raise CalibrationError("no calibration samples: give a task, a file or text with `calibration`")
+        raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
     stats = {t.name: InputStats(t.shape[1]) for t in targets}
     # q/k/v (and gate/up) read the same input tensor: accumulate it once and share the stats.
     # Holding each input until the sample ends keeps its memory from being reused by a
@@ -152,17 +148,18 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
                     pass
             texts.append(line)
         return texts[:n], {"source": str(path), "kind": "file", "n": min(n, len(texts))}
-    from capsense.scoring.probe import ProbeError, load_task
+    from capsense.scoring.probe import load_task
+    from capsense.errors import CapsenseError
 
     task = CAPABILITIES.get(source, source)
     if looks_like_task(source):
         if misspelt_task_message(source):
-            raise CalibrationError(misspelt_task_message(source))
+            raise CapsenseError(misspelt_task_message(source))
         try:
             task_obj = load_task(task, tokenizer=tokenizer)
-        except ProbeError as e:
+        except CapsenseError as e:
             if source in CAPABILITIES or os.sep in source or close_capability(source):
-                raise CalibrationError(f"{e}{close_capability(source)}") from None
+                raise CapsenseError(f"{e}{close_capability(source)}") from None
         else:
             docs = task_obj.eval_docs
             ids = document_ids(len(docs), n, "calibration")[::-1]  # the last first
@@ -175,10 +172,10 @@ def calibration_samples(
 ) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """Token id lists for ``spec`` (comma-separated sources share ``n_samples``) and their provenance."""
     if n_samples < 1:
-        raise CalibrationError(f"`calibration_samples` must be at least 1, got {n_samples}")
+        raise CapsenseError(f"`calibration_samples` must be at least 1, got {n_samples}")
     sources = [s.strip() for s in spec.split(",") if s.strip()] if not Path(spec).is_file() else [spec]
     if not sources:
-        raise CalibrationError("empty `calibration`: give a task, a file or text")
+        raise CapsenseError("empty `calibration`: give a task, a file or text")
     per = [n_samples // len(sources) + (i < n_samples % len(sources)) for i in range(len(sources))]
     samples: list[list[int]] = []
     info = []
@@ -189,7 +186,7 @@ def calibration_samples(
         ids = [tokenizer.encode(t)[:max_tokens] for t in texts]
         ids = [i for i in ids if len(i) > 1]
         if not ids:
-            raise CalibrationError(f"calibration source {source!r} gave no text")
+            raise CapsenseError(f"calibration source {source!r} gave no text")
         rec["n_tokens"] = sum(len(i) for i in ids)
         samples.extend(ids)
         info.append(rec)

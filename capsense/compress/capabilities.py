@@ -29,19 +29,15 @@ DEFAULT_CAPABILITIES = ("math", "code", "qa")
 USES = ("probe", "calibration")
 
 
-class MeasureError(CapsenseError):
-    """An unknown capability or an unusable probe request."""
-
-
 def parse_capabilities(spec: str | Sequence[str]) -> list[str]:
     """``"math,code,qa"`` -> validated list; names are aliases above or ``capsense_*`` task names."""
     items = [c.strip() for c in (spec.split(",") if isinstance(spec, str) else spec) if c.strip()]
     if not items:
-        raise MeasureError(f"no capability given: choose from {', '.join(CAPABILITIES)}")
+        raise CapsenseError(f"no capability given: choose from {', '.join(CAPABILITIES)}")
     task_names = set(CAPABILITIES.values())
     bad = [c for c in items if c not in CAPABILITIES and c not in task_names]
     if bad:
-        raise MeasureError(
+        raise CapsenseError(
             f"unknown capability {', '.join(repr(b) for b in bad)}: valid capabilities are {', '.join(CAPABILITIES)}"
         )
     return list(dict.fromkeys(items))
@@ -79,7 +75,8 @@ def misspelt_task_message(source: str) -> str:
     """The error for a one-word calibration source that is a misspelt capsense task (``capsense_mathh``),
     ``""`` for anything else; cheap (capsense's task YAMLs, no lm-eval import). Without it the typo
     was read as literal calibration text."""
-    from capsense.tasks import UnknownTaskError, check_task_names
+    from capsense.tasks import check_task_names
+    from capsense.errors import UnknownTaskError
 
     if Path(source).is_file() or not looks_like_task(source) or source in CAPABILITIES:
         return ""
@@ -96,4 +93,20 @@ def check_calibration_spec(spec: str) -> None:
         return
     for source in (s.strip() for s in spec.split(",")):
         if source and misspelt_task_message(source):
-            raise MeasureError(misspelt_task_message(source))
+            raise CapsenseError(misspelt_task_message(source))
+
+
+def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,
+                  capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES) -> None:
+    """Refuse a measurement request before torch loads: ``probes`` below 1, an ``out`` file that
+    cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability."""
+    from capsense.core.files import check_output_file
+    from capsense.core.models import check_model
+
+    if probes < 1:
+        raise CapsenseError(f"`probes` must be at least 1, got {probes}")
+    check_output_file(out)
+    for name in (model, reference):
+        if name:
+            check_model(name)
+    parse_capabilities(capabilities)

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from capsense.compress.capabilities import MeasureError, document_ids, parse_capabilities, task_of
+from capsense.compress.capabilities import document_ids, parse_capabilities, task_of
+from capsense.errors import CapsenseError
 from capsense.scoring.probe import Probe, ProbeScorer
 
 
@@ -33,7 +34,7 @@ def capability_probe(capability: str, tokenizer, n: int, use: str = "probe") -> 
 def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64) -> dict[str, Probe]:
     """The fixed probe set of each capability: the first ``n_probes`` documents of its task."""
     if n_probes < 1:
-        raise MeasureError(f"`probes` must be at least 1, got {n_probes}")
+        raise CapsenseError(f"`probes` must be at least 1, got {n_probes}")
     return {cap: capability_probe(cap, tokenizer, n_probes) for cap in parse_capabilities(capabilities)}
 
 
@@ -96,3 +97,29 @@ def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None,
 def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16) -> dict[str, CapabilityLoss]:
     """Per-capability loss of ``model`` on each probe set."""
     return {cap: measure_probe(model, p, cap, batch_size) for cap, p in probes.items()}
+
+
+def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int = 64, batch_size: int = 16,
+                   dtype: str = "float32", reference: str | None = None, per_doc: bool = False) -> dict[str, Any]:
+    """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
+    measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}}``.
+
+    With ``reference`` (another model, loaded after ``model`` is freed), each capability also
+    gets ``nll0`` (the reference's loss) and ``dL = nll - nll0``, and the document names it.
+    ``per_doc`` adds per-document nats and token counts.
+    """
+    from capsense.core.models import load_model
+
+    caps = parse_capabilities(capabilities)
+    m, tok = load_model(model, dtype=dtype)
+    result = {c: v.to_dict(per_doc) for c, v in measure(m, build_probes(tok, caps, n_probes), batch_size).items()}
+    doc: dict[str, Any] = {"model": model, "probes": n_probes, "dtype": dtype, "capabilities": result}
+    if reference:
+        del m
+        r, rtok = load_model(reference, dtype=dtype)
+        ref = measure(r, build_probes(rtok, caps, n_probes), batch_size)
+        doc["reference"] = reference
+        for c in caps:
+            result[c]["nll0"] = ref[c].nll
+            result[c]["dL"] = result[c]["nll"] - ref[c].nll
+    return doc

@@ -21,7 +21,8 @@ import torch
 
 from capsense.compress.gptq import PATTERNS, gptq_quantize, sparsegpt_prune
 from capsense.compress.prune import check_density, wanda_scores
-from capsense.compress.settings import Applied, BudgetError, PruneSetting, QuantSetting, Setting, _free_block, _put_block
+from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _free_block, _put_block
+from capsense.errors import BudgetError
 
 DAMP = 0.01
 

@@ -32,10 +32,6 @@ from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
 
 
-class DistillError(CapsenseError):
-    """A distillation request that cannot be carried out."""
-
-
 @dataclass(frozen=True)
 class DistillConfig:
     """What fixes a distillation run (a resumed run must match it)."""
@@ -53,9 +49,9 @@ class DistillConfig:
     def __post_init__(self) -> None:
         for name in ("n_texts", "seq_len", "epochs"):
             if getattr(self, name) < 1:
-                raise DistillError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise CapsenseError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.gen_tokens < 0 or not self.lr > 0:
-            raise DistillError(f"gen_tokens must be >= 0 and lr > 0, got {self.gen_tokens} and {self.lr}")
+            raise CapsenseError(f"gen_tokens must be >= 0 and lr > 0, got {self.gen_tokens} and {self.lr}")
 
 
 @torch.no_grad()
@@ -105,7 +101,7 @@ class _State:
             return 0, 0
         st = torch.load(self.path, weights_only=False)
         if st["config"] != asdict(self.cfg):
-            raise DistillError(f"{self.path.parent} holds another distillation ({st['config']}): use another `out`")
+            raise CapsenseError(f"{self.path.parent} holds another distillation ({st['config']}): use another `out`")
         with torch.no_grad():
             for p, w in zip(params, st["weights"]):
                 p.copy_(w)
@@ -255,7 +251,7 @@ def _check_pruned(student: str) -> None:
 
     bad = {m["method"] for m in meta.get("matrices", []) if m["method"] != "none" and METHODS[m["method"]].family != "prune"}
     if bad:
-        raise DistillError(f"distillation keeps pruning masks only; {student} also holds {', '.join(sorted(bad))} matrices")
+        raise CapsenseError(f"distillation keeps pruning masks only; {student} also holds {', '.join(sorted(bad))} matrices")
 
 
 def _corpus(work: Path, teacher, tokenizer, cfg: DistillConfig) -> list[list[int]]:

@@ -18,19 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsense.errors import CapsenseError
+from capsense.errors import BudgetError, CapsenseError
 import capsense.compress.accounting as acc
-from capsense.compress.budget import Budget, BudgetError, protections, setting_label
+from capsense.compress.budget import Budget, protections, setting_label
 from capsense.compress.calibration import DEFAULT_CALIBRATION, InputStats, calibration_samples, collect_stats
 from capsense.compress.lowrank import stable_rank
 from capsense.compress.methods import Applied, Setting
 from capsense.compress.protect import Protection
 from capsense.compress.prune import apply_mask, global_masks
 from capsense.compress.targets import Target, find_targets
-
-
-class CompressionError(CapsenseError):
-    """A compression request that cannot be carried out."""
 
 
 @dataclass
@@ -53,10 +49,7 @@ class CompressionResult:
 
 def plan(model: nn.Module, budget: Budget) -> list[tuple[Target, Setting | None]]:
     """Each target matrix with its setting (None = stays dense). Validates every setting."""
-    try:
-        return [(t, budget.setting_for(t)) for t in find_targets(model, budget.targets)]
-    except CapsenseError as e:
-        raise CompressionError(str(e)) from None
+    return [(t, budget.setting_for(t)) for t in find_targets(model, budget.targets)]
 
 
 def needs_calibration(planned: Sequence[tuple[Target, Setting | None]]) -> tuple[bool, bool]:
@@ -100,24 +93,21 @@ def stats_for(t: Target, s: Setting, stats: Mapping[str, InputStats] | None) -> 
         return None
     st = (stats or {}).get(t.name)
     if st is None or st.n_tokens == 0:
-        raise CompressionError(f"{s.method} needs calibration statistics for {t.name}: run calibrate() first")
+        raise CapsenseError(f"{s.method} needs calibration statistics for {t.name}: run calibrate() first")
     if s.needs_gram and st.gram is None:
-        raise CompressionError(f"{s.method} needs the calibration Gram matrix for {t.name}: calibrate with gram=True")
+        raise CapsenseError(f"{s.method} needs the calibration Gram matrix for {t.name}: calibrate with gram=True")
     return st
 
 
 def check_plan(model: nn.Module, budget: Budget, planned) -> dict[str, Protection]:
     """Protections of the planned targets; every setting's size must exist before any weight changes."""
-    try:
-        protected = protections(model, budget, [t for t, _ in planned])
-    except BudgetError as e:
-        raise CompressionError(str(e)) from None
+    protected = protections(model, budget, [t for t, _ in planned])
     for t, s in planned:
         if s is not None and getattr(s, "scope", None) != "global":
             try:
                 s.size(t.shape, protected.get(t.name), acc.BASE_BITS)
             except BudgetError as e:
-                raise CompressionError(f"{t.name}: {e}") from None
+                raise BudgetError(f"{t.name}: {e}") from None
     return protected
 
 
@@ -178,7 +168,7 @@ def compress_model(
             try:
                 out = s.apply(t.name, t.get(), stats_for(t, s, stats), prot, base_bits, factor_cache)
             except CapsenseError as e:  # e.g. a Gram matrix the calibration data leaves singular
-                raise CompressionError(f"{t.name}: {e}") from None
+                raise CapsenseError(f"{t.name}: {e}") from None
             t.set(out.weight)
             accounts[t.name] = _account(t, s, out, prot)
             if out.scales is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from capsense.compress.checks import BudgetError
+from capsense.errors import BudgetError
 from capsense.compress.quantize import check_bits, check_group_size, group_scales, group_width, storable_scale
 
 BLOCK = 128

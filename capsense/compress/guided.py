@@ -36,7 +36,8 @@ from torch import nn
 import capsense.compress.accounting as acc
 from capsense.core.registry import Registry
 from capsense.compress.allocate import Candidate, allocate, matrix_candidates
-from capsense.compress.budget import Budget, BudgetError, Override, protections
+from capsense.compress.budget import Budget, Override, protections
+from capsense.errors import BudgetError
 from capsense.compress.capabilities import parse_capabilities
 from capsense.compress.measured_sensitivity import check_unit, measured_allocation
 from capsense.compress.methods import Setting, parse_setting
@@ -112,7 +113,8 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
 
 
 def _protected_heads(model, targets, guide: Guide, top_k: int, fisher_by_cap: Mapping[str, Mapping[str, torch.Tensor]]):
-    from capsense.core.heads import HeadSet, HeadSpecError
+    from capsense.core.heads import HeadSet
+    from capsense.errors import HeadSpecError
     from capsense.compress.sensitivity import head_scores, top_heads
 
     if top_k == 0 and guide.heads is None:

@@ -48,13 +48,13 @@ from torch import nn
 
 import capsense.compress.accounting as acc
 from capsense.compress.allocate import Candidate, allocate
-from capsense.compress.budget import BudgetError, Override
+from capsense.compress.budget import Override
+from capsense.errors import BudgetError, CapsenseError
 from capsense.compress.engine import stats_for
 from capsense.compress.methods import Setting
 from capsense.compress.targets import Target
 from capsense.core.registry import Registry
 from capsense.core.replay import BlockReplay
-from capsense.errors import CapsenseError
 
 # How targets group into units: a name and the override condition of a unit.
 UNITS: Registry[Callable[[Target], tuple[int, str | None]]] = Registry("unit", "units", BudgetError)

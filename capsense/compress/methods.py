@@ -13,11 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from capsense.compress.compensated import GPTQSetting, SparseGPTSetting
-from capsense.compress.settings import (  # noqa: F401 - re-exported: the settings' public home
-    TYPICAL_SHAPE, Applied, BudgetError, LowRankSetting, PruneSetting, QuantSetting, Setting,
-)
+from capsense.compress.settings import TYPICAL_SHAPE, Applied, LowRankSetting, PruneSetting, QuantSetting, Setting
+from capsense.errors import BudgetError, CapsenseError
 from capsense.core.registry import Registry
-from capsense.errors import CapsenseError
 
 SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "damp", "act_order", "skip"}
 

@@ -41,10 +41,6 @@ FORMATS = ("compressed-tensors", "dense")
 PACK_FORMAT = "pack-quantized"
 
 
-class FormatError(CapsenseError):
-    """A compressed model the requested checkpoint format cannot store."""
-
-
 @dataclass(frozen=True)
 class PackedWeight:
     """One quantized matrix: its bit width, group size (0 = per row) and ``[out, groups]`` scales."""
@@ -81,7 +77,7 @@ def unstorable(shape: tuple[int, int], setting, protected: bool, linear: bool = 
 
 
 def check_storable(items: Iterable[tuple[str, tuple[int, int], Any, bool, bool]]) -> None:
-    """FormatError naming what compressed-tensors cannot store among (name, shape, setting, protected, linear)."""
+    """CapsenseError naming what compressed-tensors cannot store among (name, shape, setting, protected, linear)."""
     problems: dict[str, list[tuple[str, int]]] = {}
     for name, shape, setting, protected, linear in items:
         why = unstorable(shape, setting, protected, linear)
@@ -96,7 +92,7 @@ def check_storable(items: Iterable[tuple[str, tuple[int, int], Any, bool, bool]]
         hint = f"use a `group_size` dividing every matrix's columns ({_fitting_groups(n for _, n in hits)}) or {hint}"
     elif "protected" in why:
         hint = f"protect no heads (`protect_top_k` 0, no `protect_heads`) or {hint}"
-    raise FormatError(f"`fmt` compressed-tensors cannot store {hits[0][0]}{more}: {why}; {hint}")
+    raise CapsenseError(f"`fmt` compressed-tensors cannot store {hits[0][0]}{more}: {why}; {hint}")
 
 
 def _scheme(bits: int, group: int | None):

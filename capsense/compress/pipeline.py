@@ -28,9 +28,8 @@ import torch
 from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.card import render_card
-from capsense.compress.engine import (
-    CompressionError, CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan,
-)
+from capsense.compress.engine import CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan
+from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
 
 
@@ -40,7 +39,7 @@ def resolve_format(fmt: str, budget: Budget) -> str:
         s = parse_setting(budget.default)
         return "compressed-tensors" if s is not None and s.family == "quant" else "dense"
     if fmt not in FORMATS:
-        raise CompressionError(f"unknown `fmt` {fmt!r}: valid formats are auto, {', '.join(FORMATS)}")
+        raise CapsenseError(f"unknown `fmt` {fmt!r}: valid formats are auto, {', '.join(FORMATS)}")
     return fmt
 
 
@@ -49,7 +48,7 @@ def check_calibration_given(budget: Budget, calibration: str, n_samples: int) ->
     settings = [budget.default] + [o.setting for o in budget.overrides]
     calibrated = [s.method for s in map(parse_setting, settings) if s is not None and s.calibrated]
     if calibrated and (not calibration.strip() or n_samples < 1):
-        raise CompressionError(f"{calibrated[0]} needs calibration data: give `calibration` (capabilities, tasks, a "
+        raise CapsenseError(f"{calibrated[0]} needs calibration data: give `calibration` (capabilities, tasks, a "
                                f"file or text) and `calibration_samples` >= 1 (got {calibration!r}, {n_samples})")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsense.compress.checks import BudgetError
+from capsense.errors import BudgetError
 from capsense.compress.targets import Target, out_projection_name
 
 
@@ -111,7 +111,7 @@ def _head_rows(short: str, n_out: int, heads: Iterable[int], n_heads: int, n_kv:
 def head_protection(model: nn.Module, heads, targets: Sequence[Target], whole: bool = False) -> dict[str, Protection]:
     """Protection of each target matrix for a :class:`~capsense.core.heads.HeadSet`."""
     from capsense.core.arch import head_layout
-    from capsense.core.heads import HeadSpecError
+    from capsense.errors import HeadSpecError
 
     if heads is None or not len(heads):
         return {}

@@ -15,8 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from capsense.errors import CapsenseError
-from capsense.compress.checks import BudgetError
+from capsense.errors import BudgetError, CapsenseError
 from capsense.compress.lowrank import check_ratio, factorize, rank_for_ratio, reconstruct
 from capsense.compress.prune import apply_mask, check_density, check_scope, magnitude_scores, mask_from_scores, wanda_scores
 from capsense.compress.protect import Protection

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsense.compress.checks import BudgetError
+from capsense.errors import BudgetError
 from capsense.core.arch import arch_spec, unwrap
 
 KINDS = ("attn", "mlp")

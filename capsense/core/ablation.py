@@ -24,9 +24,6 @@ from capsense.core.heads import HeadSet, HeadsLike
 from capsense.errors import CapsenseError
 
 
-class AblationError(CapsenseError):
-    """Bad input to head ablation: an unknown mode, missing means, a mis-shaped knockout tensor."""
-
 if TYPE_CHECKING:
     from torch import nn
 
@@ -36,7 +33,7 @@ ABLATION_MODES = ("zero", "mean")
 
 def check_ablation_mode(mode: str) -> AblationMode:
     if mode not in ABLATION_MODES:
-        raise AblationError(f"unknown `ablation` mode {mode!r}: valid modes are {', '.join(ABLATION_MODES)}")
+        raise CapsenseError(f"unknown `ablation` mode {mode!r}: valid modes are {', '.join(ABLATION_MODES)}")
     return mode  # type: ignore[return-value]
 
 
@@ -59,7 +56,7 @@ class HeadAblator:
         self.layout = head_layout(model)
         self.projections = out_projections(model)
         if self.ablation == "mean" and means is None:
-            raise AblationError(
+            raise CapsenseError(
                 "mean ablation needs per-head means: compute them with "
                 "capsense.core.ablation.compute_head_means(model, tokenizer, texts) and pass means="
             )
@@ -80,7 +77,7 @@ class HeadAblator:
                 ko = ko.unsqueeze(0)
             expected = (self.layout.n_layers, self.layout.n_heads)
             if ko.dim() != 3 or tuple(ko.shape[1:]) != expected:
-                raise AblationError(
+                raise CapsenseError(
                     f"knockout tensor must have shape [rows, {expected[0]}, {expected[1]}], "
                     f"got {tuple(mask.shape)}"
                 )
@@ -121,7 +118,7 @@ def _make_hook(keep_mask: torch.Tensor, mean: torch.Tensor | None):
     def hook(module: nn.Module, args: tuple) -> tuple:
         x = args[0]
         if rows != 1 and x.shape[0] != rows:
-            raise AblationError(
+            raise CapsenseError(
                 f"knockout tensor has {rows} rows but the batch has {x.shape[0]}: "
                 "use one row (applies to all) or one row per batch row"
             )
@@ -144,7 +141,7 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
     """
     layout = head_layout(model)
     if tuple(scale.shape) != (layout.n_layers, layout.n_heads):
-        raise AblationError(f"`scale` must have shape [{layout.n_layers}, {layout.n_heads}], got {tuple(scale.shape)}")
+        raise CapsenseError(f"`scale` must have shape [{layout.n_layers}, {layout.n_heads}], got {tuple(scale.shape)}")
     handles = []
 
     def make(layer: int, proj: nn.Module):
@@ -188,7 +185,7 @@ def compute_head_means(
 
         texts = list(PASSAGES)
     if not texts:
-        raise AblationError("mean ablation needs at least one reference text in `texts`")
+        raise CapsenseError("mean ablation needs at least one reference text in `texts`")
     projections = out_projections(model)
     sums: dict[int, torch.Tensor] = {}
     count = torch.zeros((), dtype=torch.float64)

@@ -43,10 +43,6 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 
-class UnsupportedArchitectureError(CapsenseError):
-    """The model's architecture is not in the table above."""
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """Return the underlying transformers model of a PEFT or otherwise wrapped model."""
     while hasattr(model, "get_base_model") and model.get_base_model() is not model:
@@ -58,7 +54,7 @@ def arch_spec(model: nn.Module) -> ArchSpec:
     """The :class:`ArchSpec` for ``model``; a clear error for an unknown architecture."""
     model_type = getattr(getattr(unwrap(model), "config", None), "model_type", None)
     if model_type not in ARCHITECTURES:
-        raise UnsupportedArchitectureError(
+        raise CapsenseError(
             f"unsupported architecture {model_type!r}: capsense supports "
             f"{', '.join(sorted(ARCHITECTURES))}. To add one, map its config.model_type to "
             "the path of its decoder blocks and of the attention output projection in "
@@ -110,7 +106,7 @@ def head_layout(model: nn.Module) -> HeadLayout:
     weight = projection_weight(projections[0])
     in_features = weight.shape[0] if arch_spec(base).transposed else weight.shape[1]
     if in_features % n_heads:
-        raise UnsupportedArchitectureError(
+        raise CapsenseError(
             f"output projection input width {in_features} is not divisible by "
             f"{n_heads} attention heads"
         )

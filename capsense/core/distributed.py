@@ -20,10 +20,6 @@ from capsense.errors import CapsenseError
 T = TypeVar("T")
 
 
-class DistributedError(CapsenseError):
-    """The processes of a run cannot work together as asked."""
-
-
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
@@ -107,7 +103,7 @@ def _picklable(error: Exception | None) -> Exception | None:
         pickle.loads(pickle.dumps(error))
         return error
     except Exception:
-        return DistributedError(f"{type(error).__name__} on the main process: {error}")
+        return CapsenseError(f"{type(error).__name__} on the main process: {error}")
 
 
 _CONTEXT: DistContext | None = None

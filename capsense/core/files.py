@@ -23,16 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, OutputExistsError
 
 
 def cache_dir() -> Path:
     """Where capsense keeps converted models and other derived files (``$CAPSENSE_CACHE``, else ``~/.cache/capsense``)."""
     return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))
-
-
-class OutputExistsError(CapsenseError, FileExistsError):
-    """The output folder exists and is not empty, and overwriting was not asked for."""
 
 
 def check_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -48,6 +44,18 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
             f"output folder {str(p)!r} exists and is not empty: choose another folder or pass `overwrite`"
         )
     return p
+
+
+def check_output_file(out: str | os.PathLike | None) -> None:
+    """``out`` can be written as a file: not a folder, and no file where its folder should be."""
+    if out is None:
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise CapsenseError(f"`out` {str(p)!r} is a folder: give a file name, e.g. {str(p / 'table.json')!r}")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise CapsenseError(f"`out` {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")
 
 
 def _relax_private_files(folder: Path, umask: int) -> None:
@@ -146,16 +154,12 @@ def repair_jsonl_tail(path: str | os.PathLike) -> bool:
     return False
 
 
-class CorruptFileError(CapsenseError):
-    """A JSONL file has a bad line that is not a torn last line."""
-
-
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a JSONL file ([] if it does not exist).
 
     A last line that does not parse is a write torn by a kill and is skipped (call
     :func:`repair_jsonl_tail` before appending again); a bad line elsewhere raises
-    :class:`CorruptFileError`.
+    :class:`CapsenseError`.
     """
     p = Path(path)
     if not p.is_file():
@@ -170,5 +174,5 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 continue
-            raise CorruptFileError(f"{p}:{i + 1} is not valid JSON: the file is damaged") from None
+            raise CapsenseError(f"{p}:{i + 1} is not valid JSON: the file is damaged") from None
     return out

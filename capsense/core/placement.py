@@ -30,10 +30,6 @@ from capsense.errors import CapsenseError
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-class DeviceError(CapsenseError):
-    """A device or device map that this machine cannot honour."""
-
-
 def available_devices() -> list[str]:
     """The devices this machine has: ``cpu``, each ``cuda:<i>``, ``mps`` where present."""
     import torch
@@ -45,7 +41,7 @@ def available_devices() -> list[str]:
 
 
 def check_device(device: str | int) -> str:
-    """``device`` as a torch device string if this machine has it, else :class:`DeviceError`."""
+    """``device`` as a torch device string if this machine has it, else :class:`CapsenseError`."""
     name = f"cuda:{device}" if isinstance(device, int) or str(device).isdigit() else str(device)
     if name == "cpu":  # always there: no need to import torch to know (bad input fails fast without it)
         return name
@@ -53,7 +49,7 @@ def check_device(device: str | int) -> str:
     if name == "cuda" and "cuda:0" in have:
         return name
     if name not in have:
-        raise DeviceError(f"device {name!r} does not exist on this machine: available devices are {', '.join(have)}")
+        raise CapsenseError(f"device {name!r} does not exist on this machine: available devices are {', '.join(have)}")
     return name
 
 
@@ -71,15 +67,15 @@ def parse_device_map(spec: str | dict[str, Any] | None) -> str | dict[str, Any] 
             try:
                 spec = json.loads(text)
             except json.JSONDecodeError as e:
-                raise DeviceError(f"device_map is not valid JSON ({e}): give a strategy ({', '.join(STRATEGIES)}) or a JSON map") from None
+                raise CapsenseError(f"device_map is not valid JSON ({e}): give a strategy ({', '.join(STRATEGIES)}) or a JSON map") from None
         elif text.endswith(".json"):
             if not Path(text).is_file():
-                raise DeviceError(f"device_map file {text!r} not found")
+                raise CapsenseError(f"device_map file {text!r} not found")
             spec = json.loads(Path(text).read_text())
         else:
             return {"": check_device(text)}  # one device: the whole model there
     if not isinstance(spec, dict) or not spec:
-        raise DeviceError(f"device_map must be a strategy ({', '.join(STRATEGIES)}), a device or a non-empty map of module -> device")
+        raise CapsenseError(f"device_map must be a strategy ({', '.join(STRATEGIES)}), a device or a non-empty map of module -> device")
     out: dict[str, Any] = {}
     for module, dev in spec.items():
         if dev == "disk":
@@ -102,7 +98,7 @@ def _process_gpus() -> list[int]:
         return gpus
     mine = [g for g in gpus if g % ctx.local_world == ctx.local_rank]
     if gpus and not mine:
-        raise DeviceError(
+        raise CapsenseError(
             f"{ctx.local_world} processes on this machine but only {len(gpus)} GPUs: with a device map each process "
             "needs GPUs of its own; launch at most one process per GPU"
         )
@@ -166,12 +162,12 @@ def offloaded_weights(model) -> list[str]:
 
 
 def check_weights_in_memory(model, why: str) -> None:
-    """Raise :class:`DeviceError` if the device map offloaded any weight (see :func:`offloaded_weights`);
+    """Raise :class:`CapsenseError` if the device map offloaded any weight (see :func:`offloaded_weights`);
     ``why`` says what needs every weight in place (``"compression edits ... and saves ..."``)."""
     off = offloaded_weights(model)
     if off:
         shown = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
-        raise DeviceError(
+        raise CapsenseError(
             f"the device map offloaded {len(off)} weights ({shown}) to CPU memory or disk, where accelerate's hooks "
             f"keep them outside the model; {why}: use a device map that keeps every module on a device (GPUs, or "
             "cpu on a machine without GPUs), or no `device_map` on a machine whose memory holds the model"

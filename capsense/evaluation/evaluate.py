@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from capsense.core.files import atomic_write_json
+from capsense.core.files import atomic_write_json, check_output_file
 from capsense.core.heads import HeadSet
 from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import format_percent, relative_change
@@ -20,26 +20,10 @@ from capsense.errors import CapsenseError
 from capsense.tasks import check_task_names, task_manager
 
 
-class EvaluateError(CapsenseError):
-    """Bad settings for an evaluation."""
-
-
 def check_limit(limit: int | None) -> None:
     """``limit`` (documents per task) is None or at least 1."""
     if limit is not None and limit < 1:
-        raise EvaluateError(f"`limit` must be at least 1, got {limit}")
-
-
-def check_output_file(out: str | os.PathLike | None) -> None:
-    """``out`` can be written as a file: not a folder, and no file where its folder should be."""
-    if out is None:
-        return
-    p = Path(out)
-    if p.is_dir():
-        raise EvaluateError(f"`out` {str(p)!r} is a folder: give a file name, e.g. {str(p / 'table.json')!r}")
-    for parent in p.parents:
-        if parent.exists() and not parent.is_dir():
-            raise EvaluateError(f"`out` {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")
+        raise CapsenseError(f"`limit` must be at least 1, got {limit}")
 
 
 def check_evaluate(

@@ -33,15 +33,11 @@ from capsense.core.models import check_model, model_load_errors, resolve_pretrai
 from capsense.errors import CapsenseError
 
 
-class MaskedModelArgsError(CapsenseError):
-    """Bad ``capsense-masked`` model arguments."""
-
-
 def read_reference_texts(path: str | Path) -> list[str]:
     """Reference texts for mean ablation: plain text (a passage per line) or JSONL (``text``)."""
     p = Path(path)
     if not p.is_file():
-        raise MaskedModelArgsError(f"mean_reference file {str(p)!r} not found")
+        raise CapsenseError(f"mean_reference file {str(p)!r} not found")
     lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
     if p.suffix == ".jsonl":
         return [json.loads(ln)["text"] for ln in lines]
@@ -54,7 +50,7 @@ def _optional_int(value: Any, name: str) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise MaskedModelArgsError(f"{name} must be an integer, got {value!r}") from None
+        raise CapsenseError(f"{name} must be an integer, got {value!r}") from None
 
 
 @register_model("capsense-masked")
@@ -74,7 +70,7 @@ class CapsenseMaskedLM(HFLM):
         # Check everything that needs no model before the (slow) load.
         ablation = check_ablation_mode(str(ablation))
         if heads not in (None, "") and head_file not in (None, ""):
-            raise MaskedModelArgsError("give heads= or head_file=, not both")
+            raise CapsenseError("give heads= or head_file=, not both")
         spec = heads if heads not in (None, "") else head_file
         k = _optional_int(top_k, "top_k")
         head_set = HeadSet.parse(spec, top_k=k) if spec not in (None, "") else HeadSet()

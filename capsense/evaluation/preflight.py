@@ -17,18 +17,14 @@ if TYPE_CHECKING:
     from capsense.localize.config import LocateConfig
 
 
-class OutputPathError(CapsenseError):
-    """An output path that cannot be a folder."""
-
-
 def check_output_folder(out: str | Path, what: str = "`out`") -> Path:
     """``out`` is a folder or does not exist yet, and nothing above it is a file."""
     p = Path(out)
     if p.exists() and not p.is_dir():
-        raise OutputPathError(f"{what} {str(p)!r} is a file, not a folder")
+        raise CapsenseError(f"{what} {str(p)!r} is a file, not a folder")
     for parent in p.parents:
         if parent.exists() and not parent.is_dir():
-            raise OutputPathError(f"{what} {str(p)!r} cannot be created: {str(parent)!r} is a file")
+            raise CapsenseError(f"{what} {str(p)!r} cannot be created: {str(parent)!r} is a file")
     return p
 
 

@@ -28,10 +28,6 @@ from capsense.errors import CapsenseError
 from capsense.localize.config import LocateConfig
 
 
-class RecipeError(CapsenseError):
-    """A recipe that cannot be run."""
-
-
 _LOCATE_FIELDS = {f.name for f in fields(LocateConfig)} - {"model", "out", "task"}
 _VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "device_map", "dtype",
                     "include_path", "confirm_run_unsafe_code", "tolerance"}
@@ -41,25 +37,25 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     """Read and check a recipe; unknown keys are errors naming the valid ones."""
     p = Path(path)
     if not p.is_file():
-        raise RecipeError(f"recipe {str(p)!r} not found")
+        raise CapsenseError(f"recipe {str(p)!r} not found")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise RecipeError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise CapsenseError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise RecipeError(f"recipe {p} must be a mapping with 'model' and 'locate' keys")
+        raise CapsenseError(f"recipe {p} must be a mapping with 'model' and 'locate' keys")
     for key in ("model", "locate"):
         if key not in data:
-            raise RecipeError(f"recipe {p}: missing '{key}'")
+            raise CapsenseError(f"recipe {p}: missing '{key}'")
     loc = data["locate"]
     if not isinstance(loc, dict) or "task" not in loc:
-        raise RecipeError(f"recipe {p}: locate needs a 'task' (or a list of targets)")
+        raise CapsenseError(f"recipe {p}: locate needs a 'task' (or a list of targets)")
     bad = set(loc) - _LOCATE_FIELDS - {"task"}
     if bad:
-        raise RecipeError(f"recipe {p}: unknown locate keys {sorted(bad)}; valid: {sorted(_LOCATE_FIELDS | {'task'})}")
+        raise CapsenseError(f"recipe {p}: unknown locate keys {sorted(bad)}; valid: {sorted(_LOCATE_FIELDS | {'task'})}")
     bad = set(data.get("validate") or {}) - _VALIDATE_FIELDS
     if bad:
-        raise RecipeError(f"recipe {p}: unknown validate keys {sorted(bad)}; valid: {sorted(_VALIDATE_FIELDS)}")
+        raise CapsenseError(f"recipe {p}: unknown validate keys {sorted(bad)}; valid: {sorted(_VALIDATE_FIELDS)}")
     data.setdefault("out", f"runs/{data.get('name', p.stem)}")
     return data
 
@@ -73,7 +69,7 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
     per_target = {k: v for k, v in loc.items() if isinstance(v, dict)}
     for key, values in per_target.items():
         if set(values) - set(targets):
-            raise RecipeError(f"locate.{key} maps {sorted(set(values) - set(targets))}, which are not targets "
+            raise CapsenseError(f"locate.{key} maps {sorted(set(values) - set(targets))}, which are not targets "
                               f"({', '.join(targets)})")
     steps = []
     for t in targets:
@@ -83,7 +79,7 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
         try:
             cfg = LocateConfig(model=data["model"], task=t, out=str(run_dir / "locate"), **kwargs)
         except TypeError as e:
-            raise RecipeError(f"recipe locate section: {e}") from None
+            raise CapsenseError(f"recipe locate section: {e}") from None
         val = data.get("validate")
         if val is not None:
             val = {"tasks": None, **val, "out": str(run_dir / "validate")}

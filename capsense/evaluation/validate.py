@@ -27,10 +27,6 @@ from capsense.tasks import WITHOUT_ACCURACY, check_task_names
 from capsense.tasks.suite import expand_controls, held_out_controls
 
 
-class ValidateError(CapsenseError):
-    """Bad settings for a validation."""
-
-
 @dataclass
 class ValidationRow:
     task: str
@@ -75,7 +71,7 @@ def held_out_samples(
         n_docs = len(load_task(t, include_path, tokenizer).eval_docs)
         docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
         if not docs:
-            raise ValidateError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
+            raise CapsenseError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
         samples[t] = docs
     return samples
 
@@ -96,7 +92,7 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
     if tasks:
         return expand_controls(tasks, target or "")
     if not target:
-        raise ValidateError("the heads file does not say which task it was located for: give `tasks`")
+        raise CapsenseError("the heads file does not say which task it was located for: give `tasks`")
     return [target, *controls, *held_out_controls(target, controls)]
 
 
@@ -108,18 +104,18 @@ def check_validate(
     heads_path = Path(heads)
     hf = load_heads_file(heads_path)
     if not tolerance >= 0:
-        raise ValidateError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
+        raise CapsenseError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
     tasks = validation_tasks(hf, tasks)
     if top_k < 1:
-        raise ValidateError(f"`top_k` must be at least 1, got {top_k}")
+        raise CapsenseError(f"`top_k` must be at least 1, got {top_k}")
     if top_k > len(hf.heads):
-        raise ValidateError(f"`top_k` {top_k} is more than the {len(hf.heads)} heads in {heads_path}")
+        raise CapsenseError(f"`top_k` {top_k} is more than the {len(hf.heads)} heads in {heads_path}")
     if limit is not None and limit < 1:
-        raise ValidateError(f"`limit` must be at least 1, got {limit}")
+        raise CapsenseError(f"`limit` must be at least 1, got {limit}")
     if not tasks:
-        raise ValidateError("give at least one task in `tasks`")
+        raise CapsenseError("give at least one task in `tasks`")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise ValidateError(f"`out` {str(out)!r} is a file: give a folder for validation.json/.md/.png")
+        raise CapsenseError(f"`out` {str(out)!r} is a file: give a folder for validation.json/.md/.png")
     check_task_names(tasks, include_path)
     check_model(model)
     layout = config_head_layout(model)

@@ -20,10 +20,6 @@ from capsense.scoring import METRICS
 from capsense.tasks.suite import expand_controls
 
 
-class LocateError(CapsenseError):
-    """Bad settings for a localization run."""
-
-
 @dataclass
 class LocateConfig:
     """Every setting of a localization run (defaults follow the paper where they fit)."""
@@ -68,7 +64,7 @@ class LocateConfig:
         self.controls = expand_controls(self.controls, self.task)
 
     def check(self) -> None:
-        """Raise :class:`LocateError` for settings that are wrong before any model is loaded.
+        """Raise :class:`CapsenseError` for settings that are wrong before any model is loaded.
 
         The method and its own settings are checked by :func:`capsense.localize.methods.get_method`.
         """
@@ -76,47 +72,47 @@ class LocateConfig:
         choice("solver", self.solver, SOLVERS)
         choice("dtype", self.dtype, DTYPES)
         if not self.metric or not isinstance(self.metric, str):
-            raise LocateError(
+            raise CapsenseError(
                 "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "
                 "exact match, or multiple-choice accuracy) or one of the target task's own lm-eval metrics"
             )
         self._check_numbers()
         if self.task in self.controls:
-            raise LocateError(f"the target task {self.task!r} is also listed as a control")
+            raise CapsenseError(f"the target task {self.task!r} is also listed as a control")
         if len(set(self.controls)) != len(self.controls):
-            raise LocateError(f"duplicate control tasks in {self.controls}")
+            raise CapsenseError(f"duplicate control tasks in {self.controls}")
 
     def _check_numbers(self) -> None:
         if self.heads_per_mask is None and (self.sparsity is None or not 0 < self.sparsity < 1):
-            raise LocateError(f"`sparsity` must be strictly between 0 and 1, got {self.sparsity}")
+            raise CapsenseError(f"`sparsity` must be strictly between 0 and 1, got {self.sparsity}")
         if self.heads_per_mask is not None and self.heads_per_mask < 1:
-            raise LocateError(f"`heads_per_mask` must be at least 1, got {self.heads_per_mask}")
+            raise CapsenseError(f"`heads_per_mask` must be at least 1, got {self.heads_per_mask}")
         if self.masks < 2:
-            raise LocateError(f"`masks` must be at least 2, got {self.masks}")
+            raise CapsenseError(f"`masks` must be at least 2, got {self.masks}")
         if self.limit is not None and self.limit < 1:
-            raise LocateError(f"`limit` must be at least 1, got {self.limit}")
+            raise CapsenseError(f"`limit` must be at least 1, got {self.limit}")
         if self.control_limit is not None and self.control_limit < 1:
-            raise LocateError(f"`control_limit` must be at least 1 document per control task, got {self.control_limit}")
+            raise CapsenseError(f"`control_limit` must be at least 1 document per control task, got {self.control_limit}")
         if self.control_limit is not None and not self.controls:
-            raise LocateError("`control_limit` applies to control tasks, and this run has none (`controls`)")
+            raise CapsenseError("`control_limit` applies to control tasks, and this run has none (`controls`)")
         if not self.screen >= 0:
-            raise LocateError(f"`screen` must be a robust z-score >= 0 (0 = no collateral screen), got {self.screen}")
+            raise CapsenseError(f"`screen` must be a robust z-score >= 0 (0 = no collateral screen), got {self.screen}")
         if self.alpha is not None and self.alpha <= 0:
-            raise LocateError(f"`alpha` must be positive, got {self.alpha}")
+            raise CapsenseError(f"`alpha` must be positive, got {self.alpha}")
         if self.top_k < 1:
-            raise LocateError(f"`top_k` must be at least 1, got {self.top_k}")
+            raise CapsenseError(f"`top_k` must be at least 1, got {self.top_k}")
         if self.refine is not None and self.refine < 0:
-            raise LocateError(f"`refine` must be 0 (off) or a number of evaluations, got {self.refine}")
+            raise CapsenseError(f"`refine` must be 0 (off) or a number of evaluations, got {self.refine}")
         if not self.budget > 0:
-            raise LocateError(f"`budget` must be a positive number of forward-equivalents, got {self.budget}")
+            raise CapsenseError(f"`budget` must be a positive number of forward-equivalents, got {self.budget}")
         if self.top_m < 0:
-            raise LocateError(f"`top_m` must be 0 or more heads, got {self.top_m}")
+            raise CapsenseError(f"`top_m` must be 0 or more heads, got {self.top_m}")
         if self.group_size < 2:
-            raise LocateError(f"`group_size` must be at least 2 heads, got {self.group_size}")
+            raise CapsenseError(f"`group_size` must be at least 2 heads, got {self.group_size}")
         if not self.tolerance >= 0:
-            raise LocateError(f"`tolerance` must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
+            raise CapsenseError(f"`tolerance` must be a relative worsening >= 0 (0.03 = 3%), got {self.tolerance}")
         if self.masks_per_forward is not None and self.masks_per_forward < 1:
-            raise LocateError(f"`masks_per_forward` must be at least 1 (or None: automatic), got {self.masks_per_forward}")
+            raise CapsenseError(f"`masks_per_forward` must be at least 1 (or None: automatic), got {self.masks_per_forward}")
 
     def limit_for(self, task: str) -> int | None:
         """Documents scored for ``task``: ``control_limit`` for controls (when set), else ``limit``."""
@@ -142,6 +138,6 @@ class LocateConfig:
 
 
 def choice(name: str, value: str, valid: Sequence[str]) -> None:
-    """Raise :class:`LocateError` naming the valid values unless ``value`` is one of them."""
+    """Raise :class:`CapsenseError` naming the valid values unless ``value`` is one of them."""
     if value not in valid:
-        raise LocateError(f"unknown {name} {value!r}: valid values are {', '.join(valid)}")
+        raise CapsenseError(f"unknown {name} {value!r}: valid values are {', '.join(valid)}")

@@ -27,9 +27,6 @@ from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 
 
-class DesignError(CapsenseError):
-    """A mask design asked for with invalid parameters."""
-
 #: Masks per adaptive round (fixed, so that extending a run keeps earlier rounds).
 ADAPTIVE_ROUND = 25
 
@@ -38,17 +35,17 @@ def heads_per_mask(n_heads: int, sparsity: float | None = None, k: int | None = 
     """Heads knocked out per mask from ``k`` or ``sparsity`` (at least 1)."""
     if k is not None:
         if not 1 <= k <= n_heads:
-            raise DesignError(f"`k` (heads per mask) must be between 1 and {n_heads} (the model's heads), got {k}")
+            raise CapsenseError(f"`k` (heads per mask) must be between 1 and {n_heads} (the model's heads), got {k}")
         return int(k)
     if sparsity is None or not 0 < sparsity < 1:
-        raise DesignError(f"`sparsity` must be in (0, 1), got {sparsity}")
+        raise CapsenseError(f"`sparsity` must be in (0, 1), got {sparsity}")
     return max(1, int(round(sparsity * n_heads)))
 
 
 def bernoulli_design(n_masks: int, n_heads: int, p: float, seed: int) -> np.ndarray:
     """Each head knocked out independently with probability ``p``; no mask is empty."""
     if not 0 < p < 1:
-        raise DesignError(f"`sparsity` must be in (0, 1), got {p}")
+        raise CapsenseError(f"`sparsity` must be in (0, 1), got {p}")
     rng = np.random.default_rng([seed, 1])
     out = np.zeros((n_masks, n_heads), dtype=bool)
     for i in range(n_masks):  # row by row so that the design is prefix-stable
@@ -146,7 +143,7 @@ def _bernoulli(r, m, n, k, seed, history, importance, confidence) -> np.ndarray:
 
 
 #: Name -> design. To add one, register a :class:`Design` here (``--design`` lists these names).
-DESIGNS: Registry[Design] = Registry("design", "designs", DesignError)
+DESIGNS: Registry[Design] = Registry("design", "designs", CapsenseError)
 for _d in (Design("balanced", _balanced), Design("bernoulli", _bernoulli), Design("adaptive", adaptive_round, ADAPTIVE_ROUND)):
     DESIGNS.register(_d.name, _d)
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from capsense.core.distributed import DistContext, split
-from capsense.errors import CapsenseError
-from capsense.localize.config import LocateConfig, LocateError
-from capsense.localize.store import Evaluation, RunStore, RunStoreError
+from capsense.errors import CapsenseError, RunStoreError
+from capsense.localize.config import LocateConfig
+from capsense.localize.store import Evaluation, RunStore
 from capsense.scoring import METRICS
 from capsense.scoring.probe import load_task
 
@@ -174,12 +174,9 @@ def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> di
                               batch_size=cfg.batch_size, include_path=cfg.include_path,
                               confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
     try:
-        try:
-            tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
-        except CapsenseError:  # maybe a name a metric function reports at run time: run the clean model once
-            tm = resolve_task_metric(cfg.task, task_obj, cfg.metric, reported=scorer.reported())
-    except CapsenseError as e:
-        raise LocateError(str(e)) from None
+        tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
+    except CapsenseError:  # maybe a name a metric function reports at run time: run the clean model once
+        tm = resolve_task_metric(cfg.task, task_obj, cfg.metric, reported=scorer.reported())
     scorer.metric = tm
     cfg.task_metric_higher_is_better = tm.higher_is_better
     return {cfg.task: scorer}

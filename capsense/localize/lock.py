@@ -4,7 +4,7 @@ The kernel drops a ``flock`` when its holder's file descriptor closes, so a hold
 with SIGKILL leaves nothing stuck: the next run takes the lock at once, without cleanup.
 The lock file keeps the holder's pid and start time so that a refused run can say who
 holds the folder. The processes of one ``accelerate launch`` are one run: only the main
-process takes the lock (see :mod:`capsense.localize.distributed`).
+process takes the lock (see :mod:`capsense.core.distributed`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,9 @@ import socket
 import time
 from pathlib import Path
 
-from capsense.errors import CapsenseError
+from capsense.errors import RunFolderBusyError
 
 LOCK_FILE = ".capsense.lock"
-
-
-class RunFolderBusyError(CapsenseError):
-    """Another process is writing this run folder."""
 
 
 class RunFolderLock:

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.config import LocateConfig
+from capsense.errors import CapsenseError
 from capsense.localize.designs import balanced_design, run_design
 from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import (
@@ -110,7 +111,7 @@ def get_method(cfg: LocateConfig) -> Method:
     """The method ``cfg`` names, after checking that its settings apply to it."""
     method = METHODS[cfg.method]
     if cfg.refine and not method.refines:
-        raise LocateError(f"`refine` does not apply to `method` {cfg.method}, which measures its own top-K set")
+        raise CapsenseError(f"`refine` does not apply to `method` {cfg.method}, which measures its own top-K set")
     check_method_options(cfg, method)
     return method
 
@@ -125,7 +126,7 @@ def check_method_options(cfg: LocateConfig, method: Method) -> None:
     if foreign:
         readers = "; ".join(f"`{o}` is read by {', '.join(m.name for m in METHODS.values() if o in m.options)}"
                             for o in foreign)
-        raise LocateError(f"{', '.join(f'`{o}`' for o in foreign)} {'does' if len(foreign) == 1 else 'do'} not apply "
+        raise CapsenseError(f"{', '.join(f'`{o}`' for o in foreign)} {'does' if len(foreign) == 1 else 'do'} not apply "
                           f"to `method` {cfg.method}: {readers}")
 
 

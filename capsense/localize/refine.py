@@ -39,9 +39,6 @@ import numpy as np
 from capsense.errors import CapsenseError
 
 
-class RefineError(CapsenseError):
-    """Refinement asked for with an impossible set size or budget."""
-
 DEFAULT_BUDGET = 24
 DEFAULT_TOLERANCE = 0.03  # relative control worsening allowed on the run's documents
 DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked
@@ -176,7 +173,7 @@ def refine(
     (:func:`predicted_best`) and stops there when it is within tolerance.
     """
     if k < 1 or k > len(ranking):
-        raise RefineError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
+        raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
     ranking = [int(h) for h in ranking]
     pool = pool if pool is not None else 4 * k
     measured = _Measured(measure, budget, tolerance)
@@ -186,7 +183,7 @@ def refine(
     measured.run([current])
     start = measured.get(current)
     if start is None:
-        raise RefineError("refine needs a `budget` of at least 1 evaluation")
+        raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     if singles is not None and start.feasible:
         return Refinement(list(current), start, start, measured.order)
     queue = [h for h in ranking[: k + pool] if h not in current]

@@ -10,9 +10,9 @@ a side effect of importing :mod:`capsense.localize.guided`. A new method is one 
 from __future__ import annotations
 
 from capsense.core.registry import Registry
-from capsense.localize.config import LocateError
+from capsense.errors import CapsenseError
 
-METHODS: Registry = Registry("method", "methods", LocateError)
+METHODS: Registry = Registry("method", "methods", CapsenseError)
 METHODS.register_lazy("cs", "capsense.localize.methods:CS")
 METHODS.register_lazy("exhaustive", "capsense.localize.methods:EXHAUSTIVE")
 METHODS.register_lazy("greedy", "capsense.localize.methods:GREEDY")

@@ -28,12 +28,12 @@ from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
 from capsense.core.progress import Phase, RunProgress
-from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.config import LocateConfig
 from capsense.localize.coverage import coverage
+from capsense.errors import CapsenseError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, damage, put_first, put_last
-from capsense.localize import guided  # noqa: F401  (registers the attribution and prior-guided methods)
 from capsense.localize.methods import Method, Search, get_method, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.refine import Refinement, Singles, head_set_masks, refine
@@ -47,6 +47,12 @@ from capsense.scoring.probe import build_probe
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
 BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")
+
+
+#: How to resume a folder written before an identity key was recorded: the setting that does what
+#: the earlier release did (it had no collateral screen, and controls used `limit` documents).
+EARLIER_IDENTITY = {"screen": "`screen` 0 (no collateral screen, as that release ran)",
+                    "control_limit": "no `control_limit` (that release scored controls on `limit` documents)"}
 
 
 def identity_keys(cfg: LocateConfig) -> list[str]:
@@ -84,7 +90,7 @@ def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> i
     if not method.random_masks:
         return 1
     if cfg.heads_per_mask is not None and cfg.heads_per_mask > n:
-        raise LocateError(
+        raise CapsenseError(
             f"`heads_per_mask` {cfg.heads_per_mask} is more than the model's {n} heads "
             f"({layout.n_layers} layers x {layout.n_heads} heads)"
         )
@@ -393,7 +399,7 @@ def check_free(out: Path) -> None:
 def check_processes(world: int, masks: int) -> None:
     """Refuse more processes than the run has masks to share (one process needs none: attribution alone)."""
     if world > 1 and world > masks:
-        raise LocateError(
+        raise CapsenseError(
             f"{world} processes for {masks} masks: at most one process per mask can have work; "
             f"launch at most {masks} processes (accelerate launch --num_processes)"
         )
@@ -405,7 +411,7 @@ def open_store(ctx: DistContext, lock: RunFolderLock, manifest: dict, keys: list
 
     def main() -> None:
         lock.acquire()
-        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads)
+        opened["store"] = RunStore.open(lock.folder, manifest, keys, n_heads, EARLIER_IDENTITY)
 
     ctx.on_main(main)
     return opened["store"] if ctx.is_main else RunStore.attach(lock.folder, n_heads, ctx.rank)

@@ -23,9 +23,6 @@ from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 
 
-class SolverError(CapsenseError):
-    """A solver asked for by an unknown name or given too little data to fit."""
-
 DEFAULT_ALPHA = 0.01  # the paper's Lasso penalty on the standardized score
 
 
@@ -85,7 +82,7 @@ class Solver:
         X = np.asarray(X, dtype=float)
         z = standardize(y)
         if len(X) < 2:
-            raise SolverError(f"need at least 2 evaluated masks to fit, got {len(X)}: raise `n_masks`")
+            raise CapsenseError(f"need at least 2 evaluated masks to fit, got {len(X)}: raise `n_masks`")
         importance, confidence = self._fit(X, z)
         self.scores_ = HeadScores(importance, confidence, marginal_effect(X, z))
         return self
@@ -203,7 +200,7 @@ class _FrequencyFirst(HeadScores):
 SolverFactory = Callable[[float, int, int], "Solver"]
 
 #: Name -> solver factory. To add a solver, subclass :class:`Solver` and register it here.
-SOLVERS: Registry[SolverFactory] = Registry("solver", "solvers", SolverError)
+SOLVERS: Registry[SolverFactory] = Registry("solver", "solvers", CapsenseError)
 SOLVERS.register("lasso", lambda alpha, seed, n_boot: LassoSolver(alpha, n_boot=n_boot, seed=seed))
 SOLVERS.register("lasso-cv", lambda alpha, seed, n_boot: LassoCVSolver(n_boot=n_boot, seed=seed))
 SOLVERS.register("omp", lambda alpha, seed, n_boot: OMPSolver(n_boot=n_boot, seed=seed))

@@ -15,7 +15,9 @@ same as a single-process run's. Old folders with a single ``evaluations.jsonl`` 
 
 Reopening a folder whose manifest has a different *identity* (model, tasks, documents,
 design, seed: everything that changes which masks are evaluated or how they score) is
-refused with the differing fields named.
+refused with the differing fields named. A field a folder does not record (written by an
+earlier release, before the setting existed) is compared as ``None``; the refusal says so,
+and says which value reproduces what the earlier release did (``earlier``), so that value resumes it.
 """
 
 from __future__ import annotations
@@ -29,17 +31,13 @@ from typing import Any
 
 from capsense.core.files import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl_tail
 from capsense.core.heads import Head, HeadSet
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, RunStoreError
 from capsense.localize.lock import LOCK_FILE
 
 MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"
 SHARD_GLOB = "evaluations.rank*.jsonl"
 REFINE_ROUND = -1  # ``round`` of the evaluations that measure candidate top-K sets (capsense.localize.refine)
-
-
-class RunStoreError(CapsenseError):
-    """The output folder cannot hold this run."""
 
 
 def shard_name(rank: int) -> str:
@@ -75,7 +73,7 @@ def _read_log(path: Path, n_heads: int, repair: bool) -> list[Evaluation]:
         repair_jsonl_tail(path)
     try:
         return [Evaluation.from_dict(d, n_heads) for d in read_jsonl(path)]
-    except (CapsenseError, KeyError, TypeError, ValueError) as e:  # CorruptFileError, HeadSpecError among them
+    except (CapsenseError, KeyError, TypeError, ValueError) as e:  # a torn line inside, a bad head name among them
         raise RunStoreError(f"{path} holds a line that is not an evaluation ({e}); the file is damaged") from None
 
 
@@ -109,14 +107,18 @@ class RunStore:
     done: dict[int, Evaluation] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, manifest: dict[str, Any], identity_keys: list[str], n_heads: int) -> "RunStore":
+    def open(cls, path: str | os.PathLike, manifest: dict[str, Any], identity_keys: list[str], n_heads: int,
+             earlier: dict[str, str] | None = None) -> "RunStore":
         """Create ``path`` or resume the run in it (compacting its logs); refuse a folder holding something else.
+
+        ``earlier`` says, per identity key, the setting that resumes a folder from before the key
+        was recorded (the refusal quotes it).
 
         Call it on the main process only, holding the folder's lock; the other processes
         then call :meth:`attach`.
         """
         p = Path(path)
-        manifest = _check_folder(p, manifest, identity_keys)
+        manifest = _check_folder(p, manifest, identity_keys, earlier or {})
         p.mkdir(parents=True, exist_ok=True)
         store = cls(p, manifest, n_heads)
         store.compact()
@@ -163,7 +165,7 @@ class RunStore:
             self.done[e.index] = e
 
 
-def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str]) -> dict[str, Any]:
+def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str], earlier: dict[str, str]) -> dict[str, Any]:
     """The manifest to write: ``manifest``, or the resumed run's with its creation time kept."""
     mpath = p / MANIFEST
     if p.exists() and not p.is_dir():
@@ -173,19 +175,27 @@ def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str]) -
             old = json.loads(mpath.read_text())
         except json.JSONDecodeError:
             raise RunStoreError(f"{mpath} is not valid JSON: not a capsense run folder; choose another `out`") from None
-        diffs = [k for k in identity_keys if old.get("identity", {}).get(k) != manifest["identity"].get(k)]
-        if diffs:
-            shown = "; ".join(
-                f"{k}: {old.get('identity', {}).get(k)!r} there, {manifest['identity'].get(k)!r} now" for k in diffs[:4]
-            )
-            raise RunStoreError(
-                f"`out` {str(p)!r} holds a different run ({shown}); rerun with its settings to resume it, "
-                "or choose another `out`"
-            )
+        _check_identity(p, old.get("identity", {}), manifest["identity"], identity_keys, earlier)
         return {**manifest, "created": old.get("created", manifest.get("created")), "resumed": old.get("resumed", 0) + 1}
     if p.is_dir() and any(q.name != LOCK_FILE for q in p.iterdir()):
         raise RunStoreError(f"`out` {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another `out`")
     return manifest
+
+
+def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: list[str], earlier: dict[str, str]) -> None:
+    """Refuse to resume a folder whose identity differs, naming the fields and how to resume it."""
+    diffs = [k for k in keys if old.get(k) != new.get(k)]
+    if not diffs:
+        return
+    absent = [k for k in diffs if k not in old]
+    shown = "; ".join(
+        f"{k}: not recorded there (written by an earlier release), {new.get(k)!r} now" if k in absent
+        else f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4]
+    )
+    hints = [earlier[k] for k in absent if k in earlier]
+    how = (f"to resume it give {' and '.join(hints)}" if hints and len(hints) == len(diffs)
+           else "rerun with its settings to resume it")
+    raise RunStoreError(f"`out` {str(p)!r} holds a different run ({shown}); {how}, or choose another `out`")
 
 
 def check_run_folder(path: str | os.PathLike) -> None:

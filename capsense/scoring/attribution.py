@@ -38,14 +38,10 @@ GRADIENT_METRICS = ("nll",)
 KNOCKOUT_METHODS = ("cs", "exhaustive", "greedy", "thompson")
 
 
-class AttributionError(CapsenseError):
-    """Attribution asked of a score that has no gradient."""
-
-
 def check_gradient_metric(metric: str) -> None:
-    """Raise :class:`AttributionError` unless ``metric`` is differentiable in the head multipliers."""
+    """Raise :class:`CapsenseError` unless ``metric`` is differentiable in the head multipliers."""
     if metric not in GRADIENT_METRICS:
-        raise AttributionError(
+        raise CapsenseError(
             f"attribution needs a score with a gradient, and metric {metric!r} has none (accuracy, exact "
             f"match and pass@k count discrete outcomes): use metric nll (nats/token of the reference "
             f"continuation), or a knockout method that measures any metric: {', '.join(KNOCKOUT_METHODS)}"
@@ -99,7 +95,7 @@ class AttributionScorer:
                  means: dict[int, torch.Tensor] | None = None) -> None:
         self.ablation = check_ablation_mode(ablation)
         if self.ablation == "mean" and means is None:
-            raise AttributionError("mean ablation needs per-head `means` (capsense.core.ablation.compute_head_means)")
+            raise CapsenseError("mean ablation needs per-head `means` (capsense.core.ablation.compute_head_means)")
         self.means = means if self.ablation == "mean" else None
         self.base = ProbeScorer(model, probe, batch_size=batch_size)  # tokenization, order, padding
         self.model, self.probe, self.layout = model, probe, self.base.layout
@@ -172,7 +168,7 @@ class AttributionScorer:
         (the same sum whichever processes computed them, so the result is the same to the bit)."""
         ordered = sorted(terms, key=lambda t: t.batch)
         if [t.batch for t in ordered] != list(range(self.n_batches)):
-            raise AttributionError(f"attribution of {self.probe.name!r} needs each of its {self.n_batches} batches once, "
+            raise CapsenseError(f"attribution of {self.probe.name!r} needs each of its {self.n_batches} batches once, "
                                    f"got {[t.batch for t in ordered]}")
         total, grad = 0.0, np.zeros((self.layout.n_layers, self.layout.n_heads))
         for t in ordered:

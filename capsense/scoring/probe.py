@@ -35,10 +35,6 @@ from capsense.scoring import METRICS
 ProbeKind = Literal["loglikelihood", "multiple_choice"]
 
 
-class ProbeError(CapsenseError):
-    """A task or probe file that cannot be turned into a probe."""
-
-
 @dataclass
 class Probe:
     """Tokenized requests of one task. Request ``r`` belongs to document ``doc_of[r]``."""
@@ -135,9 +131,9 @@ class Probe:
         instances = task_obj.instances
         kinds = {inst.request_type for inst in instances}
         if not instances:
-            raise ProbeError(f"task {name!r} built no requests")
+            raise CapsenseError(f"task {name!r} built no requests")
         if kinds - {"loglikelihood"}:
-            raise ProbeError(
+            raise CapsenseError(
                 f"task {name!r} has {sorted(kinds)} requests; probes score log-likelihood and "
                 "multiple-choice tasks (for generation tasks, use a log-likelihood variant of "
                 "the reference answer)"
@@ -178,7 +174,7 @@ def sample_doc_ids(task: str, n_docs: int, limit: int | None, seed: int, exclude
     excluded = set(int(i) for i in exclude)
     order = [int(i) for i in np.random.default_rng(seed).permutation(n_docs) if int(i) not in excluded]
     if not order:
-        raise ProbeError(f"task {task!r}: no documents left after excluding {len(excluded)}")
+        raise CapsenseError(f"task {task!r}: no documents left after excluding {len(excluded)}")
     return order[:limit] if limit else order
 
 
@@ -212,13 +208,10 @@ def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokeniz
     from capsense.tasks import task_manager
 
     metadata = {"tokenizer": tokenizer} if tokenizer is not None else None
-    try:
-        manager = task_manager(include_path, [task], metadata=metadata)
-    except CapsenseError as e:
-        raise ProbeError(str(e)) from None
+    manager = task_manager(include_path, [task], metadata=metadata)
     obj = get_task_dict([task], manager)[task]
     if isinstance(obj, dict):
-        raise ProbeError(f"{task!r} is a group of tasks; name one task")
+        raise CapsenseError(f"{task!r} is a group of tasks; name one task")
     return obj
 
 

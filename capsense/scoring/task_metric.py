@@ -18,10 +18,6 @@ from capsense.core.heads import HeadSet
 from capsense.errors import CapsenseError
 
 
-class TaskMetricError(CapsenseError):
-    """A task metric that the task does not report."""
-
-
 @dataclass(frozen=True)
 class TaskMetric:
     """A task's metric as ``evaluate_head_sets`` labels it (``name`` or ``name,filter``)."""
@@ -74,7 +70,7 @@ def resolve_task_metric(task: str, task_obj, metric: str, reported: Sequence[str
     if by_name:
         return by_name[0]
     valid = ", ".join(metrics) or "none"
-    raise TaskMetricError(
+    raise CapsenseError(
         f"unknown `metric` {metric!r} for task {task!r}: valid metrics are nll (nats/token of the reference "
         f"continuation, the default), acc (greedy exact match or multiple-choice accuracy) and the task's own: {valid}"
     )
@@ -119,7 +115,7 @@ class TaskMetricScorer:
             out = self._run(heads)
             got = [v for label, v in out.items() if label == self.metric.label]
             if not got:
-                raise TaskMetricError(f"lm-eval reported no {self.metric.label!r} for {self.task!r}: "
+                raise CapsenseError(f"lm-eval reported no {self.metric.label!r} for {self.task!r}: "
                                  f"it reported {', '.join(out)}")
             values.append(got[0])
         return {self.name: np.array(values, dtype=float)}

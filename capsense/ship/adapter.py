@@ -17,7 +17,8 @@ from torch import nn
 from capsense.core.arch import arch_spec, head_layout, out_projections
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
-from capsense.ship.base import ExportError, ExportResult, check_dtype, noop
+from capsense.ship.base import ExportResult, check_dtype, noop
+from capsense.errors import CapsenseError
 from capsense.ship.checkpoint import head_indices
 from capsense.ship.metadata import base_model_hub_id, build_metadata, list_files, public_name, write_card_and_metadata
 from capsense.ship.preflight import preflight
@@ -72,9 +73,9 @@ def export_adapter(
     ``max_shard_size`` is accepted for a uniform format signature and unused (an adapter is small).
     """
     if ablation == "mean":
-        raise ExportError(MEAN_ADAPTER_MSG)
+        raise CapsenseError(MEAN_ADAPTER_MSG)
     if mean_reference:
-        raise ExportError("`mean_reference` only applies to `ablation` mean")
+        raise CapsenseError("`mean_reference` only applies to `ablation` mean")
     check_dtype(dtype)
     from peft import IA3Config, get_peft_model
 

@@ -19,10 +19,6 @@ from capsense.errors import CapsenseError
 from capsense.core.models import DTYPES
 
 
-class ExportError(CapsenseError):
-    """An export that cannot be done as asked (the message says why and what to do instead)."""
-
-
 @dataclass
 class ExportResult:
     """What an export wrote: the folder, its files and the ``capsense.json`` metadata."""
@@ -35,7 +31,7 @@ class ExportResult:
 
 
 Exporter = Callable[..., ExportResult]
-FORMATS: Registry[Exporter] = Registry("format", "formats", ExportError)
+FORMATS: Registry[Exporter] = Registry("format", "formats", CapsenseError)
 FORMATS.register_lazy("adapter", "capsense.ship.adapter:export_adapter")
 FORMATS.register_lazy("checkpoint", "capsense.ship.checkpoint:export_checkpoint")
 
@@ -48,7 +44,7 @@ def register_format(name: str) -> Callable[[Exporter], Exporter]:
 
 def check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
-        raise ExportError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        raise CapsenseError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
 
 
 def noop(msg: str) -> None:

@@ -19,7 +19,8 @@ from capsense.core.arch import arch_spec, base_layer, head_layout, out_projectio
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
 from capsense.core.models import load_model
-from capsense.ship.base import ExportError, ExportResult, check_dtype, noop
+from capsense.ship.base import ExportResult, check_dtype, noop
+from capsense.errors import CapsenseError
 from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
 from capsense.ship.preflight import check_mean_foldable, preflight
 
@@ -59,7 +60,7 @@ def check_editable(model, heads: HeadSet) -> None:
     projections = out_projections(model)
     off = [layer for layer in heads.layers() if any(p.device.type == "meta" for p in projections[layer].parameters())]
     if off:
-        raise ExportError(
+        raise CapsenseError(
             f"layers {off} were offloaded by the device map, so their weights cannot be edited in place; "
             "export with a device map that keeps them on GPUs, or without `device_map` on a machine with enough memory"
         )
@@ -89,7 +90,7 @@ def export_checkpoint(
     """
     check_dtype(dtype)
     if mean_reference and ablation != "mean":
-        raise ExportError("`mean_reference` only applies to `ablation` mean")
+        raise CapsenseError("`mean_reference` only applies to `ablation` mean")
     out_path, hs, heads_file, source, meta = preflight(model, heads, out, top_k, ablation, overwrite, revision)
     if ablation == "mean":
         check_mean_foldable(meta, hs)

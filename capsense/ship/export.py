@@ -12,13 +12,13 @@ from typing import Any
 
 from capsense.core.heads import HeadsLike
 from capsense.ship.adapter import export_adapter, ia3_vectors, projection_names
-from capsense.ship.base import DTYPES, FORMATS, ExportError, ExportResult
+from capsense.ship.base import DTYPES, FORMATS, ExportResult
 from capsense.ship.checkpoint import export_checkpoint, fold_means_into_bias
 from capsense.ship.metadata import METADATA_FILE
 from capsense.ship.preflight import MEAN_FOLD_SUPPORT, resolve_heads
 
 __all__ = [
-    "DTYPES", "FORMATS", "MEAN_FOLD_SUPPORT", "METADATA_FILE", "ExportError", "ExportResult", "export_adapter",
+    "DTYPES", "FORMATS", "MEAN_FOLD_SUPPORT", "METADATA_FILE", "ExportResult", "export_adapter",
     "export_checkpoint", "export_model", "fold_means_into_bias", "ia3_vectors", "projection_names", "resolve_heads",
 ]
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections
 from capsense.core.files import check_output_dir
-from capsense.core.heads import HeadSet, HeadSpecError, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
+from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
+from capsense.errors import CapsenseError, HeadSpecError
 from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
-from capsense.ship.base import ExportError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -63,19 +63,19 @@ def meta_model(model: str, revision: str | None = None) -> nn.Module:
         try:
             config = AutoConfig.from_pretrained(path, **kwargs)
         except ValueError as e:
-            raise ExportError(f"cannot load the config of model {model!r}: {e}") from None
+            raise CapsenseError(f"cannot load the config of model {model!r}: {e}") from None
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 
 
 def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
-    """Raise :class:`ExportError` if some edited layer's output projection has no bias."""
+    """Raise :class:`CapsenseError` if some edited layer's output projection has no bias."""
     projections = out_projections(model)
     missing = [l for l in heads.layers() if getattr(base_layer(projections[l]), "bias", None) is None]
     if missing:
         model_type = model.config.model_type
         support = MEAN_FOLD_SUPPORT.get(model_type, "unknown")
-        raise ExportError(
+        raise CapsenseError(
             f"mean ablation cannot be folded into this {model_type} checkpoint: its attention output "
             f"projection has no bias to carry the head means (layers {missing}; {model_type}: {support}). "
             "A checkpoint can carry mean ablation for gpt2 and gpt_neox, and for llama, qwen3, gemma2, "
@@ -90,7 +90,7 @@ def check_export_inputs(
 ) -> tuple[Path, HeadSet, HeadsFile | None, Path | None]:
     """The checks that need neither torch nor the model's config (fast: for the CLI before heavy imports)."""
     if ablation not in ("zero", "mean"):
-        raise ExportError(f"unknown ablation mode {ablation!r}: valid modes are zero, mean")
+        raise CapsenseError(f"unknown ablation mode {ablation!r}: valid modes are zero, mean")
     out_path = check_output_dir(out, overwrite)
     hs, heads_file, source = resolve_heads(heads, top_k)
     check_model(model)

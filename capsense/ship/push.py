@@ -19,16 +19,12 @@ from huggingface_hub import HfApi, get_token
 
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.models import hub_offline
-from capsense.errors import CapsenseError
+from capsense.errors import HubError
 from capsense.ship.card import build_model_card
 
 # Hidden files and folders (.git, .cache, editor droppings) are never uploaded.
 IGNORE_PATTERNS = [".*", "*/.*"]
 DEFAULT_COMMIT_MESSAGE = "Upload capability-ablated model (capsense)"
-
-
-class HubError(CapsenseError, RuntimeError):
-    """A push that cannot be done (offline, no token, bad repo id, Hub error)."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from capsense.errors import CapsenseError
+from capsense.errors import UnknownTaskError
 
 PREFIX = "capsense_"
 #: capsense tasks whose lm-eval ``acc`` (greedy exact match of the whole continuation) is no
@@ -22,10 +22,6 @@ PREFIX = "capsense_"
 #: it reads 0 for every model and head set; validation tables leave it out.
 WITHOUT_ACCURACY = frozenset({"capsense_prose"})
 _TASK_LINE = re.compile(r"^(?:task|tag):\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
-
-
-class UnknownTaskError(CapsenseError):
-    """A task name that neither capsense nor lm-eval (nor an ``include_path`` folder) defines."""
 
 
 def tasks_dir() -> Path:

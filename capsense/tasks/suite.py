@@ -33,10 +33,6 @@ SUITES: dict[str, tuple[str, ...]] = {"default": SCREEN, "held-out": HELD_OUT}
 NONE = "none"  # ``--controls none``: no controls (not selective)
 
 
-class ControlSpecError(CapsenseError):
-    """A control spec that names nothing valid, drops what is not there, or is empty."""
-
-
 def split_spec(spec: str | Iterable[str] | None) -> list[str]:
     """``"default,capsense_x"`` or ``["default", "capsense_x"]`` -> items, blanks dropped."""
     if spec is None:
@@ -56,7 +52,7 @@ def expand_controls(spec: str | Iterable[str] | None, target: str) -> list[str]:
     if items == [NONE]:
         return []
     if NONE in items:
-        raise ControlSpecError(f"`controls` {','.join(items)!r}: 'none' stands alone (no controls); "
+        raise CapsenseError(f"`controls` {','.join(items)!r}: 'none' stands alone (no controls); "
                                "otherwise give task names and suites (" + ", ".join(SUITES) + ")")
     out: list[str] = []
     for item in items:
@@ -66,7 +62,7 @@ def expand_controls(spec: str | Iterable[str] | None, target: str) -> list[str]:
         if drop:
             missing = [t for t in tasks if t not in out and t != target]
             if missing == tasks:
-                raise ControlSpecError(f"`controls`: {item!r} drops {name!r}, which is not among the controls before it "
+                raise CapsenseError(f"`controls`: {item!r} drops {name!r}, which is not among the controls before it "
                                        f"({', '.join(out) or 'none'})")
             out = [t for t in out if t not in tasks]
         elif name in SUITES:  # a suite never lists the target or repeats a control
@@ -74,7 +70,7 @@ def expand_controls(spec: str | Iterable[str] | None, target: str) -> list[str]:
         else:  # a task named outright is kept as given (the config refuses the target or a repeat)
             out.append(name)
     if not out and items:
-        raise ControlSpecError(f"`controls` {','.join(items)!r} leaves no control task; say 'none' for a run without controls")
+        raise CapsenseError(f"`controls` {','.join(items)!r} leaves no control task; say 'none' for a run without controls")
     return out
 
 

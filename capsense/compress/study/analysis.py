@@ -14,22 +14,16 @@ Held-out protocol for pruning (per method and capability):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from capsense.compress.study.predictors import (
-    CompactFit,
-    ExtrapolationError,
-    FitError,
-    LinearFit,
-    fit_compact,
-    fit_linear_loo,
-    fit_per_density,
-    model_state_features,
-    quant_feature,
-    stable_rank_feature,
+    CompactFit, LinearFit, fit_compact, fit_linear_loo, fit_per_density, model_state_features, quant_feature, stable_rank_feature,
 )
+from capsense.errors import FitError
 
 
 def _baselines(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
@@ -248,7 +242,39 @@ def predict_pruning(
     return out
 
 
+@dataclass
+class GridFits:
+    """A grid file's records, :func:`fit_grid` of them and the predictions asked for (one row
+    per method, density and capability: ``dL``, ``extrapolated``, the measured ``range``)."""
+
+    records: list[dict[str, Any]]
+    fits: dict[str, Any]
+    predictions: list[dict[str, Any]]
+
+
+def fit_grid_file(path: str | Path, predict_densities: Sequence[float] = (), method: str | None = None,
+                  allow_extrapolation: bool = False) -> GridFits:
+    """Fit the predictors to the grid file at ``path`` (``capsense fit``) and predict dL at
+    ``predict_densities`` for pruning ``method`` (None: every fitted pruning method)."""
+    from capsense.compress.study.grid import read_records
+
+    records = read_records(path)
+    if not records:
+        raise FitError(f"{path} holds no measurements")
+    fits = fit_grid(records)
+    rows: list[dict[str, Any]] = []
+    if predict_densities:
+        methods = [method] if method else list(fits["pruning"])
+        if not methods:
+            raise FitError("the grid has no pruning measurements to predict from")
+        for m in methods:
+            for d in predict_densities:
+                for cap, p in predict_pruning(fits, m, d, allow_extrapolation=allow_extrapolation).items():
+                    rows.append({"method": m, "density": d, "capability": cap, **p})
+    return GridFits(records, fits, rows)
+
+
 __all__ = [
-    "ExtrapolationError", "FitError", "LinearFit", "fit_grid", "half_densities", "lowrank_evaluation",
+    "FitError", "GridFits", "LinearFit", "fit_grid", "fit_grid_file", "half_densities", "lowrank_evaluation",
     "predict_pruning", "pruning_evaluation", "quant_evaluation",
 ]

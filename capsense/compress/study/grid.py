@@ -19,19 +19,15 @@ from typing import Any
 
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
-from capsense.compress.budget import BudgetError, normalize_setting, uniform_budget
+from capsense.compress.budget import normalize_setting, uniform_budget
 from capsense.compress.methods import Setting, parse_setting
 from capsense.core.tables import markdown_table
-from capsense.core.files import CorruptFileError, append_jsonl, read_jsonl, repair_jsonl_tail
+from capsense.core.files import append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.capabilities import DEFAULT_CAPABILITIES, parse_capabilities, task_of
 from capsense.compress.targets import parse_kinds
 
 BASELINE = {"method": "none"}
-
-
-class GridError(CapsenseError):
-    """A grid spec or grid file that cannot be used."""
 
 
 @dataclass
@@ -58,7 +54,7 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
     out: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
-            raise GridError(f"settings entry {i} must be a mapping, got {entry!r}")
+            raise CapsenseError(f"settings entry {i} must be a mapping, got {entry!r}")
         keys = list(entry)
         values = [v if isinstance(v, list) else [v] for v in entry.values()]
         for combo in itertools.product(*values):
@@ -68,7 +64,7 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
                 s = normalize_setting(raw)
                 kinds = parse_kinds(targets)
             except CapsenseError as e:
-                raise GridError(f"settings entry {i} ({raw}): {e}") from None
+                raise CapsenseError(f"settings entry {i} ({raw}): {e}") from None
             s["targets"] = ",".join(kinds)
             if s not in out:
                 out.append(s)
@@ -77,7 +73,7 @@ def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str |
 
 # The value list that spans each family's axis in a grid: (setting key, name of the list).
 #: Method family -> (setting key, the grid field listing its values).
-GRID_AXES: Registry[tuple[str, str]] = Registry("family", "families", GridError)
+GRID_AXES: Registry[tuple[str, str]] = Registry("family", "families", CapsenseError)
 for _family, _axis in (("prune", ("density", "densities")), ("quant", ("bits", "bits")), ("lowrank", ("ratio", "ratios"))):
     GRID_AXES.register(_family, _axis)
 
@@ -91,10 +87,10 @@ def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[fl
     for m in methods:
         cls = METHODS.get(m)
         if cls is None:
-            raise GridError(METHODS.unknown_message(m))
+            raise CapsenseError(METHODS.unknown_message(m))
         key, name = GRID_AXES[cls.family]
         if not values.get(name):
-            raise GridError(f"{m} needs a list of {name}")
+            raise CapsenseError(f"{m} needs a list of {name}")
         entry: dict[str, Any] = {"method": m, key: [int(v) for v in values[name]] if key == "bits" else list(values[name])}
         if cls.family == "quant":
             entry["group_size"] = group_size
@@ -108,35 +104,65 @@ def load_spec(path: str | Path, overrides: Mapping[str, Any] | None = None) -> G
 
     p = Path(path)
     if not p.is_file():
-        raise GridError(f"grid spec {str(p)!r} not found")
+        raise CapsenseError(f"grid spec {str(p)!r} not found")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise GridError(f"grid spec {str(p)!r} cannot be parsed: {e}") from None
+        raise CapsenseError(f"grid spec {str(p)!r} cannot be parsed: {e}") from None
     if not isinstance(data, dict):
-        raise GridError(f"grid spec {str(p)!r} must be a mapping with model, capabilities and settings")
+        raise CapsenseError(f"grid spec {str(p)!r} must be a mapping with model, capabilities and settings")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return spec_from_dict(data)
 
 
 def spec_from_dict(data: Mapping[str, Any]) -> GridSpec:
+    """The checked :class:`GridSpec` of a grid file's mapping (fields of :class:`GridSpec`, ``settings``
+    entries with list-valued fields expanded, a default ``targets``)."""
     allowed = {f for f in GridSpec.__dataclass_fields__} | {"targets"}
     unknown = set(data) - allowed
     if unknown:
-        raise GridError(f"unknown grid field(s) {', '.join(sorted(unknown))}: valid fields are {', '.join(sorted(allowed))}")
+        raise CapsenseError(f"unknown grid field(s) {', '.join(sorted(unknown))}: valid fields are {', '.join(sorted(allowed))}")
     if not data.get("model"):
-        raise GridError("the grid needs a model")
+        raise CapsenseError("the grid needs a model")
     caps = data.get("capabilities", list(DEFAULT_CAPABILITIES))
     settings = expand_settings(data.get("settings") or [], data.get("targets"))
     if not settings:
-        raise GridError("the grid has no settings: list methods with their densities, bits or ratios")
+        raise CapsenseError("the grid has no settings: list methods with their densities, bits or ratios")
     kw = {k: v for k, v in data.items() if k in GridSpec.__dataclass_fields__ and k not in ("settings", "capabilities")}
     if kw.get("train_tokens") is not None:
         try:
             kw["train_tokens"] = float(kw["train_tokens"])  # YAML reads 2.0e12 (no exponent sign) as a string
         except (TypeError, ValueError):
-            raise GridError(f"train_tokens must be a number, got {kw['train_tokens']!r}") from None
+            raise CapsenseError(f"train_tokens must be a number, got {kw['train_tokens']!r}") from None
     return GridSpec(capabilities=parse_capabilities(caps), settings=settings, **kw)
+
+
+def grid_spec(spec_file: str | Path | None = None, methods: Sequence[str] = (),
+              values: Mapping[str, Sequence[float] | None] | None = None, group_size: int | None = 128,
+              **fields: Any) -> GridSpec:
+    """The grid a caller asks for (``capsense grid``).
+
+    With ``spec_file``, the file's grid, its fields replaced by the non-None ``fields`` (model,
+    capabilities, probes, dtype, calibration, calibration_samples, targets) and its settings by
+    ``methods`` spanning ``values`` (keyed densities/bits/ratios) when those are given; without,
+    ``fields`` and ``methods`` x ``values`` alone.
+    """
+    from capsense.compress.methods import METHODS
+
+    settings = settings_from_lists(methods, values or {}, group_size)
+    if spec_file:
+        spec = load_spec(spec_file, fields)
+        if settings:
+            spec.settings = spec_from_dict({"model": spec.model, "settings": settings,
+                                            "targets": fields.get("targets")}).settings
+        return spec
+    if not fields.get("model"):
+        raise CapsenseError("give `model` (or `spec_file` FILE)")
+    if not settings:
+        raise CapsenseError(
+            f"give `methods` (from {', '.join(METHODS)}) with `densities`/`bits_list`/`ratios`, or `spec_file` FILE"
+        )
+    return spec_from_dict({**{k: v for k, v in fields.items() if v is not None}, "settings": settings})
 
 
 def _setting(setting: Mapping[str, Any]) -> Setting:
@@ -152,16 +178,13 @@ def record_key(setting: Mapping[str, Any], capability: str) -> str:
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """All complete records of a grid file (a torn last line from a crash is ignored)."""
-    try:
-        return read_jsonl(path)
-    except CorruptFileError as e:
-        raise GridError(str(e)) from None
+    return read_jsonl(path)
 
 
 def _check_resumable(out: Path, existing: Sequence[Mapping[str, Any]], fp: Mapping[str, Any]) -> None:
     for r in existing:
         if r.get("grid") != fp:
-            raise GridError(
+            raise CapsenseError(
                 f"{out} holds measurements of another grid ({r.get('grid')}); this grid is {fp}: use another `out`"
             )
 

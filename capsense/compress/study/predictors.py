@@ -31,19 +31,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, FitError
 
 D_REF = 0.3
 FEATURES = ("log_params", "L0", "log_train_tokens")
 GAMMA_RANGE = (0.05, 8.0)
-
-
-class ExtrapolationError(CapsenseError):
-    """A prediction outside the measured range, asked for without allowing extrapolation."""
-
-
-class FitError(CapsenseError):
-    """Too few or unusable measurements for a fit."""
 
 
 def density_term(d: np.ndarray | float, gamma: float) -> np.ndarray:
@@ -83,7 +75,7 @@ class CompactFit:
         lo, hi = self.density_range
         outside = d[(d < lo - 1e-9) | (d > hi + 1e-9)]
         if outside.size and not allow_extrapolation:
-            raise ExtrapolationError(
+            raise CapsenseError(
                 f"density {outside[0]:g} is outside the measured range [{lo:g}, {hi:g}] of the {self.method} fit for "
                 f"{self.capability}: the relation holds only inside it. Measure that density, or allow extrapolation "
                 "to get a flagged guess"
@@ -169,7 +161,7 @@ class PerDensityFit:
         for i, di in enumerate(d):
             key = next((k for k in self.coefs if abs(k - di) < 1e-9), None)
             if key is None:
-                raise ExtrapolationError(
+                raise CapsenseError(
                     f"the per-density regression has no fit at density {di:g} (measured: "
                     f"{', '.join(f'{k:g}' for k in sorted(self.coefs))}): it cannot predict between densities"
                 )
@@ -222,7 +214,7 @@ class LinearFit:
         lo, hi = self.x_range
         bad = x[(x < lo - 1e-9) | (x > hi + 1e-9)]
         if bad.size and not allow_extrapolation:
-            raise ExtrapolationError(f"{self.name}: {bad[0]:g} is outside the measured range [{lo:g}, {hi:g}]")
+            raise CapsenseError(f"{self.name}: {bad[0]:g} is outside the measured range [{lo:g}, {hi:g}]")
         return self.intercept + self.slope * x
 
     def to_dict(self) -> dict[str, Any]:

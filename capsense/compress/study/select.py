@@ -9,21 +9,18 @@ predictor's leave-one-out prediction, RTN the bits predictor's leave-one-out pre
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from capsense.core.registry import Registry
-from capsense.errors import CapsenseError
-from capsense.compress.study.analysis import _scope_tag
-from capsense.compress.study.predictors import CompactFit, FitError
+from capsense.errors import CapsenseError, FitError
+from capsense.compress.study.analysis import _scope_tag, fit_grid
+from capsense.compress.study.predictors import CompactFit
 
 
-class SelectError(CapsenseError):
-    """No setting fits the budget, or the grid lacks what selection needs."""
-
-
-SIZE_KEYS: Registry = Registry("size_key", "size measures", SelectError)
+SIZE_KEYS: Registry = Registry("size_key", "size measures", CapsenseError)
 for _key in ("size_ratio", "target_size_ratio", "model_param_ratio", "target_param_ratio"):
     SIZE_KEYS.register(_key, _key)
 
@@ -58,7 +55,7 @@ def _predict_quant(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | Non
 
 
 #: Method family -> the fitted predictor of a record's dL.
-PREDICTORS: Registry = Registry("family", "families", SelectError)
+PREDICTORS: Registry = Registry("family", "families", CapsenseError)
 for _family, _fn in (("prune", _predict_prune), ("lowrank", _predict_lowrank), ("quant", _predict_quant)):
     PREDICTORS.register(_family, _fn)
 
@@ -105,15 +102,15 @@ def select(
 ) -> dict[str, Any]:
     """Choose by prediction under ``size <= budget``; report the regret against the best measured."""
     if not 0 < budget <= 1:
-        raise SelectError(f"budget {budget} is outside (0, 1]: it is the largest allowed {size_key} (1 = dense size)")
+        raise CapsenseError(f"`budget` {budget} is outside (0, 1]: it is the largest allowed {size_key} (1 = dense size)")
     caps = list(capabilities or sorted({r["capability"] for r in records}))
     cands = candidates(records, fits, caps, weights, size_key)
     if not cands:
-        raise SelectError("the grid has no setting measured on all of " + ", ".join(caps))
+        raise FitError("the grid has no setting measured on all of " + ", ".join(caps))
     feasible = [c for c in cands if c["size"] <= budget + 1e-12]
     if not feasible:
         smallest = min(cands, key=lambda c: c["size"])
-        raise SelectError(
+        raise FitError(
             f"no measured setting fits {size_key} <= {budget:g}: the smallest is {smallest['label']} "
             f"({smallest['targets']}) at {smallest['size']:.3f}"
         )
@@ -130,6 +127,22 @@ def select(
     }
 
 
+def select_from_grid(
+    path: str | Path, budget: float, size_key: str = "size_ratio", capabilities: Sequence[str] | None = None,
+    weights: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """:func:`select` over the grid file at ``path`` (``capsense select``), its predictors fitted
+    here; every capability named in ``capabilities`` or ``weights`` must be in the grid."""
+    from capsense.compress.study.grid import read_records
+
+    records = read_records(path)
+    known = {r["capability"] for r in records}
+    bad = [c for c in [*(capabilities or []), *(weights or {})] if c not in known]
+    if bad:
+        raise CapsenseError(f"capability {', '.join(bad)} is not in the grid: it has {', '.join(sorted(known))}")
+    return select(records, fit_grid(records), budget, capabilities, weights, size_key)
+
+
 def regret_curve(
     records: Sequence[Mapping[str, Any]], fits: Mapping[str, Any], budgets: Sequence[float], **kw: Any
 ) -> list[dict[str, Any]]:
@@ -138,7 +151,7 @@ def regret_curve(
     for b in budgets:
         try:
             s = select(records, fits, b, **kw)
-        except (SelectError, FitError):
+        except FitError:  # nothing fits this budget, or too few points
             continue
         out.append({"budget": b, "chosen": s["chosen"]["label"], "best": s["best_measured"]["label"], "regret": s["regret"]})
     return out

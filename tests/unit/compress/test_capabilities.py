@@ -25,12 +25,13 @@ def test_a_misspelt_task_is_an_error_not_literal_calibration_text():
     """``capsense_mathh`` used to become one calibration text reading "capsense_mathh"."""
     from conftest import make_char_tokenizer
 
-    from capsense.compress.calibration import CalibrationError, calibration_samples
+    from capsense.compress.calibration import calibration_samples
+    from capsense.errors import CapsenseError
 
     tok = make_char_tokenizer()
-    with pytest.raises(CalibrationError, match=r"'capsense_mathh'.*did you mean capsense_math_problems\?"):
+    with pytest.raises(CapsenseError, match=r"'capsense_mathh'.*did you mean capsense_math_problems\?"):
         calibration_samples("capsense_mathh", tok, 2)
-    with pytest.raises(CalibrationError, match=r"did you mean math\?"):
+    with pytest.raises(CapsenseError, match=r"did you mean math\?"):
         calibration_samples("mathh", tok, 2)
     samples, info = calibration_samples("some literal text,math", tok, 2)  # text and tasks still work
     assert [r["kind"] for r in info] == ["text", "task"] and len(samples) == 2

@@ -7,8 +7,9 @@ import pytest
 import torch
 from conftest import HEAD_DIM, make_tiny_model, tiny_inputs
 
-from capsense.compress.engine import CompressionError, compress_model
-from capsense.compress.budget import BudgetError, load_budget, normalize_setting, uniform_budget
+from capsense.compress.engine import compress_model
+from capsense.errors import BudgetError, CapsenseError
+from capsense.compress.budget import load_budget, normalize_setting, uniform_budget
 from capsense.compress.calibration import collect_stats
 from capsense.compress.targets import TargetError, find_targets
 from capsense.core.heads import HeadsFile, write_heads_file
@@ -125,7 +126,7 @@ def test_budget_errors(tmp_path, text, match):
 def test_ratio_leaving_no_rank_is_an_error_before_any_change():
     model = make_tiny_model("llama")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(CompressionError, match="leaves no rank"):
+    with pytest.raises(CapsenseError, match="leaves no rank"):
         compress_model(model, uniform_budget({"method": "svd", "ratio": 0.01}))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # checked before any weight changed
@@ -173,5 +174,5 @@ def test_protected_head_out_of_range_is_an_error(tmp_path):
     from capsense.core.heads import HeadSet
 
     budget.protect_heads = HeadSet.parse("L7H0")
-    with pytest.raises(CompressionError, match="layer 7 out of range"):
+    with pytest.raises(CapsenseError, match="layer 7 out of range"):
         compress_model(make_tiny_model("llama"), budget)

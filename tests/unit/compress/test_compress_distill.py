@@ -11,7 +11,8 @@ from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.compress.engine import compress_model
 from capsense.compress.budget import uniform_budget
-from capsense.compress.distill import DistillConfig, DistillError, fit_log_epochs, kd_loss, run_distill
+from capsense.compress.distill import DistillConfig, fit_log_epochs, kd_loss, run_distill
+from capsense.errors import CapsenseError
 from capsense.compress.targets import find_targets
 
 
@@ -59,7 +60,7 @@ def test_a_killed_run_resumes_to_the_same_weights(setup, tmp_path):
         assert torch.equal(t1.get(), t3.get())
     other = DistillConfig(**{**cfg.__dict__, "lr": 5e-4})
     run_distill(other, tmp_path / "c", None, progress=False, models=(copy.deepcopy(student), teacher, tok), stop_after=1)
-    with pytest.raises(DistillError, match="holds another distillation"):
+    with pytest.raises(CapsenseError, match="holds another distillation"):
         run_distill(cfg, tmp_path / "c", None, progress=False, models=(copy.deepcopy(student), teacher, tok))
 
 
@@ -67,5 +68,5 @@ def test_log_epoch_fit_recovers_its_coefficients():
     es = [0, 1, 2, 4, 8]
     fit = fit_log_epochs(es, [0.3 - 0.05 * torch.log1p(torch.tensor(float(e))).item() for e in es])
     assert fit["a"] == pytest.approx(-0.05, abs=1e-9) and fit["d0"] == pytest.approx(0.3, abs=1e-9) and fit["rms"] < 1e-9
-    with pytest.raises(DistillError, match="epochs must be at least 1"):
+    with pytest.raises(CapsenseError, match="epochs must be at least 1"):
         DistillConfig(student="s", teacher="t", epochs=0)

@@ -10,14 +10,9 @@ from conftest import make_tiny_model, tiny_inputs
 
 from capsense.compress.study.analysis import fit_grid, half_densities, predict_pruning
 from capsense.compress.calibration import collect_stats
-from capsense.compress.study.predictors import (
-    ExtrapolationError,
-    FitError,
-    fit_compact,
-    fit_linear_loo,
-    fit_per_density,
-)
-from capsense.compress.study.select import SelectError, select
+from capsense.compress.study.predictors import fit_compact, fit_linear_loo, fit_per_density
+from capsense.errors import CapsenseError, FitError
+from capsense.compress.study.select import select
 from capsense.compress.targets import find_targets
 
 DENSITIES = np.array([0.9, 0.8, 0.7, 0.6, 0.5])
@@ -63,14 +58,14 @@ def test_compact_fit_with_model_state_features():
     # the per-density baseline fits each density separately and cannot interpolate
     base = fit_per_density(rows[:, 0], ys, rows[:, 1:])
     assert np.abs(base.predict(rows[:, 0], rows[:, 1:]) - np.array(ys)).mean() < 0.01
-    with pytest.raises(ExtrapolationError, match="cannot predict between densities"):
+    with pytest.raises(CapsenseError, match="cannot predict between densities"):
         base.predict([0.75], rows[:1, 1:])
 
 
 def test_compact_fit_refuses_silent_extrapolation():
     d = DENSITIES
     fit = fit_compact(d, 0.2 * ((1 - d) / 0.3) ** 2)
-    with pytest.raises(ExtrapolationError, match=r"outside the measured range \[0.5, 0.9\]"):
+    with pytest.raises(CapsenseError, match=r"outside the measured range \[0.5, 0.9\]"):
         fit.predict(0.3)
     assert np.isfinite(fit.predict(0.3, allow_extrapolation=True)).all()
     with pytest.raises(FitError, match="at least two distinct densities"):
@@ -143,7 +138,7 @@ def test_fit_grid_on_synthetic_grid():
     assert fits["quant"]["math"]["slope"] == pytest.approx(150, rel=0.1)
     pred = predict_pruning(fits, "wanda", 0.75)
     assert pred["math"]["dL"] == pytest.approx(0.5 * (0.25 / 0.3) ** 2, abs=0.02)
-    with pytest.raises(ExtrapolationError):
+    with pytest.raises(CapsenseError):
         predict_pruning(fits, "wanda", 0.3)
     assert predict_pruning(fits, "wanda", 0.3, allow_extrapolation=True)["qa"]["extrapolated"]
 
@@ -157,9 +152,9 @@ def test_select_and_regret():
     assert s["best_measured"]["measured"] == min(c["measured"] for c in s["ranking"] + [s["best_measured"]])
     # with RTN at 3-4 bits available, the chosen setting is a quantization one: far smaller loss
     assert s["chosen"]["method"] == "rtn"
-    with pytest.raises(SelectError, match="no measured setting fits"):
+    with pytest.raises(FitError, match="no measured setting fits"):
         select(recs, fits, 0.05)
-    with pytest.raises(SelectError, match=r"outside \(0, 1\]"):
+    with pytest.raises(CapsenseError, match=r"`budget` 1.5 is outside \(0, 1\]"):  # bad input, not a gap in the grid
         select(recs, fits, 1.5)
 
 

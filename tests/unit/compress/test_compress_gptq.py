@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsense.compress.checks import BudgetError
+from capsense.errors import BudgetError
 from capsense.compress.gptq import gptq_quantize, sparsegpt_prune
 from capsense.compress.prune import apply_mask, mask_from_scores, wanda_scores
 from capsense.compress.quantize import rtn_quantize
@@ -110,7 +110,8 @@ def test_sparsegpt_rows_keep_the_protected_columns_when_they_exceed_the_budget()
 # -- as settings (registry, calibration, exact sizes) ------------------------------------------
 
 def test_gptq_and_sparsegpt_settings_parse_and_refuse():
-    from capsense.compress.methods import BudgetError, parse_setting
+    from capsense.compress.methods import parse_setting
+    from capsense.errors import BudgetError
 
     g = parse_setting({"method": "gptq", "bits": 3, "group_size": 64, "damp": 0.05, "act_order": False})
     assert g.label == "gptq@3b/g64/damp0.05/natural" and g.needs_gram and g.calibrated

@@ -13,10 +13,10 @@ from conftest import HEAD_DIM, make_char_tokenizer, make_tiny_model, tiny_inputs
 from capsense.cli import main
 from capsense.compress.allocate import Candidate, allocate
 from capsense.compress.engine import calibrate, compress_model
-from capsense.compress.budget import Budget, BudgetError, Override, load_budget, uniform_budget
+from capsense.compress.budget import Budget, Override, load_budget, uniform_budget
+from capsense.errors import BudgetError, CapsenseError
 from capsense.compress.guided import Guide, guided_budget
 from capsense.compress.budget import write_budget_file
-from capsense.compress.capabilities import MeasureError
 from capsense.compress.targets import find_targets, out_projection_name
 from capsense.core.arch import out_projections
 from capsense.core.heads import HeadSet
@@ -146,7 +146,7 @@ def test_budget_file_reproduces_the_allocation(guided_case, tmp_path):
 
 
 def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path, tiny_model_dir):
-    with pytest.raises(MeasureError, match="valid capabilities are"):
+    with pytest.raises(CapsenseError, match="valid capabilities are"):
         Guide(["poetry"])
     tiny = tiny_model_dir
     out = tmp_path / "out"

@@ -12,7 +12,8 @@ from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.cli import main
 from capsense.compress.engine import calibrate, compress_model
-from capsense.compress.budget import BudgetError, load_budget, uniform_budget
+from capsense.compress.budget import load_budget, uniform_budget
+from capsense.errors import BudgetError
 from capsense.compress.calibration import calibration_samples
 from capsense.compress.guided import Guide, guided_budget
 from capsense.compress.budget import write_budget_file

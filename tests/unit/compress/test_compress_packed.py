@@ -10,7 +10,8 @@ from capsense.compress.engine import compress_model
 from capsense.compress.budget import uniform_budget
 from capsense.compress.gptq import gptq_quantize
 from capsense.compress.methods import PruneSetting, QuantSetting
-from capsense.compress.packed import FormatError, PackedWeight, check_storable, size_on_disk, write_packed
+from capsense.compress.packed import PackedWeight, check_storable, size_on_disk, write_packed
+from capsense.errors import CapsenseError
 from capsense.compress.quantize import group_scales
 from capsense.compress.targets import find_targets
 from conftest import make_tiny_model, tiny_inputs
@@ -73,13 +74,13 @@ def test_packed_size_on_disk_matches_the_accounted_size(tmp_path):
 def test_what_the_format_cannot_store_is_refused_with_the_remedy():
     q = lambda bits, g: QuantSetting("rtn", bits, g)  # noqa: E731
     check_storable([("a", (8, 64), q(4, 32), False, True), ("b", (8, 64), None, False, True), ("c", (8, 64), q(8, 0), False, True)])
-    with pytest.raises(FormatError, match=r"cannot store a: 12-bit codes: packed codes are 1 to 8 bits"):
+    with pytest.raises(CapsenseError, match=r"cannot store a: 12-bit codes: packed codes are 1 to 8 bits"):
         check_storable([("a", (8, 64), q(12, 32), False, True)])
-    with pytest.raises(FormatError, match=r"cannot store a \(and 1 more\): group size 128 on 576 .*\(64, 32, 16, 0\)"):
+    with pytest.raises(CapsenseError, match=r"cannot store a \(and 1 more\): group size 128 on 576 .*\(64, 32, 16, 0\)"):
         check_storable([("a", (8, 576), q(4, 128), False, True), ("b", (8, 576), q(4, 128), False, True)])
-    with pytest.raises(FormatError, match="no sparse storage.*`fmt` dense"):
+    with pytest.raises(CapsenseError, match="no sparse storage.*`fmt` dense"):
         check_storable([("a", (8, 64), PruneSetting("wanda", 0.5), False, True)])
-    with pytest.raises(FormatError, match="protect no heads"):
+    with pytest.raises(CapsenseError, match="protect no heads"):
         check_storable([("a", (8, 64), q(4, 32), True, True)])
-    with pytest.raises(FormatError, match="Conv1D"):
+    with pytest.raises(CapsenseError, match="Conv1D"):
         check_storable([("a", (8, 64), q(4, 32), False, False)])

@@ -85,11 +85,12 @@ def test_bad_device_map_is_one_message_and_writes_nothing(tmp_path, tiny_model_d
 
 def test_offload_refusal_says_what_to_do(tiny_model_dir):
     from capsense.core.models import load_model
-    from capsense.core.placement import DeviceError, check_weights_in_memory, offloaded_weights
+    from capsense.core.placement import check_weights_in_memory, offloaded_weights
+    from capsense.errors import CapsenseError
 
     model, _ = load_model(str(tiny_model_dir), device_map=json.dumps({**ON_CPU, "model.embed_tokens": "disk"}))
     assert offloaded_weights(model) == ["model.embed_tokens.weight"]
-    with pytest.raises(DeviceError, match=r"compression edits.*: use a device map that keeps every module on a device"):
+    with pytest.raises(CapsenseError, match=r"compression edits.*: use a device map that keeps every module on a device"):
         check_weights_in_memory(model, "compression edits every weight in place")
     check_weights_in_memory(load_model(str(tiny_model_dir), device_map=json.dumps(ON_CPU))[0], "x")  # nothing offloaded
 

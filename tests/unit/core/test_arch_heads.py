@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from capsense.core.arch import UnsupportedArchitectureError, arch_spec, head_layout, out_projections
-from capsense.core.heads import Head, HeadSet, HeadSpecError, load_heads_file
+from capsense.core.arch import arch_spec, head_layout, out_projections
+from capsense.errors import CapsenseError, HeadSpecError
+from capsense.core.heads import Head, HeadSet, load_heads_file
 from conftest import HEAD_DIM, N_HEADS, N_LAYERS, make_tiny_model
 
 
@@ -19,7 +20,7 @@ def test_unknown_architecture_names_supported_ones():
     model = T.AutoModelForCausalLM.from_config(
         T.OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64)
     )
-    with pytest.raises(UnsupportedArchitectureError, match=r"unsupported architecture 'opt'.*gpt2.*llama.*qwen3"):
+    with pytest.raises(CapsenseError, match=r"unsupported architecture 'opt'.*gpt2.*llama.*qwen3"):
         arch_spec(model)
 
 

@@ -29,7 +29,8 @@ def test_gguf_architectures_are_loadable_and_ablatable():
 
 def test_header_checks_without_converting(tmp_path, cache):
     from capsense.core.arch import HeadLayout
-    from capsense.core.gguf import GGUFFileError, gguf_header
+    from capsense.core.gguf import gguf_header
+    from capsense.errors import UnknownModelError
     from capsense.core.models import check_model, config_head_layout
 
     path = tmp_path / "tiny.gguf"
@@ -39,19 +40,19 @@ def test_header_checks_without_converting(tmp_path, cache):
     assert config_head_layout(str(path)) == HeadLayout(3, N_HEADS, 0)
     assert not (cache / "models").exists()  # nothing converted by a check
 
-    with pytest.raises(GGUFFileError, match=r"GGUF file '.*missing.gguf' does not exist"):
+    with pytest.raises(UnknownModelError, match=r"GGUF file '.*missing.gguf' does not exist"):
         check_model(str(tmp_path / "missing.gguf"))
     write_tiny_gguf(tmp_path / "bert.gguf", arch="bert")
-    with pytest.raises(GGUFFileError, match=r"holds architecture 'bert'; capsense converts GGUF files of llama, "):
+    with pytest.raises(UnknownModelError, match=r"holds architecture 'bert'; capsense converts GGUF files of llama, "):
         check_model(str(tmp_path / "bert.gguf"))
     (tmp_path / "text.gguf").write_text("not a model")
-    with pytest.raises(GGUFFileError, match="is not a GGUF file"):
+    with pytest.raises(UnknownModelError, match="is not a GGUF file"):
         check_model(str(tmp_path / "text.gguf"))
     (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:60])
-    with pytest.raises(GGUFFileError, match="truncated or corrupt"):
+    with pytest.raises(UnknownModelError, match="truncated or corrupt"):
         check_model(str(tmp_path / "cut.gguf"))
     (tmp_path / "dir.gguf").mkdir()
-    with pytest.raises(GGUFFileError, match="is a folder"):
+    with pytest.raises(UnknownModelError, match="is a folder"):
         check_model(str(tmp_path / "dir.gguf"))
 
 
@@ -89,11 +90,11 @@ def test_converted_once_and_cached_by_path_size_mtime(tmp_path, cache, monkeypat
 
 
 def test_gguf_lacking_weights_is_refused(tmp_path, cache):
-    from capsense.core.gguf import GGUFFileError
+    from capsense.errors import UnknownModelError
     from capsense.core.models import resolve_pretrained
 
     path = tmp_path / "qwen.gguf"
     write_tiny_gguf(path, arch="qwen2")  # llama's tensors under qwen2, which also needs q/k/v biases
-    with pytest.raises(GGUFFileError, match=r"lacks 6 weights its architecture \(qwen2\) needs, e.g. model.layers.0"):
+    with pytest.raises(UnknownModelError, match=r"lacks 6 weights its architecture \(qwen2\) needs, e.g. model.layers.0"):
         resolve_pretrained(str(path))
     assert not (cache / "models" / "gguf").exists() or not any((cache / "models" / "gguf").iterdir())

@@ -5,7 +5,8 @@ from __future__ import annotations
 import huggingface_hub
 import pytest
 
-from capsense.core.models import UnknownModelError, check_model
+from capsense.core.models import check_model
+from capsense.errors import UnknownModelError
 
 
 def test_embedded_and_local_folders(tmp_path):
@@ -69,11 +70,12 @@ def test_hub_ids_online(monkeypatch, error, message):
 def test_embedded_model_without_its_package(monkeypatch, tmp_path, name, module, install):
     import importlib.util
 
-    from capsense.core.models import EmbeddedModelMissingError, resolve_pretrained
+    from capsense.core.models import resolve_pretrained
+    from capsense.errors import UnknownModelError
 
     monkeypatch.setenv("CAPSENSE_CACHE", str(tmp_path))  # nothing converted here
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == module else real(n, *a))
     for call in (check_model, resolve_pretrained):
-        with pytest.raises(EmbeddedModelMissingError, match=f"{name!r} needs the .* package: {install}$"):
+        with pytest.raises(UnknownModelError, match=f"{name!r} needs the .* package: {install}$"):
             call(name)

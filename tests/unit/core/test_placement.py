@@ -9,7 +9,8 @@ import torch
 
 from capsense.core.ablation import HeadAblator
 from capsense.core.models import load_model
-from capsense.core.placement import DeviceError, check_device, input_device, parse_device_map
+from capsense.core.placement import check_device, input_device, parse_device_map
+from capsense.errors import CapsenseError
 from conftest import N_LAYERS, save_tiny_folder, tiny_inputs
 
 # the embeddings and layer 1 on disk (accelerate loads them into the forward on demand), the rest on cpu
@@ -67,13 +68,13 @@ def test_probe_scores_on_a_split_model(folder):
 
 
 def test_bad_devices_are_named():
-    with pytest.raises(DeviceError, match=r"device 'cuda:7' does not exist on this machine: available devices are cpu"):
+    with pytest.raises(CapsenseError, match=r"device 'cuda:7' does not exist on this machine: available devices are cpu"):
         parse_device_map('{"model.layers.0": "cuda:7"}')
-    with pytest.raises(DeviceError, match="'cuda:3' does not exist"):
+    with pytest.raises(CapsenseError, match="'cuda:3' does not exist"):
         parse_device_map("3")
-    with pytest.raises(DeviceError, match="does not exist"):
+    with pytest.raises(CapsenseError, match="does not exist"):
         check_device("tpu")
-    with pytest.raises(DeviceError, match="not valid JSON"):
+    with pytest.raises(CapsenseError, match="not valid JSON"):
         parse_device_map("{model")
     assert parse_device_map("auto") == "auto"
     assert parse_device_map("True") == "auto"  # lm-eval's parallelize=True
@@ -81,9 +82,9 @@ def test_bad_devices_are_named():
 
 
 def test_bad_device_map_loads_nothing(folder):
-    with pytest.raises(DeviceError, match="cuda:1"):
+    with pytest.raises(CapsenseError, match="cuda:1"):
         load_model(str(folder), "float32", device_map='{"": "cuda:1"}')
-    with pytest.raises(DeviceError, match="'cuda:2' does not exist"):
+    with pytest.raises(CapsenseError, match="'cuda:2' does not exist"):
         load_model(str(folder), "float32", device="cuda:2")
 
 

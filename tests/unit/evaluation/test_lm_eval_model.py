@@ -149,7 +149,8 @@ def test_entry_point_declared_and_startup_stays_light():
 
 
 def test_pretrained_may_be_a_local_gguf_file(tmp_path, monkeypatch):
-    from capsense.core.heads import HeadSet, HeadSpecError
+    from capsense.core.heads import HeadSet
+    from capsense.errors import HeadSpecError
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
     from conftest import write_tiny_gguf
 

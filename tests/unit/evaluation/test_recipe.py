@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from capsense.cli import main
-from capsense.evaluation.recipe import RecipeError, load_recipe, recipe_steps
+from capsense.evaluation.recipe import load_recipe, recipe_steps
+from capsense.errors import CapsenseError
 
 RECIPES = sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml"))
 
@@ -32,7 +33,7 @@ def test_paper_recipe_follows_the_paper():
 def test_bad_recipe_key(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("model: m\nlocate:\n  task: t\n  maskz: 3\n")
-    with pytest.raises(RecipeError, match=r"unknown locate keys \['maskz'\]"):
+    with pytest.raises(CapsenseError, match=r"unknown locate keys \['maskz'\]"):
         load_recipe(p)
 
 
@@ -63,7 +64,7 @@ def test_a_field_may_map_targets_to_values(tmp_path):
     steps = recipe_steps(load_recipe(p))
     assert [(c.task, c.metric, c.masks) for c, _ in steps] == [("a", "exact_match", 7), ("b", "nll", 7)]
     p.write_text("model: m\nlocate:\n  task: [a, b]\n  metric: {c: acc}\n")
-    with pytest.raises(RecipeError, match=r"locate.metric maps \['c'\], which are not targets \(a, b\)"):
+    with pytest.raises(CapsenseError, match=r"locate.metric maps \['c'\], which are not targets \(a, b\)"):
         recipe_steps(load_recipe(p))
 
 

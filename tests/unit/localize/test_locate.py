@@ -177,6 +177,36 @@ def test_out_holding_a_different_run_is_refused(toy, tmp_path):
     assert r.exit_code == 1 and "not a capsense run folder" in r.output
 
 
+def test_a_folder_from_the_previous_release_resumes_with_its_settings(toy, tmp_path):
+    """A selective run folder written before the collateral screen existed (its manifest's
+    identity has no `screen`, its heads.json no screen fields) is refused by the default
+    command with one error naming `--screen 0`, and `--screen 0` resumes it without new masks."""
+    out = tmp_path / "old"
+    sel = ("--masks", "8", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "6")
+    assert _locate(toy, out, *sel, "--screen", "0").exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())  # as the previous release wrote it
+    del manifest["identity"]["screen"], manifest["args"]["screen"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    heads = json.loads((out / "heads.json").read_text())
+    heads.pop("screen", None)
+    for h in heads["heads"]:
+        h.pop("collateral", None)
+    (out / "heads.json").write_text(json.dumps(heads))
+    n_lines = len((out / "evaluations.jsonl").read_text().splitlines())
+
+    r = CliRunner().invoke(main, ["locate", *_args(toy, out, *sel)])  # the default screen is 3
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "screen: not recorded there (written by an earlier release), 3.0 now" in r.output
+    assert "to resume it give --screen 0 (no collateral screen, as that release ran), or choose another --out" in r.output
+    assert len((out / "evaluations.jsonl").read_text().splitlines()) == n_lines  # nothing written
+
+    r = _locate(toy, out, *sel, "--screen", "0")
+    assert r.exit_code == 0 and f"{n_lines} masks already evaluated" in r.output
+    assert len((out / "evaluations.jsonl").read_text().splitlines()) == n_lines
+    assert json.loads((out / "manifest.json").read_text())["identity"]["screen"] is None  # recorded from now on
+    assert [h["rank"] for h in load_heads_file(out / "heads.json").heads] == [h["rank"] for h in heads["heads"]]
+
+
 def _cli(toy, out, masks: int) -> list[str]:
     return [sys.executable, "-c", "from capsense.cli import main; main()", "locate", *_args(toy, out, "--masks", str(masks), "--limit", "40",
                                                                   "--controls", TOY_CONTROL)]

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from capsense.localize.lock import LOCK_FILE, RunFolderBusyError, RunFolderLock
+from capsense.localize.lock import LOCK_FILE, RunFolderLock
+from capsense.errors import RunFolderBusyError
 
 HOLD = "import sys, time; from capsense.localize.lock import RunFolderLock; RunFolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capsense.localize.config import LocateConfig, LocateError
+from capsense.localize.config import LocateConfig
+from capsense.errors import CapsenseError
 from capsense.localize.designs import run_design
 from capsense.localize.fit import fit_regression, fit_single_heads
 from capsense.localize.methods import (
@@ -46,9 +47,9 @@ def _cfg(**kw) -> LocateConfig:
 
 def test_registry_holds_the_methods_and_names_them_on_a_bad_one():
     assert {"cs", "exhaustive", "greedy", "thompson"} <= set(METHODS)
-    with pytest.raises(LocateError, match="unknown `method` 'nope': valid methods are cs, exhaustive, greedy, thompson, attribution, prior-guided"):
+    with pytest.raises(CapsenseError, match="unknown `method` 'nope': valid methods are cs, exhaustive, greedy, thompson, attribution, prior-guided"):
         get_method(_cfg(method="nope"))
-    with pytest.raises(LocateError, match="`refine` does not apply to `method` greedy"):
+    with pytest.raises(CapsenseError, match="`refine` does not apply to `method` greedy"):
         get_method(_cfg(method="greedy", refine=3))
     assert refine_budget(_cfg(method="greedy", controls=["c"])) == 0
     assert refine_budget(_cfg(method="cs", controls=["c"])) == 24 and refine_budget(_cfg(method="cs")) == 0
@@ -56,12 +57,12 @@ def test_registry_holds_the_methods_and_names_them_on_a_bad_one():
 
 def test_settings_of_another_method_are_refused_naming_the_methods_that_read_them():
     """``--masks 5 --heads-per-mask 999`` with prior-guided used to run as if neither were given."""
-    with pytest.raises(LocateError, match=r"`masks`, `heads_per_mask` do not apply to `method` prior-guided: "
+    with pytest.raises(CapsenseError, match=r"`masks`, `heads_per_mask` do not apply to `method` prior-guided: "
                                           r"`masks` is read by cs, thompson; `heads_per_mask` is read by cs, thompson"):
         get_method(_cfg(method="prior-guided", masks=5, heads_per_mask=999))
-    with pytest.raises(LocateError, match=r"`budget` does not apply to `method` cs: `budget` is read by prior-guided"):
+    with pytest.raises(CapsenseError, match=r"`budget` does not apply to `method` cs: `budget` is read by prior-guided"):
         get_method(_cfg(method="cs", budget=20.0))
-    with pytest.raises(LocateError, match=r"`design` does not apply to `method` thompson: `design` is read by cs$"):
+    with pytest.raises(CapsenseError, match=r"`design` does not apply to `method` thompson: `design` is read by cs$"):
         get_method(_cfg(method="thompson", design="bernoulli"))
     assert get_method(_cfg(method="prior-guided", budget=20.0, top_m=4)).name == "prior-guided"
     assert get_method(_cfg(method="cs", masks=5, heads_per_mask=3, solver="omp", alpha=0.1)).name == "cs"

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from capsense.localize.store import EVALUATIONS, Evaluation, RunStore, RunStoreError
+from capsense.localize.store import EVALUATIONS, Evaluation, RunStore
+from capsense.errors import RunStoreError
 
 KEYS = ["model", "task", "seed"]
 
@@ -42,6 +43,23 @@ def test_refuses_a_different_run(tmp_path):
     RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
     with pytest.raises(RunStoreError, match=r"holds a different run \(task: 't' there, 'other' now"):
         RunStore.open(tmp_path, _manifest(task="other"), KEYS, n_heads=4)
+
+
+def test_a_key_an_earlier_release_did_not_record(tmp_path):
+    """A folder whose identity lacks a key resumes when the key is None (what it was then); else
+    the refusal says the key was not recorded, and quotes ``earlier``'s way to resume it only
+    when that alone would do."""
+    RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)  # identity without "screen"
+    keys = [*KEYS, "screen"]
+    earlier = {"screen": "`screen` 0"}
+    with pytest.raises(RunStoreError, match=r"\(screen: not recorded there \(written by an earlier release\), 3.0 now\); "
+                                            r"to resume it give `screen` 0, or choose another `out`"):
+        RunStore.open(tmp_path, _manifest(screen=3.0), keys, n_heads=4, earlier=earlier)
+    with pytest.raises(RunStoreError, match=r"\(seed: 0 there, 1 now; screen: not recorded there .*3.0 now\); rerun with its settings to resume it"):
+        RunStore.open(tmp_path, _manifest(screen=3.0, seed=1), keys, n_heads=4, earlier=earlier)
+    assert RunStore.open(tmp_path, _manifest(screen=None), keys, n_heads=4).manifest["identity"]["screen"] is None
+    with pytest.raises(RunStoreError, match=r"\(screen: None there, 3.0 now\); rerun with its settings"):  # recorded now
+        RunStore.open(tmp_path, _manifest(screen=3.0), keys, n_heads=4, earlier=earlier)
 
 
 def test_refuses_a_non_run_folder(tmp_path):

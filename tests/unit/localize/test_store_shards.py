@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from capsense.localize.store import EVALUATIONS, Evaluation, RunStore, RunStoreError, read_evaluations, shard_name
+from capsense.localize.store import EVALUATIONS, Evaluation, RunStore, read_evaluations, shard_name
+from capsense.errors import RunStoreError
 
 KEYS = ["model", "task", "seed"]
 

@@ -12,7 +12,7 @@ import torch
 from capsense.core.ablation import HeadAblator
 from capsense.core.distributed import DistContext
 from capsense.errors import CapsenseError
-from capsense.scoring.attribution import AttributionError, AttributionScorer, attribute_probes, check_gradient_metric
+from capsense.scoring.attribution import AttributionScorer, attribute_probes, check_gradient_metric
 from capsense.scoring.probe import Probe, ProbeScorer
 from conftest import N_HEADS, N_LAYERS, VOCAB, make_tiny_model
 
@@ -158,7 +158,7 @@ def test_bfloat16_gradient_is_close_to_float32():
 
 @pytest.mark.parametrize("metric", ["acc", "exact_match", "pass@1"])
 def test_metric_without_gradient_is_refused(metric):
-    with pytest.raises(AttributionError) as e:
+    with pytest.raises(CapsenseError) as e:
         check_gradient_metric(metric)
     assert isinstance(e.value, CapsenseError)
     msg = str(e.value)
@@ -214,5 +214,5 @@ def test_batch_terms_sum_in_batch_order_whatever_order_they_come_in():
     whole = scorer.attribute()
     mixed = scorer.combine(scorer.terms([3, 1]) + scorer.terms([0, 2]))
     assert mixed.nll == whole.nll and mixed.gradient.tobytes() == whole.gradient.tobytes()
-    with pytest.raises(AttributionError, match="needs each of its 4 batches once"):
+    with pytest.raises(CapsenseError, match="needs each of its 4 batches once"):
         scorer.combine(terms[:3])

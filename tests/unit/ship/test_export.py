@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from capsense.core.ablation import HeadAblator, compute_head_means
-from capsense.ship.export import ExportError, export_adapter, export_checkpoint
-from capsense.core.files import OutputExistsError, atomic_output_dir
-from capsense.core.heads import HeadSpecError
+from capsense.ship.export import export_adapter, export_checkpoint
+from capsense.errors import CapsenseError, HeadSpecError, OutputExistsError
+from capsense.core.files import atomic_output_dir
 from conftest import HEAD_DIM, N_HEADS, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
 
 HEADS = "L0H1+L2H0+L2H3"  # three heads in two layers (layer 1 untouched)
@@ -144,7 +144,7 @@ def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "phi3", "llama"])
 def test_mean_ablation_refused_without_bias(arch, folders, tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(ExportError, match="has no bias") as e:
+    with pytest.raises(CapsenseError, match="has no bias") as e:
         export_checkpoint(str(folders(arch)), HEADS, out, ablation="mean")
     assert "`ablation` zero" in str(e.value) and "capsense-masked" in str(e.value)  # the CLI shows --ablation
     assert _nothing_at(out)
@@ -152,7 +152,7 @@ def test_mean_ablation_refused_without_bias(arch, folders, tmp_path):
 
 def test_mean_adapter_refused(folders, tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(ExportError, match="cannot be exported as an adapter.*`format` checkpoint"):
+    with pytest.raises(CapsenseError, match="cannot be exported as an adapter.*`format` checkpoint"):
         export_adapter(str(folders("gpt2")), HEADS, out, ablation="mean")
     assert _nothing_at(out)
 

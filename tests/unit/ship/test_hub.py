@@ -16,7 +16,8 @@ from capsense.ship.export import export_adapter, export_checkpoint
 from capsense.core.tables import markdown_table
 from capsense.ship.card import build_model_card, find_validation
 import capsense.ship.push as ship_push
-from capsense.ship.push import HubError, push_folder
+from capsense.ship.push import push_folder
+from capsense.errors import HubError
 
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 HEADS = "L2H3+L0H1"

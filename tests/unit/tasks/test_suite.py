@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 from capsense.tasks import local_task_names
-from capsense.tasks.suite import HELD_OUT, SCREEN, ControlSpecError, expand_controls, held_out_controls, suite_of
+from capsense.tasks.suite import HELD_OUT, SCREEN, expand_controls, held_out_controls, suite_of
+from capsense.errors import CapsenseError
 
 
 def test_default_expands_without_the_target_and_keeps_named_tasks():
@@ -25,7 +26,7 @@ def test_default_expands_without_the_target_and_keeps_named_tasks():
     (["default", "-default"], "leaves no control"),
 ])
 def test_bad_specs_are_refused(spec, match):
-    with pytest.raises(ControlSpecError, match=match):
+    with pytest.raises(CapsenseError, match=match):
         expand_controls(spec, "capsense_induction")
 
 

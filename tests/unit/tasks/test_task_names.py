@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from capsense.tasks import UnknownTaskError, check_task_names, local_task_names, quiet_lm_eval_hints
+from capsense.tasks import check_task_names, local_task_names, quiet_lm_eval_hints
+from capsense.errors import UnknownTaskError
 
 
 def test_capsense_names_are_checked_without_lm_eval(tmp_path):

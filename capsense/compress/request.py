@@ -1,0 +1,98 @@
+"""A compression request as a caller states it, turned into the pipeline's inputs.
+
+A request is one setting (``method``, ``density``, ``bits``, ...) applied to every target
+matrix, or a budget file whose default setting the given values override; optionally
+capabilities to keep (a guided allocation, :class:`~capsense.compress.guided.Guide`).
+:func:`check_request` refuses bad input before torch loads (this module imports nothing heavy
+at its top); :func:`compress_request` builds the budget and guide and runs
+:func:`capsense.compress.pipeline.compress_checkpoint`. ``capsense compress`` is these two calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from capsense.errors import CapsenseError
+
+#: The setting keys of a request (a budget file's default setting takes the same keys).
+SETTING_PARAMETERS = ("method", "density", "scope", "bits", "group_size", "damp", "act_order", "ratio", "alpha")
+
+
+def check_request(model: str, out: str | Path, overwrite: bool, device_map: str | dict[str, Any] | None,
+                  method: str | None, budget_file: str | Path | None, calibration: str | None):
+    """Refuse bad input before any heavy import; return the checked device map.
+
+    ``out`` must be writable (or ``overwrite``), every device the map names must exist,
+    ``model`` must name a model, ``method`` or ``budget_file`` must be given, and a
+    misspelt task in ``calibration`` is an error, not literal calibration text.
+    """
+    from capsense.compress.capabilities import check_calibration_spec
+    from capsense.core.files import check_output_dir
+    from capsense.core.models import check_model
+    from capsense.core.placement import parse_device_map
+
+    check_output_dir(out, overwrite)
+    placed = parse_device_map(device_map)
+    check_model(model)
+    if not budget_file and method is None:
+        raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
+    if calibration:
+        check_calibration_spec(calibration)
+    return placed
+
+
+def compress_request(
+    model: str,
+    out: str | Path,
+    setting: Mapping[str, Any],
+    *,
+    targets: str | None = None,
+    budget_file: str | Path | None = None,
+    keep: str | None = None,
+    sensitivity: str = "kept",
+    protect_top_k: int | None = None,
+    protect_heads: str | None = None,
+    budget_size: float | None = None,
+    calibration: str | None = None,
+    calibration_samples: int = 64,
+    dtype: str = "float32",
+    save_dtype: str | None = None,
+    overwrite: bool = False,
+    device_map: str | dict[str, Any] | None = None,
+    fmt: str = "auto",
+    log: Callable[[str], None] | None = None,
+):
+    """Compress ``model`` as asked and write the checkpoint to ``out``; the
+    :class:`~capsense.compress.engine.CompressionResult` (its ``budget`` names the targets).
+
+    ``setting``: values of :data:`SETTING_PARAMETERS` (None = not given). With ``budget_file``
+    they override its default setting (a different ``method`` starts from that method's
+    defaults); without, they are the one setting of every ``targets`` matrix. ``keep``
+    (comma-separated capabilities) asks for a guided allocation at the uniform setting's size
+    (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept
+    capability (or ``protect_heads``) kept whole. ``calibration`` None is the default sources.
+    """
+    from capsense.compress.budget import load_budget, uniform_budget
+    from capsense.compress.calibration import DEFAULT_CALIBRATION
+    from capsense.compress.pipeline import compress_checkpoint
+
+    unknown = set(setting) - set(SETTING_PARAMETERS)
+    if unknown:
+        raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
+    if budget_file:
+        budget = load_budget(budget_file, setting, targets)
+    else:
+        budget = uniform_budget({k: v for k, v in setting.items() if v is not None}, targets)
+    guide = None
+    if keep:
+        from capsense.compress.guided import Guide
+
+        guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
+                      size_ratio=budget_size, samples=calibration_samples)
+    return compress_checkpoint(
+        model, budget, out, calibration=DEFAULT_CALIBRATION if calibration is None else calibration,
+        calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+        guide=guide, device_map=device_map, fmt=fmt,
+    )

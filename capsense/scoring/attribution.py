@@ -29,7 +29,8 @@ import torch
 from capsense.core.ablation import check_ablation_mode, scale_heads
 from capsense.core.distributed import DistContext, split
 from capsense.errors import CapsenseError
-from capsense.scoring.probe import Probe, ProbeScorer, output_logits, pad_right, scored_hidden
+from capsense.scoring.logits import output_logits, scored_hidden
+from capsense.scoring.probe import Probe, ProbeScorer, pad_right
 
 if TYPE_CHECKING:
     from torch import nn

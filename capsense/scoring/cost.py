@@ -10,7 +10,6 @@ forward) pays 1 per mask; with several probes the cost is their token-weighted m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 FORWARD = 1.0
 BACKWARD = 2.0

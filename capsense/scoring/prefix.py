@@ -22,7 +22,8 @@ import torch
 
 from capsense.core.arch import arch_spec, unwrap
 from capsense.core.replay import BlockReplay
-from capsense.scoring.probe import ProbeScorer, scored_hidden
+from capsense.scoring.logits import scored_hidden
+from capsense.scoring.probe import ProbeScorer
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from capsense.errors import CapsenseError
+from capsense.scoring.logits import scored_hidden, token_scores
 from capsense.core.ablation import HeadAblator
 from capsense.core.arch import head_layout
 from capsense.core.placement import input_device
@@ -344,49 +345,6 @@ def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
         att[i, : len(s)] = 1
     return ids, att
-
-
-def token_scores(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Log-probability of each target token and whether it is the greedy choice, from the
-    final hidden states that predict it (``[n, d]``, ``[n]``)."""
-    logits = output_logits(model, hidden)
-    targets = targets.to(logits.device)  # under a device_map the LM head may sit on another device
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
-    return logp.cpu().double().numpy(), (logits.argmax(-1) == targets).cpu().numpy()
-
-
-def scored_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Final hidden states of a causal LM, without computing logits for every position."""
-    base = getattr(model, model.base_model_prefix)
-    out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return out[0]
-
-
-VOCAB_CHUNK = 16_384  # rows of the LM head cast to float32 at a time (bounds the copy on 100k+ vocabularies)
-
-
-def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head on selected hidden states, in float32 (with Gemma's final logit soft-capping).
-
-    A bfloat16 model's logits come out rounded to 8 bits of mantissa: a logit of 20 moves in
-    steps of 0.125 nats, far coarser than the 1% nll differences that separate heads. Only the
-    scored positions reach the head, so computing it in float32 (the weight cast a chunk of
-    rows at a time) costs little beside the blocks, which stay in the model's dtype.
-    """
-    head = model.get_output_embeddings()
-    if hidden.dtype in (torch.bfloat16, torch.float16) and isinstance(head, torch.nn.Linear):
-        w, b = head.weight, head.bias
-        x = hidden.to(device=w.device, dtype=torch.float32)
-        logits = torch.cat([
-            torch.nn.functional.linear(x, w[i : i + VOCAB_CHUNK].float(), None if b is None else b[i : i + VOCAB_CHUNK].float())
-            for i in range(0, w.shape[0], VOCAB_CHUNK)
-        ], dim=-1)
-    else:
-        logits = head(hidden)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
 
 
 @contextmanager

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsense.scoring.probe import ProbeScorer, pad_right, token_scores
+from capsense.scoring.logits import token_scores
+from capsense.scoring.probe import ProbeScorer, pad_right
 
 
 def shared_context_groups(probe) -> list[list[int]] | None:

@@ -1,4 +1,4 @@
-"""Probe scoring helpers (capsense.scoring.probe)."""
+"""LM-head scoring (capsense.scoring.logits)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ def test_bf16_lm_head_scores_in_float32():
 
     import torch
 
-    from capsense.scoring.probe import VOCAB_CHUNK, output_logits
+    from capsense.scoring.logits import VOCAB_CHUNK, output_logits
 
     torch.manual_seed(0)
     head = torch.nn.Linear(64, VOCAB_CHUNK + 7, bias=False).to(torch.bfloat16)  # two chunks

@@ -55,6 +55,9 @@ from capsense.commands.output import echo_written, log
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
+@click.option("--refine-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Precision of measure-and-choose (default: float32 when the search runs in bfloat16/float16 on "
+                   "one device, else --dtype): the handed-on set is measured in the precision validation judges in.")
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -74,7 +77,7 @@ from capsense.commands.output import echo_written, log
 @old_name("--budget", "--fe-budget", "budget", type=float)
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
-           top_m: int, group_size: int, top_k: int, refine: int | None, tolerance: float,
+           top_m: int, group_size: int, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
            seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
@@ -101,7 +104,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         seed=seed, batch_size=batch_size,
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
         device_map=device_map_from(device_map, parallelize), dtype=dtype, include_path=list(include_path),
-        revision=revision, top_k=top_k, refine=refine, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+        revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
     from capsense.localize.registry import METHODS

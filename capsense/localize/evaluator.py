@@ -28,6 +28,7 @@ class MaskEvaluator:
                  extra: dict | None = None) -> None:
         from capsense.core.arch import head_layout
 
+        self.model, self.probes, self.settings = model, probes, (batch_size, masks_per_forward, prefix_reuse)
         self.layout = head_layout(model)
         self.scorers = {
             name: scorer_class(probe, masks_per_forward, prefix_reuse)(
@@ -35,6 +36,14 @@ class MaskEvaluator:
             for name, probe in probes.items()
         }
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
+
+    def recast(self, dtype: str) -> MaskEvaluator:
+        """A new evaluator on the same probes after casting the model to ``dtype`` in place (this one's
+        prefix caches hold activations of the old precision and must not be used again)."""
+        import torch
+
+        self.model.to(getattr(torch, dtype))
+        return MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra)
 
     @property
     def reuse_share(self) -> float:

@@ -113,6 +113,12 @@ def get_method(cfg: LocateConfig) -> Method:
     if cfg.refine and not method.refines:
         raise CapsenseError(f"`refine` does not apply to `method` {cfg.method}, which measures its own top-K set")
     check_method_options(cfg, method)
+    if cfg.refine_dtype is not None and not refine_budget(cfg):
+        raise CapsenseError("`refine_dtype` applies to measure-and-choose, which this run does not do "
+                            "(it needs `controls` or a `refine` budget)")
+    if cfg.refine_dtype is not None and cfg.device_map and cfg.refine_dtype != cfg.dtype:
+        raise CapsenseError("`refine_dtype` cannot recast a model spread over devices by `device_map`: "
+                            "leave it unset (measure-and-choose then runs in the run's `dtype`)")
     return method
 
 

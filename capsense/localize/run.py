@@ -32,11 +32,11 @@ from capsense.errors import CapsenseError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, put_first
-from capsense.localize.methods import Method, Search, get_method, refine_budget
+from capsense.localize.methods import Method, Search, get_method, no_knockout, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.choice import coverage_step, refine_candidates, refine_ranking, screen_step, single_effects
 from capsense.localize.lock import RunFolderLock
-from capsense.localize.store import Evaluation, RunStore, check_run_folder
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 from capsense.scoring import METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
@@ -61,6 +61,7 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
         keys.append("metric")
     if refine_budget(cfg):  # refine's sets follow from the fit of every earlier mask
         keys += ["masks", "metric", "solver", "alpha", "top_k", "refine", "tolerance"]
+        keys.append("refine_dtype")  # (None where it is the run's dtype, as in folders from before it)
         if cfg.controls and cfg.screen:  # the screen decides refine's candidates (folders from before it: screen off)
             keys.append("screen")
     if cfg.control_limit is not None:  # (doc_ids hold the documents; a folder from before control_limit has none)
@@ -103,6 +104,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "limit": cfg.limit,
         "control_limit": cfg.control_limit,
         "screen": cfg.screen or None,
+        "refine_dtype": None if cfg.resolved_refine_dtype(dtype) == dtype else cfg.resolved_refine_dtype(dtype),
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,
@@ -171,13 +173,24 @@ def locate_phases(cfg: LocateConfig, n_evaluations: int) -> list[Phase]:
 
 def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, result: LocateResult,
                  evals: list[Evaluation], done: int, log: Callable[[str], None],
-                 progress: RunProgress | None) -> list[Evaluation]:
-    """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations."""
+                 progress: RunProgress | None, dtypes: tuple[str, str]) -> list[Evaluation]:
+    """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations.
+    ``dtypes``: (the search's, measure-and-choose's); when they differ the model is recast in place and
+    the clean model is evaluated again in the new precision (the base of every set's damage)."""
     n = layout.n_total
     ranking = refine_candidates(result, min(cfg.top_k, n), cfg.task)
     singles = single_effects(result, cfg, ranking)
-    result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)),
-                                         lambda: refine_ranking(runner, cfg, n, evals[0], ranking, singles))
+
+    def measure_and_choose() -> tuple:
+        base = evals[0]
+        if dtypes[1] != dtypes[0]:  # the handed-on set is measured in its own precision, against its own clean model
+            runner.evaluate = runner.evaluate.recast(dtypes[1])
+            log(f"refine: measuring sets in {dtypes[1]} (the search ran in {dtypes[0]})")
+            base = runner(no_knockout(n), REFINE_ROUND)[0]
+        found, spent = refine_ranking(runner, cfg, n, base, ranking, singles)
+        return found, [*([base] if base is not evals[0] else []), *spent]
+
+    result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)), measure_and_choose)
     result.scores = put_first(result.scores, result.refinement.heads)
     result.n_evaluations += len(spent)
     q = result.refinement.quality
@@ -249,7 +262,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet)
         t0 = time.perf_counter()
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
-                                    progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main)
+                                    progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
+                                    dtypes=(dtype, cfg.resolved_refine_dtype(dtype)))
         record_cost(store.manifest, result, runner, evaluator)
         store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
@@ -259,7 +273,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
 
 
 def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layout: HeadLayout, done: int,
-                       log: Callable[[str], None], progress: RunProgress | None, own: bool) -> LocateResult:
+                       log: Callable[[str], None], progress: RunProgress | None, own: bool,
+                       dtypes: tuple[str, str] = ("float32", "float32")) -> LocateResult:
     """The method's search and fit, then measure-and-choose, shown as the phases of ``progress``."""
     cfg, n = search.cfg, layout.n_total
     progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
@@ -272,7 +287,7 @@ def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layou
         if cfg.controls:
             screen_step(cfg, result, layout, log)
         if refine_budget(cfg):
-            _refine_step(runner, cfg, layout, result, found.evals, done, log, progress)
+            _refine_step(runner, cfg, layout, result, found.evals, done, log, progress, dtypes)
         return result
     finally:
         if own and progress is not None:

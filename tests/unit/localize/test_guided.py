@@ -144,3 +144,23 @@ def test_coverage_reports_what_was_not_measured_alone(toy, tmp_path):
     singles = {e.heads[0] for e in evals if len(e.heads) == 1}
     assert cov["measured_alone"] == len(singles) and cov["not_measured_alone"] == N_LAYERS * N_HEADS - len(singles)
     assert "## What the search did not measure" in (out / "report.md").read_text()
+
+
+def test_bf16_search_measures_the_chosen_set_in_float32(toy, tmp_path):
+    out = tmp_path / "bf16"
+    r = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    assert "refine: measuring sets in float32 (the search ran in bfloat16)" in r.output
+    evals = read_evaluations(out)
+    refine_round = [e for e in evals if e.round != 0]
+    assert refine_round[0].heads == []  # the clean model again, in float32: the base of every set's damage
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["identity"]["refine_dtype"] == "float32" and manifest["args"]["dtype_resolved"] == "bfloat16"
+    r2 = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "bfloat16")
+    assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output  # resumes, nothing new
+
+
+def test_refine_dtype_without_refine_is_refused(toy, tmp_path):
+    r = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]), "--controls", "none",
+                                  "--refine-dtype", "float32", "--out", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "`refine_dtype` applies to measure-and-choose" in r.output.replace("--refine-dtype", "`refine_dtype`")

@@ -195,7 +195,7 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     result.n_evaluations += len(spent)
     q = result.refinement.quality
     log(
-        f"refine: {len(spent)} sets measured; chosen "
+        f"refine: {len(result.refinement.measured)} sets measured; chosen "
         + ", ".join(str(Head.from_index(h, layout.n_heads)) for h in result.refinement.heads)
         + f" (target {100 * q.target:+.1f}%, worst control {100 * q.control:+.1f}%, tolerance {100 * cfg.tolerance:.1f}%)"
     )

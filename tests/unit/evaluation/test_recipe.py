@@ -83,5 +83,6 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
     assert f"{TOY_TASK}: top-2 = " in r.output and "| task | metric | base | ablated |" in r.output
     n_refine = json.loads((tmp_path / "out" / "locate" / "heads.json").read_text())["refine"]["n_evaluations"]
     assert 1 <= n_refine <= 4  # the predicted set first; more only when it breaks the tolerance
-    assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + n_refine
+    recast = json.loads((tmp_path / "out" / "locate" / "manifest.json").read_text())["identity"]["refine_dtype"] is not None
+    assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + recast + n_refine
     assert json.loads((tmp_path / "out" / "validate" / "validation.json").read_text())["rows"]

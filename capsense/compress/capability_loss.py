@@ -96,3 +96,14 @@ def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None,
 def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16) -> dict[str, CapabilityLoss]:
     """Per-capability loss of ``model`` on each probe set."""
     return {cap: measure_probe(model, p, cap, batch_size) for cap, p in probes.items()}
+
+
+def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, CapabilityLoss]) -> dict[str, dict[str, Any]]:
+    """Per capability: ``after``'s measurement with ``nll0`` (``before``'s loss) and ``dL = nll - nll0``."""
+    out = {}
+    for cap, a in after.items():
+        d = a.to_dict()
+        d["nll0"], d["acc0"] = before[cap].nll, before[cap].acc
+        d["dL"] = d["nll"] - d["nll0"]
+        out[cap] = d
+    return out

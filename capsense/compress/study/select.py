@@ -15,7 +15,7 @@ import numpy as np
 
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
-from capsense.compress.study.analysis import _scope_tag
+from capsense.compress.study.analysis import _scope_tag, quant_method
 from capsense.compress.study.predictors import CompactFit, FitError
 
 
@@ -51,7 +51,7 @@ def _predict_lowrank(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | N
 
 
 def _predict_quant(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
-    g = fits["quant"].get(r["capability"])
+    g = fits["quant"].get(quant_method(r), {}).get(r["capability"])
     if not g or "bits" not in g:
         return None
     return float(g["loo_pred"][g["bits"].index(r["setting"]["bits"])])

@@ -99,6 +99,17 @@ def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16)
     return {cap: measure_probe(model, p, cap, batch_size) for cap, p in probes.items()}
 
 
+def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, CapabilityLoss]) -> dict[str, dict[str, Any]]:
+    """Per capability: ``after``'s measurement with ``nll0`` (``before``'s loss) and ``dL = nll - nll0``."""
+    out = {}
+    for cap, a in after.items():
+        d = a.to_dict()
+        d["nll0"], d["acc0"] = before[cap].nll, before[cap].acc
+        d["dL"] = d["nll"] - d["nll0"]
+        out[cap] = d
+    return out
+
+
 def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int = 64, batch_size: int = 16,
                    dtype: str = "float32", reference: str | None = None, per_doc: bool = False) -> dict[str, Any]:
     """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
@@ -112,14 +123,14 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
 
     caps = parse_capabilities(capabilities)
     m, tok = load_model(model, dtype=dtype)
-    result = {c: v.to_dict(per_doc) for c, v in measure(m, build_probes(tok, caps, n_probes), batch_size).items()}
+    measured = measure(m, build_probes(tok, caps, n_probes), batch_size)
+    result = {c: v.to_dict(per_doc) for c, v in measured.items()}
     doc: dict[str, Any] = {"model": model, "probes": n_probes, "dtype": dtype, "capabilities": result}
     if reference:
         del m
         r, rtok = load_model(reference, dtype=dtype)
         ref = measure(r, build_probes(rtok, caps, n_probes), batch_size)
         doc["reference"] = reference
-        for c in caps:
-            result[c]["nll0"] = ref[c].nll
-            result[c]["dL"] = result[c]["nll"] - ref[c].nll
+        for c, change in loss_change(measured, ref).items():
+            result[c].update({k: change[k] for k in ("nll0", "acc0", "dL")})
     return doc

@@ -3,8 +3,8 @@
 It states what a user of the folder needs before downloading it: the base model, the method and
 setting, the storage format (packed, or dense and why), the real bytes on disk next to the
 accounted ones, the bits or density of every layer's matrices, the kept capabilities of a guided
-allocation, and how to load it. No path of the machine that wrote it appears (``capsense.json``
-carries none).
+allocation with their measured loss change, and how to load it. No path of the machine that
+wrote it appears (``capsense.json`` carries none: :func:`capsense.compress.pipeline.public_meta`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,18 @@ def _layer_table(matrices: list[dict[str, Any]]) -> str:
     return markdown_table([{"layer": k, **v} for k, v in sorted(rows.items())])
 
 
+def _measured_lines(measured: dict[str, Any] | None, alloc: dict[str, Any] | None) -> list[str]:
+    """The kept capabilities' measured loss change, or a line saying it was not measured."""
+    if not measured:
+        return ["", "The kept capabilities' loss was not measured when this checkpoint was written."] if alloc else []
+    rows = [{"capability": cap, "nats/token before": f"{m['nll0']:.4f}", "after": f"{m['nll']:.4f}",
+             "dL": f"{m['dL']:+.4f}", "tokens": m["n_tokens"]} for cap, m in measured["capabilities"].items()]
+    return ["", "## Measured", "",
+            f"Loss (nats/token of reference completions, prompt masked) on the first {measured['probes']} documents "
+            f"of each capability's task (never used for calibration or allocation), in memory at {measured['dtype']} "
+            "before and after compressing:", "", markdown_table(rows)]
+
+
 def render_card(meta: dict[str, Any], family: str) -> str:
     """README.md text for a compressed checkpoint described by ``meta`` (its ``capsense.json``)."""
     base = meta["base_model"].get("model", "the base model")
@@ -66,6 +78,7 @@ def render_card(meta: dict[str, Any], family: str) -> str:
         lines += ["", f"Guided allocation keeping **{', '.join(alloc['keep'])}** (sensitivity {alloc['sensitivity']}), "
                   "at the size of the uniform setting; protected heads: "
                   f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces it."]
+    lines += _measured_lines(meta.get("measured"), alloc)
     lines += ["", "## Per layer", "", _layer_table(meta.get("matrices", [])), "",
               "Everything here is also in `capsense.json`; measure the capabilities you need with "
               "`capsense measure THIS_FOLDER` before relying on it."]

@@ -71,6 +71,7 @@ def compress_checkpoint(
     guide=None,
     device_map: str | dict[str, Any] | None = None,
     fmt: str = "auto",
+    probes: int = 32,
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
@@ -80,6 +81,9 @@ def compress_checkpoint(
     and gradients run where the layers live, each matrix is compressed on CPU and written back to
     its device, so the checkpoint equals the one compressed without a map; a map that offloads
     weights to CPU memory or disk is refused before anything is computed or written.
+    With ``guide`` and ``probes`` > 0, each kept capability is measured on its first ``probes``
+    documents (never calibration or allocation documents) before and after compressing, in
+    memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import load_model
@@ -106,14 +110,51 @@ def compress_checkpoint(
         budget = allocation.budget
         planned = plan(model, budget)
         _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
+    kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
     result = compress_model(model, budget, stats)
     result.calibration = calib_info
+    measured = kept.after(model) if kept is not None else None
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
-    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store)
+    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured)
     return result
+
+
+class _KeptLoss:
+    """The kept capabilities' loss on their probes, measured before compressing; :meth:`after` gives the dL."""
+
+    def __init__(self, model, tokenizer, keep, probes: int, dtype: str, log) -> None:
+        from capsense.compress.capability_loss import build_probes, measure
+
+        self.probes, self.dtype = probes, dtype
+        self.sets = build_probes(tokenizer, keep, probes)
+        log(f"measuring {', '.join(keep)} on {probes} probe documents each, before and after compressing")
+        self.before = measure(model, self.sets)
+
+    def after(self, model) -> dict[str, Any]:
+        from capsense.compress.capability_loss import loss_change, measure
+
+        return {"probes": self.probes, "dtype": self.dtype, "documents": "first", "in_memory": True,
+                "capabilities": loss_change(measure(model, self.sets), self.before)}
+
+
+def public_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with every file it names reduced to the file's name: what is shared carries no
+    path of this machine (the budget file, a heads file it protects, a calibration file)."""
+    from capsense.ship.metadata import public_path
+
+    budget = meta.get("budget") or {}
+    if budget.get("budget_file"):
+        budget["budget_file"] = public_path(budget["budget_file"])
+    heads = (budget.get("protect") or {}).get("heads")
+    if isinstance(heads, str) and ("/" in heads or "\\" in heads or heads.endswith(".json")):
+        budget["protect"]["heads"] = public_path(heads)
+    for c in meta.get("calibration") or []:
+        if c.get("kind") == "file":
+            c["source"] = public_path(c["source"])
+    return meta
 
 
 def _packed(result: CompressionResult) -> dict[str, PackedWeight]:
@@ -122,7 +163,8 @@ def _packed(result: CompressionResult) -> dict[str, PackedWeight]:
 
 
 def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result: CompressionResult, allocation,
-                      out: str | Path, overwrite: bool, fmt: str = "dense", store: torch.dtype = torch.bfloat16) -> None:
+                      out: str | Path, overwrite: bool, fmt: str = "dense", store: torch.dtype = torch.bfloat16,
+                      measured: dict[str, Any] | None = None) -> None:
     """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
     from capsense.core.files import atomic_output_dir
     from capsense.core.models import model_fingerprint
@@ -139,10 +181,12 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
         "label": result.summary["label"],
         **result.to_dict(per_matrix=True),
         **({"allocation": allocation.info} if allocation is not None else {}),
+        **({"measured": measured} if measured is not None else {}),
         "format": {"format": "dense"},
         "note": "weights are stored dense: pruned weights are zeros, RTN weights are dequantized, low-rank "
         "matrices are the reconstructed products; accounting counts what a sparse/quantized/factored store needs",
     }
+    public_meta(meta)
     if fmt == "compressed-tensors":
         meta["note"] = ("quantized matrices are stored packed (compressed-tensors pack-quantized: integer codes and "
                         "16-bit group scales), the rest at the checkpoint dtype; load with compressed-tensors installed")

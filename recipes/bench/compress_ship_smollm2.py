@@ -1,7 +1,8 @@
 """Shippable checkpoints and GPTQ on SmolLM2-135M-Instruct: bytes on disk, reload exactness, GPTQ vs RTN.
 
     HF_HUB_OFFLINE=1 flock /tmp/capsense-heavy.lock python recipes/bench/compress_ship_smollm2.py \\
-        [--probes 32] [--parts pack,guided,dl] [--pack 0,1] [--dl 0,1,2,3] [--out recipes/results/compress/ship_smollm2.jsonl]
+        [--probes 32] [--parts pack,keep,dl] [--pack 0,1] [--dl 0,1,2,3] \\
+        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--out recipes/results/compress/ship_smollm2.jsonl]
 
 ``pack``: for RTN and GPTQ at 4 bits, group 64 (128 does not divide SmolLM2's 576-column
 matrices, which compressed-tensors refuses), compress in memory and write the checkpoint with the
@@ -10,8 +11,18 @@ the bytes ``capsense.json`` accounts, wall time and peak RSS, then reload it wit
 ``AutoModelForCausalLM.from_pretrained`` and compare per-document nats/token on the probes with
 the in-memory model (its parameters cast to the checkpoint's bfloat16; and as compressed, float32).
 
-``guided``: the same for the ``--keep math`` allocation of each (mixed precision: one config
-group per bit width and group size; levels restricted to group sizes that pack).
+``keep``: capability-guided rows. For each of ``KEEP`` (GPTQ 3 and 4 bits g64, SparseGPT density
+0.5; ``--keep-settings`` picks) and each variant at the uniform setting's exact accounted size:
+``uniform``; ``agnostic`` (the allocation priced by the Fisher of generic prose text, no heads
+protected: a capability-agnostic control); ``guided:CAP`` for each ``--keep`` capability (what
+``capsense compress --keep CAP`` does: the Fisher of CAP's last documents, the method's default
+head protection: none for GPTQ, 8 heads for SparseGPT). Each is compressed, written as the
+pipeline writes it (GPTQ packed with compressed-tensors, levels restricted to those that pack;
+SparseGPT dense, as compressed-tensors has no sparse storage) to record bytes on disk, and its dL
+measured in memory (float32) on math, code and qa. How GPTQ and SparseGPT levels are priced:
+:mod:`capsense.compress.compensated` (RTN's and Wanda's weight error under the Fisher; the real
+solver runs only at the chosen level). ``--reload`` also reloads the guided checkpoints with plain
+transformers and compares them with the in-memory model cast to bfloat16.
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
@@ -32,7 +43,6 @@ import torch
 from capsense.compress.budget import uniform_budget
 from capsense.compress.capability_loss import build_probes, measure_probe
 from capsense.compress.engine import calibrate, compress_model
-from capsense.compress.packed import size_on_disk
 from capsense.compress.pipeline import _write_checkpoint
 from capsense.core.files import append_jsonl
 from capsense.core.models import load_model
@@ -42,6 +52,8 @@ CAPS = ("math", "code", "qa")
 PACK = ({"method": "rtn", "bits": 4, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64})
 DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
       {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
+KEEP = ({"method": "gptq", "bits": 3, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64},
+        {"method": "sparsegpt", "density": 0.5})
 
 
 def peak_rss_mb() -> float:
@@ -67,46 +79,136 @@ def restore(model, saved) -> None:
             p.data = saved[k].clone()
 
 
-def guided(model, tok, stats, setting: dict, keep: str):
-    """The ``--keep`` allocation of ``setting`` restricted to packable levels, and its info."""
-    from capsense.compress.guided import Guide, guided_budget
+def write_and_reload(model, tok, budget, result, allocation, fmt: str, reload: bool, probes=None):
+    """Write the checkpoint as the pipeline does: (capsense.json, per-document nats/token of the
+    checkpoint reloaded with plain transformers or None, write seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ckpt"
+        t1 = time.time()
+        _write_checkpoint(model, tok, "smollm2-135m", budget, result, allocation, out, False, fmt)
+        write_s = time.time() - t1
+        meta = json.loads((out / "capsense.json").read_text())
+        if not reload:
+            return meta, None, write_s
+        from transformers import AutoModelForCausalLM
 
-    al = guided_budget(model, tok, uniform_budget(setting), stats, Guide([keep], protect_top_k=0), print, packed=True)
-    return al.budget, al
+        loaded = AutoModelForCausalLM.from_pretrained(out).eval()  # plain transformers, bfloat16
+        loaded(input_ids=torch.tensor([[1, 2]]))  # compressed-tensors unpacks on the first forward
+        reloaded = doc_nll(loaded, probes)
+        del loaded
+        return meta, reloaded, write_s
 
 
-def pack_part(model, tok, probes, stats, saved, base, keep: str | None = None, which=(0, 1)):
+def reload_check(model, saved, reloaded, probes) -> dict:
+    """The reloaded checkpoint vs the in-memory model, as compressed (float32) and cast to bfloat16."""
+    in_mem32 = doc_nll(model, probes)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    in_mem16 = doc_nll(model, probes)
+    restore(model, saved)
+    return {"reload_vs_memory_bf16": max_delta(reloaded, in_mem16), "reload_vs_memory_fp32": max_delta(reloaded, in_mem32)}
+
+
+def pack_part(model, tok, probes, stats, saved, base, which=(0, 1)):
     """Yields one row per setting, as measured."""
     for setting in (PACK[i] for i in which):
         t0 = time.time()
-        budget, allocation = guided(model, tok, stats, setting, keep) if keep else (uniform_budget(setting), None)
+        budget = uniform_budget(setting)
         result = compress_model(model, budget, stats)
         seconds = time.time() - t0
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "ckpt"
-            t1 = time.time()
-            _write_checkpoint(model, tok, "smollm2-135m", budget, result, allocation, out, False, "compressed-tensors")
-            write_s = time.time() - t1
-            meta = json.loads((out / "capsense.json").read_text())
-            from transformers import AutoModelForCausalLM
-
-            loaded = AutoModelForCausalLM.from_pretrained(out).eval()  # plain transformers, bfloat16
-            loaded(input_ids=torch.tensor([[1, 2]]))  # compressed-tensors unpacks on the first forward
-            reloaded = doc_nll(loaded, probes)
-            del loaded
-        in_mem32 = doc_nll(model, probes)
-        for p in model.parameters():
-            p.data = p.data.to(torch.bfloat16)
-        in_mem16 = doc_nll(model, probes)
-        restore(model, saved)
+        meta, reloaded, write_s = write_and_reload(model, tok, budget, result, None, "compressed-tensors", True, probes)
         yield {
-            "part": "guided" if keep else "pack", "setting": result.summary["label"], "keep": keep, "groups": meta["format"]["groups"], "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
+            "part": "pack", "setting": result.summary["label"], "keep": None, "groups": meta["format"]["groups"],
+            "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
             "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
             "disk_over_accounted": meta["size"]["bytes_on_disk"] / meta["size"]["bytes_accounted"],
             "size_ratio": result.summary["size_ratio"], "base_model_has_path": "path" in meta["base_model"],
-            "reload_vs_memory_bf16": max_delta(reloaded, in_mem16), "reload_vs_memory_fp32": max_delta(reloaded, in_mem32),
+            **reload_check(model, saved, reloaded, probes),
             "dL_reloaded": {c: reloaded[c][-1] - base[c][-1] for c in CAPS}, "peak_rss_mb": round(peak_rss_mb()),
         }
+
+
+def keep_variants(keep: list[str], spread):
+    """(variant name, Guide or None for uniform) of one setting."""
+    from capsense.compress.guided import Guide
+
+    tag = "" if spread is None else f"~{spread[0]:g}-{spread[1]:g}"
+    extra = {} if spread is None else {"spread": spread}
+    yield "uniform", None
+    yield "agnostic" + tag, Guide(keep[:1], sensitivity="generic", protect_top_k=0, **extra)
+    for cap in keep:
+        yield f"guided{tag}:{cap}", Guide([cap], **extra)
+
+
+def keep_part(model, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None):
+    """Yields one row per (setting, variant), as measured (see the module docstring)."""
+    from collections import Counter
+
+    from capsense.compress.guided import guided_budget
+    from capsense.compress.pipeline import resolve_format
+
+    fisher_cache: dict = {}
+    for setting in settings:
+        uni = uniform_budget(setting)
+        fmt = resolve_format("auto", uni)
+        for variant, guide in keep_variants(keep, spread):
+            if variants and not variant.startswith(tuple(variants)):
+                continue
+            t0 = time.time()
+            allocation = None if guide is None else guided_budget(
+                model, tok, uni, stats, guide, print, fisher_cache, packed=fmt == "compressed-tensors")
+            budget = uni if allocation is None else allocation.budget
+            t1 = time.time()
+            result = compress_model(model, budget, stats)
+            t2 = time.time()
+            after = doc_nll(model, probes)
+            check = reload and guide is not None and guide.sensitivity == "kept" and fmt == "compressed-tensors"
+            meta, reloaded, write_s = write_and_reload(model, tok, budget, result, allocation, fmt, check, probes)
+            row = {
+                "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
+                "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
+                "spread": list(guide.spread) if guide is not None else None,
+                "protected_heads": allocation.info.get("protected_heads") if allocation else None,
+                "levels": dict(Counter(allocation.info["per_matrix"].values())) if allocation else None,
+                "groups": meta["format"].get("groups"), "size_ratio": result.summary["size_ratio"],
+                "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
+                "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
+                "allocate_s": round(t1 - t0, 1), "compress_s": round(t2 - t1, 1), "write_s": round(write_s, 1),
+                "peak_rss_mb": round(peak_rss_mb()),
+            }
+            if reloaded is not None:
+                row.update(reload_check(model, saved, reloaded, probes))
+                row["dL_reloaded"] = {c: reloaded[c][-1] - base[c][-1] for c in CAPS}
+            restore(model, saved)
+            yield row
+
+
+def keep_table(records) -> str:
+    """Markdown: one row per keep-part (setting, variant): bytes on disk, size, dL per capability; a kept
+    capability's cell in bold with its change vs uniform and vs the agnostic allocation of the same size."""
+    from capsense.core.tables import format_percent, markdown_table, relative_change
+
+    rows = [r for r in records if r.get("part") == "keep"]
+    by = {(r["setting"], r["variant"]): r for r in rows}  # the last measurement of each wins
+    out = []
+    for (setting, variant), r in by.items():
+        uni = by.get((setting, "uniform"))
+        tag = variant.split(":")[0].removeprefix("guided").removeprefix("agnostic")  # the spread tag, if any
+        agn = by.get((setting, "agnostic" + tag))
+        kept = variant.split(":")[1] if ":" in variant else None
+        row = {"setting": setting, "variant": variant, "bytes on disk": r["bytes_on_disk"],
+               "size ratio": f"{r['size_ratio']:.4f}"}
+        for c in CAPS:
+            cell = f"{r['dL'][c]:+.3f}"
+            if c == kept:
+                vs_u = format_percent(relative_change(uni["dL"][c], r["dL"][c])) if uni else "-"
+                vs_a = format_percent(relative_change(agn["dL"][c], r["dL"][c])) if agn else "-"
+                cell = f"**{cell}** ({vs_u} vs uniform, {vs_a} vs agnostic)"
+            row[c] = cell
+        row["compress s"] = r["compress_s"]
+        row["peak RSS MB"] = r["peak_rss_mb"]
+        out.append(row)
+    return markdown_table(out)
 
 
 def dl_part(model, probes, stats, saved, base, which=(0, 1, 2, 3)):
@@ -127,11 +229,22 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=32)
     ap.add_argument("--parts", default="pack,dl")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pack", default="0,1", help="Indices into PACK (rtn, gptq) for the pack and guided parts.")
+    ap.add_argument("--pack", default="0,1", help="Indices into PACK (rtn, gptq) for the pack part.")
+    ap.add_argument("--keep", default="math,code", help="Capabilities of the keep part's guided variants.")
+    ap.add_argument("--keep-settings", default="0,1,2", help="Indices into KEEP (gptq 3b, gptq 4b, sparsegpt) for the keep part.")
+    ap.add_argument("--variants", default=None, help="Keep part: only the variants whose name starts with one of these.")
+    ap.add_argument("--spread", default=None, help="Keep part: size band of the levels, e.g. 0.9,1.7 (default: the Guide's).")
+    ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "ship_smollm2.jsonl",
                     help="JSONL, one line per row, appended as measured.")
+    ap.add_argument("--table", action="store_true", help="Only print the keep part's table from --out.")
     args = ap.parse_args()
+    if args.table:
+        from capsense.core.files import read_jsonl
+
+        print(keep_table(read_jsonl(args.out)))
+        return
     torch.set_num_threads(args.threads)
     which = [int(i) for i in args.pack.split(",")]
     t0 = time.time()
@@ -151,8 +264,10 @@ def main() -> None:
 
     if "pack" in args.parts:
         emit(pack_part(model, tok, probes, stats, saved, base, which=which))
-    if "guided" in args.parts:
-        emit(pack_part(model, tok, probes, stats, saved, base, keep="math", which=which))
+    if "keep" in args.parts:
+        spread = tuple(float(x) for x in args.spread.split(",")) if args.spread else None
+        emit(keep_part(model, tok, probes, stats, saved, base, [KEEP[int(i)] for i in args.keep_settings.split(",")],
+                       args.keep.split(","), spread, args.reload, args.variants.split(",") if args.variants else None))
     if "dl" in args.parts:
         emit(dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]))
     print(f"done in {time.time() - t0:.0f} s; appended to {args.out}")

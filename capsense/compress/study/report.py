@@ -79,11 +79,12 @@ def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Pat
         xs.extend(g["loo_pred"])
         ys.extend(g["y"])
         kinds.extend([f"{name.split('|')[2]} {name.split('|')[1]} (LOO)"] * len(g["y"]))
-    for cap, g in (fits.get("quant") or {}).items():
-        if "loo_pred" in g:
-            xs.extend(g["loo_pred"])
-            ys.extend(g["y"])
-            kinds.extend(["rtn (LOO)"] * len(g["y"]))
+    for method, per_cap in (fits.get("quant") or {}).items():
+        for g in per_cap.values():
+            if "loo_pred" in g:
+                xs.extend(g["loo_pred"])
+                ys.extend(g["y"])
+                kinds.extend([f"{method} (LOO)"] * len(g["y"]))
     if not xs:
         return None
     plt = _plt()
@@ -144,9 +145,9 @@ def fits_markdown(fits: Mapping[str, Any]) -> str:
         lines += ["### Low-rank: stable-rank predictor dL ~ gamma * mean(rho_s)", "", _lowrank_table(lr), ""]
     q = fits.get("quant") or {}
     if q:
-        rows = [{"capability": cap, "n": str(g["n"]), "c": f"{g['slope']:.1f}", "LOO MAE": _f(g["loo_mae"])}
-                for cap, g in q.items() if "skipped" not in g]
-        lines += ["### RTN: dL ~ c * 4^-bits", "", markdown_table(rows), ""]
+        rows = [{"quantizer": m, "capability": cap, "n": str(g["n"]), "c": f"{g['slope']:.1f}", "LOO MAE": _f(g["loo_mae"])}
+                for m, per_cap in q.items() for cap, g in per_cap.items() if "skipped" not in g]
+        lines += ["### Quantization: dL ~ c * 4^-bits, per quantizer", "", markdown_table(rows), ""]
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError, FitError
-from capsense.compress.study.analysis import _scope_tag, fit_grid
+from capsense.compress.study.analysis import _scope_tag, fit_grid, quant_method
 from capsense.compress.study.predictors import CompactFit
 
 
@@ -48,7 +48,7 @@ def _predict_lowrank(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | N
 
 
 def _predict_quant(r: Mapping[str, Any], fits: Mapping[str, Any]) -> float | None:
-    g = fits["quant"].get(r["capability"])
+    g = fits["quant"].get(quant_method(r), {}).get(r["capability"])
     if not g or "bits" not in g:
         return None
     return float(g["loo_pred"][g["bits"].index(r["setting"]["bits"])])

@@ -217,3 +217,35 @@ def test_fit_and_select_cli(tmp_path):
     assert "chosen:" in r.output and "regret:" in r.output
     r = run("select", grid, "--max-size", "0.6", "--capabilities", "poetry")
     assert r.exit_code == 1 and "poetry is not in the grid" in r.output
+
+
+def test_grid_fit_select_measure_take_gptq_and_sparsegpt(tmp_path, tiny_model_dir, calib_file):
+    out = tmp_path / "grid.jsonl"
+    r = run("grid", tiny_model_dir, "--methods", "gptq,sparsegpt", "--bits", "8,4,3", "--group-size", 32,
+            "--densities", "0.8,0.6,0.4", "--capabilities", "qa", "--probes", 3, "--calibration", calib_file,
+            "--calibration-samples", 4, "--out", out, "--no-progress")
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {x["label"] for x in recs[1:]} == {"gptq@8b/g32", "gptq@4b/g32", "gptq@3b/g32", "sparsegpt@d0.8",
+                                              "sparsegpt@d0.6", "sparsegpt@d0.4"}
+    assert all(x["calibration"] for x in recs[1:])  # both solvers ran on calibration statistics
+    r = run("fit", out, "--predict", "0.7", "--method", "sparsegpt")
+    assert r.exit_code == 0, r.output
+    assert "gptq/g32" in r.output and "predict sparsegpt d=0.7 qa" in r.output
+    r = run("fit", out, "--predict", "0.7", "--method", "gptq")  # a density of a quantizer: refused, naming the valid
+    assert r.exit_code == 1 and "no pruning fit for 'gptq': the grid has sparsegpt" in r.output
+    r = run("select", out, "--max-size", "0.5")
+    assert r.exit_code == 0, r.output
+    assert "chosen:" in r.output
+    r = run("grid", tiny_model_dir, "--methods", "gptq", "--densities", "0.5", "--out", tmp_path / "g2.jsonl")
+    assert r.exit_code == 1 and "gptq needs a list of bits" in r.output
+    # a GPTQ checkpoint (packed, compressed-tensors) is measured like any model folder
+    ckpt = tmp_path / "ckpt"
+    r = run("compress", tiny_model_dir, "--method", "gptq", "--bits", 4, "--group-size", 32, "--calibration", calib_file,
+            "--calibration-samples", 4, "--out", ckpt)
+    assert r.exit_code == 0, r.output
+    assert json.loads((ckpt / "config.json").read_text())["quantization_config"]["format"] == "pack-quantized"
+    r = run("measure", ckpt, "--capabilities", "qa", "--probes", 3, "--reference", tiny_model_dir, "--out", tmp_path / "m.json")
+    assert r.exit_code == 0, r.output
+    qa = json.loads((tmp_path / "m.json").read_text())["capabilities"]["qa"]
+    assert qa["nll"] > 0 and qa["dL"] == pytest.approx(qa["nll"] - qa["nll0"])

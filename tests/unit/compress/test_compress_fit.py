@@ -116,6 +116,7 @@ def _synthetic_grid(noise=0.002, seed=3):
                             A * ((1 - d) / 0.3) ** g, float(d)))
         for b in (8, 4, 3):
             recs.append(rec("rtn", "quant", {"method": "rtn", "bits": b, "group_size": 128}, cap, 300 * A * 4.0**-b, b / 16))
+            recs[-1]["label"] = f"rtn@{b}b/g128"  # as the grid labels it (quantizer fits strip the bits)
         for targets, rho in (("attn", 20.0), ("mlp", 45.0)):
             for r in (0.9, 0.8, 0.7, 0.6):
                 x = (1 - r) * rho
@@ -135,7 +136,7 @@ def test_fit_grid_on_synthetic_grid():
     lr = fits["lowrank"]["groups"]
     assert lr["math|attn"]["loo_pearson"] > 0.95
     assert lr["math|all-targets"]["loo_pearson"] > 0.95
-    assert fits["quant"]["math"]["slope"] == pytest.approx(150, rel=0.1)
+    assert fits["quant"]["rtn/g128"]["math"]["slope"] == pytest.approx(150, rel=0.1)
     pred = predict_pruning(fits, "wanda", 0.75)
     assert pred["math"]["dL"] == pytest.approx(0.5 * (0.25 / 0.3) ** 2, abs=0.02)
     with pytest.raises(CapsenseError):
@@ -178,3 +179,20 @@ def test_calibration_statistics_are_shared_only_by_matrices_reading_the_same_inp
     assert stats[f"{L}.self_attn.q_proj"] is stats[f"{L}.self_attn.v_proj"]
     assert stats[f"{L}.self_attn.o_proj"] is not stats[f"{L}.self_attn.q_proj"]
     assert stats[f"{L}.self_attn.q_proj"] is not stats["model.layers.0.self_attn.q_proj"]
+
+
+def test_quant_fits_are_per_quantizer_and_select_uses_its_own():
+    # GPTQ loses a fifth of RTN's dL at every width: pooled, one fit (and bits.index) would mix them
+    recs = _synthetic_grid()
+    for r in [r for r in recs if r["method"] == "rtn"]:
+        g = {**r, "method": "gptq", "label": r["label"].replace("rtn@", "gptq@"), "key": "g" + r["key"],
+             "setting": {**r["setting"], "method": "gptq"}, "dL": r["dL"] / 5}
+        recs.append(g)
+    fits = fit_grid(recs)
+    assert set(fits["quant"]) == {"rtn/g128", "gptq/g128"}
+    assert fits["quant"]["rtn/g128"]["math"]["slope"] == pytest.approx(150, rel=0.1)
+    assert fits["quant"]["gptq/g128"]["math"]["slope"] == pytest.approx(30, rel=0.1)
+    s = select(recs, fits, 0.3)  # only the 3- and 4-bit settings fit: GPTQ's predicted loss is lower
+    assert s["chosen"]["method"] == "gptq"
+    by_label = {c["label"]: c for c in s["ranking"]}
+    assert by_label["gptq@3b/g128"]["predicted"] < by_label["rtn@3b/g128"]["predicted"] / 3

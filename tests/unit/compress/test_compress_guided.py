@@ -218,3 +218,45 @@ def test_rtn_protects_no_heads_by_default_and_pruning_does(guided_case):
     assert rtn.info["allocated_bits"] <= rtn.info["target_bits"]
     wanda = guided_budget(model, tok, uniform_budget({"method": "wanda", "density": 0.5}), stats, Guide(["math"], samples=2))
     assert len(wanda.budget.protect_heads) == 8 and wanda.budget.whole_heads
+
+
+def test_guided_checkpoint_card_states_the_kept_capabilitys_measured_dl(tmp_path, tiny_model_dir):
+    out, base_m, ckpt_m = tmp_path / "out", tmp_path / "base.json", tmp_path / "ckpt.json"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "3", "--group-size", "32",
+                                  "--keep", "math", "--calibration-samples", "4", "--save-dtype", "float32",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "capsense.json").read_text())
+    m = meta["measured"]
+    assert m["probes"] == 32 and m["dtype"] == "float32" and set(m["capabilities"]) == {"math"}
+    math = m["capabilities"]["math"]
+    assert math["dL"] == pytest.approx(math["nll"] - math["nll0"]) and math["dL"] != 0
+    # the numbers are what `capsense measure` gives on the base model and on the written checkpoint
+    for model, path in ((tiny_model_dir, base_m), (out, ckpt_m)):
+        r = CliRunner().invoke(main, ["measure", str(model), "--capabilities", "math", "--probes", "32", "--out", str(path)])
+        assert r.exit_code == 0, r.output
+    assert json.loads(base_m.read_text())["capabilities"]["math"]["nll"] == pytest.approx(math["nll0"], abs=1e-6)
+    assert json.loads(ckpt_m.read_text())["capabilities"]["math"]["nll"] == pytest.approx(math["nll"], abs=1e-4)
+    card = (out / "README.md").read_text()
+    assert "## Measured" in card and f"| math | {math['nll0']:.4f} | {math['nll']:.4f} | {math['dL']:+.4f} |" in card
+    assert "keeping **math**" in card and f"| {meta['size']['bytes_on_disk']} |" in card and "| 3b/g" in card
+
+
+def test_compressed_checkpoint_names_no_path_of_this_machine(tmp_path, tiny_model_dir, calib_file):
+    heads = tmp_path / "run" / "heads.json"
+    heads.parent.mkdir()
+    heads.write_text(json.dumps({"heads": [{"layer": 1, "head": 2}]}))
+    budget = tmp_path / "cfg" / "budget.yaml"
+    budget.parent.mkdir()
+    budget.write_text(yaml.safe_dump({"method": "wanda", "density": 0.5, "protect": {"heads": str(heads)}}))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--budget-file", str(budget), "--calibration",
+                                  str(calib_file), "--calibration-samples", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    meta_text = (out / "capsense.json").read_text()
+    meta = json.loads(meta_text)
+    assert meta["budget"]["budget_file"] == "budget.yaml" and meta["budget"]["protect"]["heads"] == "heads.json"
+    assert meta["calibration"][0]["source"] == calib_file.name and "path" not in meta["base_model"]
+    for root in {tmp_path.parent, calib_file.parent.parent, tiny_model_dir.parent.parent}:  # every test folder
+        for text in (meta_text, (out / "README.md").read_text()):
+            assert str(root) not in text

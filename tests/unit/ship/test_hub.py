@@ -341,3 +341,22 @@ def test_embedded_base_card_reproduces_on_a_fresh_machine(tmp_path, name, instal
     for text in (card, meta_text, (out / "adapter_config.json").read_text()):
         assert str(cache_dir()) not in text and str(Path.home()) not in text
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == hub_id
+
+
+def test_push_uploads_a_compressed_checkpoint_with_its_card(tiny_model_dir, tmp_path, online_with_token):
+    from capsense.cli import main
+
+    out = tmp_path / "gptq"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "4", "--group-size", "32",
+                                  "--keep", "math", "--calibration-samples", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    card = (out / "README.md").read_text()
+    meta = json.loads((out / "capsense.json").read_text())
+    api = FakeApi()
+    result = push_folder(out, "me/tiny-gptq", api=api)
+    upload = dict(api.calls)["upload_folder"]
+    assert {"model.safetensors", "config.json", "README.md", "capsense.json", "budget.yaml"} <= set(upload["files_seen"])
+    assert not result.card_rendered and (out / "README.md").read_text() == card  # the compression card, as written
+    dl = meta["measured"]["capabilities"]["math"]["dL"]
+    assert f"| {meta['size']['bytes_on_disk']} |" in card and f"{dl:+.4f}" in card and "keeping **math**" in card
+    assert "path" not in meta["base_model"] and str(tiny_model_dir) not in card + json.dumps(meta)

@@ -102,14 +102,8 @@ def compress_checkpoint(
     if needed:
         log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
-    allocation = None
-    if guide is not None:
-        from capsense.compress.guided import guided_budget  # the Fisher and measured sensitivities: only when guided
-
-        allocation = guided_budget(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
-        budget = allocation.budget
-        planned = plan(model, budget)
-        _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
+    allocation = _guided_allocation(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else None
+    budget = allocation.budget if allocation is not None else budget
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
     result = compress_model(model, budget, stats)
@@ -120,6 +114,17 @@ def compress_checkpoint(
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
     _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured)
     return result
+
+
+def _guided_allocation(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str):
+    """The guided allocation that replaces ``budget`` (its setting names the size and the method),
+    checked against the output format like the budget it replaces."""
+    from capsense.compress.guided import guided_budget  # the Fisher and measured sensitivities: only when guided
+
+    allocation = guided_budget(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
+    planned = plan(model, allocation.budget)
+    _check_format(model, allocation.budget, planned, check_plan(model, allocation.budget, planned), fmt)
+    return allocation
 
 
 class _KeptLoss:

@@ -24,7 +24,7 @@ def _floats(text: str | None) -> list[float]:
               help="Grid YAML (model, capabilities, probes, settings); command-line values override it.")
 @click.option("--methods", default=None, help="Comma-separated methods for the density/bits/ratio lists below.")
 @click.option("--densities", default=None, help="Pruning densities, e.g. 0.9,0.8,0.7,0.6,0.5.")
-@click.option("--bits", "bits_list", default=None, help="RTN bit widths, e.g. 8,4,3.")
+@click.option("--bits", "bits_list", default=None, help="Bit widths of the quantizers (rtn, gptq), e.g. 8,4,3.")
 @click.option("--group-size", type=int, default=128, show_default=True)
 @click.option("--ratios", default=None, help="Low-rank parameter ratios, e.g. 0.9,0.8,0.7,0.6.")
 @click.option("--targets", default=None, help="attn, mlp or attn,mlp (default both).")

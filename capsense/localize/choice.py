@@ -47,11 +47,17 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
     return found, spent
 
 
+def estimates_in_metric(result: LocateResult, cfg: LocateConfig) -> dict[str, np.ndarray] | None:
+    """Attribution's estimates where they are in the run's damage unit (relative nll: the run ranks by
+    nll), else None: an nll estimate says nothing of an accuracy drop's size."""
+    return result.estimates if cfg.metric == "nll" else None
+
+
 def single_effects(result: LocateResult, cfg: LocateConfig, heads: Sequence[int]) -> Singles:
     """Per head its single-head damage on the target and every control, as the run knows it: measured
-    (or a regression's effect) where there is one, else attribution's estimate when the run ranks by
-    nll (the estimate's unit), else none (the prediction then counts the head as harmless)."""
-    est = result.estimates if cfg.metric == "nll" else None
+    (or a regression's effect) where there is one, else attribution's estimate when it is in the run's
+    unit (:func:`estimates_in_metric`), else none (the prediction then counts the head as harmless)."""
+    est = estimates_in_metric(result, cfg)
 
     def value(effects: np.ndarray, task: str, h: int) -> float:
         v = float(effects[h])
@@ -84,7 +90,7 @@ def coverage_step(cfg: LocateConfig, result: LocateResult, evals: list[Evaluatio
                   log: Callable[[str], None]) -> None:
     """What the search did not measure alone, and a bound on how much target effect hides there
     (:mod:`capsense.localize.coverage`); read from the search's evaluations, before refine."""
-    est = (result.estimates or {}).get(cfg.task) if cfg.metric == "nll" else None
+    est = (estimates_in_metric(result, cfg) or {}).get(cfg.task)
     rest = evals[1:]
     result.coverage = coverage([e.heads for e in rest], damage(rest, cfg.task, cfg, evals[0]) if rest else [],
                                layout.n_total, min(cfg.top_k, layout.n_total), est)

@@ -48,7 +48,7 @@ SWAPS_PER_ROUND = 3
 Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
 #: per head: its single-head (relative target damage, {control: relative damage}).
 Singles = dict[int, tuple[float, dict[str, float]]]
-MAX_PREDICTED_SETS = 200_000  # K-subsets of the pool scored from the singles (C(20, 5) = 15,504)
+MAX_PREDICTED_SETS = 200_000  # K-subsets of the pool scored from the singles (K = 5, pool 25: C(25, 5) = 53,130)
 
 
 @dataclass

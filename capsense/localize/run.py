@@ -22,7 +22,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-
 from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
@@ -97,6 +96,7 @@ def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> i
 
 def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probes: dict) -> dict[str, Any]:
     """Every setting that may identify a run folder (:func:`identity_keys` picks the ones compared)."""
+    refine_dtype = cfg.resolved_refine_dtype(dtype)
     return {
         "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
         "task": cfg.task,
@@ -104,7 +104,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "limit": cfg.limit,
         "control_limit": cfg.control_limit,
         "screen": cfg.screen or None,
-        "refine_dtype": None if cfg.resolved_refine_dtype(dtype) == dtype else cfg.resolved_refine_dtype(dtype),
+        "refine_dtype": refine_dtype if refine_dtype != dtype else None,  # None as in folders from before it
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,
@@ -182,13 +182,14 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     singles = single_effects(result, cfg, ranking)
 
     def measure_and_choose() -> tuple:
-        base = evals[0]
+        base, clean = evals[0], []
         if dtypes[1] != dtypes[0]:  # the handed-on set is measured in its own precision, against its own clean model
             runner.evaluate = runner.evaluate.recast(dtypes[1])
             log(f"refine: measuring sets in {dtypes[1]} (the search ran in {dtypes[0]})")
-            base = runner(no_knockout(n), REFINE_ROUND)[0]
+            clean = runner(no_knockout(n), REFINE_ROUND)
+            base = clean[0]
         found, spent = refine_ranking(runner, cfg, n, base, ranking, singles)
-        return found, [*([base] if base is not evals[0] else []), *spent]
+        return found, clean + spent
 
     result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)), measure_and_choose)
     result.scores = put_first(result.scores, result.refinement.heads)
@@ -274,8 +275,9 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
 
 def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layout: HeadLayout, done: int,
                        log: Callable[[str], None], progress: RunProgress | None, own: bool,
-                       dtypes: tuple[str, str] = ("float32", "float32")) -> LocateResult:
-    """The method's search and fit, then measure-and-choose, shown as the phases of ``progress``."""
+                       dtypes: tuple[str, str]) -> LocateResult:
+    """The method's search and fit, then measure-and-choose, shown as the phases of ``progress``
+    (``dtypes``: the search's and measure-and-choose's, see :func:`_refine_step`)."""
     cfg, n = search.cfg, layout.n_total
     progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
     try:

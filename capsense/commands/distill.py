@@ -16,14 +16,17 @@ from capsense.commands.output import echo_written
 @click.option("--gen-tokens", type=int, default=32, show_default=True, help="Teacher-generated tokens after each text.")
 @click.option("--seq-len", type=int, default=128, show_default=True)
 @click.option("--lr", type=float, default=2e-5, show_default=True)
+@click.option("--fresh", is_flag=True,
+              help="Every epoch reads --texts texts no earlier epoch read (epochs x texts in all, one pass): the "
+                   "fresh arm of a data-reuse comparison (recipes/bench/distill_reuse.py).")
 @click.option("--capabilities", default="math,code,qa,arithmetic,induction", show_default=True,
               help="Capabilities whose dL (vs the teacher, first --probes documents) is measured after each epoch.")
 @click.option("--probes", type=int, default=32, show_default=True)
 @device_map_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
-def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, capabilities, probes, device_map, parallelize,
-            out, overwrite):
+def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes, device_map,
+            parallelize, out, overwrite):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
@@ -43,7 +46,7 @@ def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, capabiliti
 
     caps = parse_capabilities(capabilities)
     cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
-                        epochs=epochs, lr=lr)
+                        epochs=epochs, lr=lr, fresh=fresh)
     s_model, t_model, tok = load_models(cfg, placed)
     evaluate = capability_evaluator(t_model, tok, caps, probes)
     records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok))

@@ -2,7 +2,9 @@
 
 Data: a fixed set of unique tokens from the repo's own tasks (their *last* documents, so
 probe documents never train) each followed by ``gen_tokens`` tokens the teacher generates
-greedily (no download). Training: ``epochs`` passes over that set, loss
+greedily (no download). Training: ``epochs`` passes over that set (or, with ``fresh``, one pass
+over ``epochs`` times as many texts, each epoch reading texts no earlier epoch read: the other
+arm of the data-reuse comparison, :func:`fit_reuse_penalty`), loss
 ``KL(teacher || student)`` of the next-token distributions at every position, Adam on the
 student's target matrices with their zeros held at zero (pruning masks kept, so the exact
 size accounting of the student still holds). Other families (RTN codes, low-rank factors)
@@ -45,6 +47,7 @@ class DistillConfig:
     epochs: int = 3
     lr: float = 2e-5
     seed: int = 0
+    fresh: bool = False  # every epoch reads n_texts texts never read before (epochs x n_texts unique texts)
 
     def __post_init__(self) -> None:
         for name in ("n_texts", "seq_len", "epochs"):
@@ -59,7 +62,12 @@ def build_corpus(teacher: nn.Module, tokenizer, cfg: DistillConfig) -> list[list
     """Token sequences of at most ``seq_len``: task texts, each followed by the teacher's greedy continuation."""
     from capsense.compress.calibration import calibration_samples
 
-    samples, _ = calibration_samples(cfg.sources, tokenizer, cfg.n_texts, max_tokens=cfg.seq_len - cfg.gen_tokens)
+    wanted = cfg.n_texts * (cfg.epochs if cfg.fresh else 1)
+    samples, _ = calibration_samples(cfg.sources, tokenizer, wanted, max_tokens=cfg.seq_len - cfg.gen_tokens)
+    if len(samples) < wanted:  # a source ran out of documents: fewer unique texts than the run claims
+        raise CapsenseError(f"`sources` {cfg.sources!r} give {len(samples)} texts, not the {wanted} asked "
+                            f"({cfg.n_texts} texts{' x ' + str(cfg.epochs) + ' fresh epochs' if cfg.fresh else ''}): "
+                            "ask for fewer `n_texts` or name more sources")
     out = []
     for ids in samples:
         x = torch.tensor([ids], device=input_device(teacher))
@@ -100,7 +108,7 @@ class _State:
         if not self.path.is_file():
             return 0, 0
         st = torch.load(self.path, weights_only=False)
-        if st["config"] != asdict(self.cfg):
+        if {"fresh": False, **st["config"]} != asdict(self.cfg):  # states saved before `fresh` existed reused
             raise CapsenseError(f"{self.path.parent} holds another distillation ({st['config']}): use another `out`")
         with torch.no_grad():
             for p, w in zip(params, st["weights"]):
@@ -119,6 +127,15 @@ def _order(n: int, seed: int, epoch: int) -> list[int]:
     order = list(range(n))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
     return order
+
+
+def epoch_order(cfg: DistillConfig, n_corpus: int, epoch: int) -> list[int]:
+    """Corpus indices epoch ``epoch`` trains on, in order: a reshuffle of the whole set, or with
+    ``fresh`` the epoch's own slice of one fixed shuffle (no text is read twice)."""
+    if not cfg.fresh:
+        return _order(n_corpus, cfg.seed, epoch)
+    per = n_corpus // cfg.epochs
+    return _order(n_corpus, cfg.seed, 0)[epoch * per:(epoch + 1) * per]
 
 
 def fit_log_epochs(epochs: Sequence[float], dls: Sequence[float]) -> dict[str, float]:
@@ -153,12 +170,12 @@ def run_distill(
     out = Path(out)
     check_output_dir(out, overwrite)
     work = out.parent / (out.name + ".partial")
-    work.mkdir(parents=True, exist_ok=True)
     student, teacher, tokenizer = models or load_models(cfg)
     _check_pruned(cfg.student)
     corpus = _corpus(work, teacher, tokenizer, cfg)
     run = _Run(cfg, work, student, teacher, corpus, evaluate)
-    bar = tqdm(total=cfg.epochs * len(corpus), initial=run.epoch * len(corpus) + run.step, desc="distill",
+    per_epoch = len(epoch_order(cfg, len(corpus), 0))
+    bar = tqdm(total=cfg.epochs * per_epoch, initial=run.epoch * per_epoch + run.step, desc="distill",
                disable=not progress)
     try:
         if not run.train(bar, save_every, stop_after):
@@ -190,7 +207,9 @@ class _Run:
     def _record(self, epoch: int) -> None:
         from capsense.core.files import append_jsonl
 
-        rec = {"epoch": epoch, "dL": self.evaluate(self.student), "tokens": sum(map(len, self.corpus))}
+        seen = {i for e in range(epoch) for i in epoch_order(self.cfg, len(self.corpus), e)}
+        rec = {"epoch": epoch, "dL": self.evaluate(self.student), "tokens": sum(map(len, self.corpus)),
+               "unique_tokens_seen": sum(len(self.corpus[i]) for i in seen)}
         self.records = [r for r in self.records if r["epoch"] != epoch] + [rec]
         append_jsonl(self.log_path, rec)
 
@@ -198,8 +217,8 @@ class _Run:
         """Train to the last epoch (True) or until ``stop_after`` steps (False)."""
         done_now = 0
         while self.epoch < self.cfg.epochs:
-            order = _order(len(self.corpus), self.cfg.seed, self.epoch)
-            while self.step < len(self.corpus):
+            order = epoch_order(self.cfg, len(self.corpus), self.epoch)
+            while self.step < len(order):
                 _train_step(self.student, self.teacher, self.corpus[order[self.step]], self.params, self.masks, self.opt)
                 self.step += 1
                 done_now += 1
@@ -261,7 +280,8 @@ def _corpus(work: Path, teacher, tokenizer, cfg: DistillConfig) -> list[list[int
     path = work / "corpus.json"
     if path.is_file():
         return json.loads(path.read_text())
-    corpus = build_corpus(teacher, tokenizer, cfg)
+    corpus = build_corpus(teacher, tokenizer, cfg)  # bad sources fail here, before the run's folder exists
+    work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, corpus)
     return corpus
 
@@ -300,3 +320,46 @@ def epoch_fits(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]
     """Per capability, the fit ``dL(E) = d0 + a log(1 + E)`` over the epoch records."""
     caps = list(records[0]["dL"]) if records else []
     return {c: fit_log_epochs([r["epoch"] for r in records], [r["dL"][c] for r in records]) for c in caps}
+
+
+def effective_epochs(epochs: float, r_star: float) -> float:
+    """Epochs of fresh text that ``epochs`` passes over one text set are worth, by the
+    data-constrained scaling law of Muennighoff et al. (2023): ``1 + R (1 - exp(-(E - 1) / R))``.
+    ``R`` -> infinity: a repeat is worth a fresh epoch; ``R`` -> 0: repeats are worth nothing."""
+    if epochs <= 1:
+        return float(epochs)
+    if math.isinf(r_star):
+        return float(epochs)
+    return 1.0 + r_star * (1.0 - math.exp(-(epochs - 1.0) / r_star))
+
+
+def fit_reuse_penalty(reused: Sequence[dict[str, Any]], fresh: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per capability, what a repeated epoch is worth against an epoch of new text.
+
+    ``reused``: epoch records of ``E`` passes over ``N`` texts; ``fresh``: records of one pass over
+    ``E x N`` texts, recorded every ``N`` (:class:`DistillConfig` ``fresh``). The fresh arm is fitted
+    by ``dL = d0 + a log(1 + E)``; each reused epoch's measured worth is the fresh amount with its
+    dL (``measured_effective_epochs``, undefined when fresh text did not lower dL, ``a >= 0``);
+    ``r_star`` is the decay constant of :func:`effective_epochs` that fits the reused arm's dL best
+    (least squares over a log grid 0.01-1000 plus infinity), with its rms and that of "repeats are
+    worth fresh text" (``rms_no_penalty``) for comparison. The penalty is fitted, never assumed.
+    """
+    if not reused or not fresh:
+        raise CapsenseError("the reuse fit needs the records of both arms (reused and fresh)")
+    grid = [10 ** (k / 50) for k in range(-100, 151)] + [math.inf]
+    out = {}
+    for cap in reused[0]["dL"]:
+        f = fit_log_epochs([r["epoch"] for r in fresh], [r["dL"][cap] for r in fresh])
+        pts = [(r["epoch"], r["dL"][cap]) for r in reused if r["epoch"] >= 1]
+
+        def rms(r_star: float) -> float:
+            err = [f["d0"] + f["a"] * math.log1p(effective_epochs(e, r_star)) - y for e, y in pts]
+            return math.sqrt(sum(x * x for x in err) / len(err))
+
+        best = min(grid, key=rms) if f["a"] < -1e-12 else None
+        measured = {e: (math.expm1((y - f["d0"]) / f["a"]) if best is not None else None) for e, y in pts}
+        r_star = None if best is None else ("inf" if math.isinf(best) else best)  # JSON has no infinity
+        out[cap] = {"fresh_fit": f, "measured_effective_epochs": measured, "r_star": r_star,
+                    "rms": rms(best) if best is not None else None, "rms_no_penalty": rms(math.inf),
+                    "final": {"reused": pts[-1][1] if pts else None, "fresh": fresh[-1]["dL"][cap]}}
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.compress.engine import compress_model
 from capsense.compress.budget import uniform_budget
-from capsense.compress.distill import DistillConfig, fit_log_epochs, kd_loss, run_distill
+from capsense.compress.distill import (DistillConfig, effective_epochs, epoch_order, fit_log_epochs, fit_reuse_penalty,
+                                      kd_loss, run_distill)
 from capsense.errors import CapsenseError
 from capsense.compress.targets import find_targets
 
@@ -70,3 +72,57 @@ def test_log_epoch_fit_recovers_its_coefficients():
     assert fit["a"] == pytest.approx(-0.05, abs=1e-9) and fit["d0"] == pytest.approx(0.3, abs=1e-9) and fit["rms"] < 1e-9
     with pytest.raises(CapsenseError, match="epochs must be at least 1"):
         DistillConfig(student="s", teacher="t", epochs=0)
+
+
+def test_fresh_epochs_read_new_texts_and_never_one_twice(setup, tmp_path):
+    teacher, student, tok, cfg, evaluate = setup
+    text = tmp_path / "many.txt"
+    text.write_text("\n".join(f"Line {i}: a dog ran past the {i} red doors." for i in range(12)))
+    fresh = DistillConfig(**{**cfg.__dict__, "sources": str(text), "n_texts": 5, "fresh": True})
+    orders = [epoch_order(fresh, 10, e) for e in range(2)]
+    assert [len(o) for o in orders] == [5, 5] and sorted(orders[0] + orders[1]) == list(range(10))
+    reused = DistillConfig(**{**fresh.__dict__, "fresh": False})
+    assert sorted(epoch_order(reused, 5, 0)) == sorted(epoch_order(reused, 5, 1)) == list(range(5))
+    records = run_distill(fresh, tmp_path / "f", evaluate, progress=False, models=(student, teacher, tok))
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    seen = [r["unique_tokens_seen"] for r in records]
+    assert seen[0] == 0 < seen[1] < seen[2] == records[-1]["tokens"]  # every epoch added new tokens
+    too_many = DistillConfig(**{**fresh.__dict__, "n_texts": 7})  # 14 texts asked, the file holds 12
+    with pytest.raises(CapsenseError, match="give 12 texts, not the 14 asked"):
+        run_distill(too_many, tmp_path / "g", None, progress=False, models=(copy.deepcopy(student), teacher, tok))
+
+
+def test_reuse_fit_recovers_the_decay_constant():
+    d0, a, r_true = 0.8, -0.3, 1.5
+    fresh = [{"epoch": e, "dL": {"m": d0 + a * math.log1p(e)}} for e in range(5)]
+    reused = [{"epoch": e, "dL": {"m": d0 + a * math.log1p(effective_epochs(e, r_true))}} for e in range(5)]
+    fit = fit_reuse_penalty(reused, fresh)["m"]
+    assert fit["r_star"] == pytest.approx(r_true, rel=0.05) and fit["rms"] < 1e-3 < fit["rms_no_penalty"]
+    assert fit["measured_effective_epochs"][4] == pytest.approx(effective_epochs(4, r_true), rel=1e-6)
+    worth_fresh = fit_reuse_penalty(fresh, fresh)["m"]  # repeats as good as new text: no penalty
+    assert worth_fresh["r_star"] == "inf" and worth_fresh["rms"] < 1e-9
+    flat = [{"epoch": e, "dL": {"m": 0.5}} for e in range(3)]
+    assert fit_reuse_penalty(flat, flat)["m"]["r_star"] is None  # fresh text did not help: nothing to fit
+    with pytest.raises(CapsenseError, match="both arms"):
+        fit_reuse_penalty([], fresh)
+
+
+def test_cli_fresh_arm_and_too_few_texts(tmp_path, tiny_model_dir):
+    from click.testing import CliRunner
+
+    from capsense.cli import main
+
+    student = tmp_path / "student"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "magnitude", "--density", "0.5",
+                                  "--out", str(student)])
+    assert r.exit_code == 0, r.output
+    args = ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "2", "--gen-tokens", "2",
+            "--seq-len", "24", "--capabilities", "qa", "--probes", "2", "--fresh"]
+    r = CliRunner().invoke(main, [*args, "--texts", "3", "--out", str(tmp_path / "fresh")])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "fresh" / "capsense.json").read_text())["distill"]
+    assert meta["config"]["fresh"] is True and [e["epoch"] for e in meta["epochs"]] == [0, 1, 2]
+    assert meta["epochs"][1]["unique_tokens_seen"] < meta["epochs"][2]["unique_tokens_seen"] == meta["epochs"][2]["tokens"]
+    r = CliRunner().invoke(main, [*args, "--texts", "5000", "--out", str(tmp_path / "big")])  # the tasks hold fewer
+    assert r.exit_code == 1 and "Error:" in r.output and "not the 10000 asked" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "big").exists() and not (tmp_path / "big.partial").exists()

@@ -18,7 +18,8 @@ Design (why it is built this way):
   and their output-projection columns dense and at full precision; their cost counts in the
   size.
 * **Allocation.** Each matrix takes one level of the method (density, bits or ratio) chosen by
-  :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget.
+  :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget
+  (GPTQ: the Fisher-weighted output error of its own result, :mod:`capsense.compress.compensated`).
 
 The result is an ordinary :class:`~capsense.compress.budget.Budget` (per-matrix overrides plus
 whole-head protection), written as a budget file that reproduces it.
@@ -164,7 +165,8 @@ def guided_budget(
 ) -> Allocation:
     """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
 
-    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities across calls on the same weights;
+    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities and what the levels' prices are
+    computed from (GPTQ's solved errors, low-rank factors) across calls on the same weights;
     ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix.
     """
     log = log or (lambda _m: None)
@@ -189,7 +191,7 @@ def guided_budget(
     else:
         fisher = {t.name: torch.ones(t.shape) for t in targets}
     levels = _storable(_levels(base, guide.sensitivity == "flat", guide.spread), targets, packed)
-    cache: dict = {}
+    cache: dict = fisher_cache.setdefault("level_costs", {}) if fisher_cache is not None else {}
     cands: dict[str, list[Candidate]] = {}
     for t in targets:
         st = stats.get(t.name) if base.calibrated else None

@@ -52,6 +52,9 @@ CAPS = ("math", "code", "qa")
 PACK = ({"method": "rtn", "bits": 4, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64})
 DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
       {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
+#: How the guided allocation priced each method's levels (capsense.compress.compensated); rows
+#: before this field existed priced GPTQ by RTN's weight error.
+PRICING = {"gptq": "gptq-output-error", "sparsegpt": "wanda-weight-error"}
 KEEP = ({"method": "gptq", "bits": 3, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64},
         {"method": "sparsegpt", "density": 0.5})
 
@@ -166,6 +169,7 @@ def keep_part(model, tok, probes, stats, saved, base, settings, keep, spread=Non
             meta, reloaded, write_s = write_and_reload(model, tok, budget, result, allocation, fmt, check, probes)
             row = {
                 "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
+                "pricing": PRICING.get(setting["method"]) if guide is not None else None,
                 "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
                 "spread": list(guide.spread) if guide is not None else None,
                 "protected_heads": allocation.info.get("protected_heads") if allocation else None,
@@ -189,13 +193,13 @@ def keep_table(records) -> str:
     from capsense.core.tables import format_percent, markdown_table, relative_change
 
     rows = [r for r in records if r.get("part") == "keep"]
-    by = {(r["setting"], r["variant"]): r for r in rows}  # the last measurement of each wins
+    by = {(r["setting"], _priced(r)): r for r in rows}  # the last measurement of each wins
     out = []
     for (setting, variant), r in by.items():
         uni = by.get((setting, "uniform"))
-        tag = variant.split(":")[0].removeprefix("guided").removeprefix("agnostic")  # the spread tag, if any
-        agn = by.get((setting, "agnostic" + tag))
-        kept = variant.split(":")[1] if ":" in variant else None
+        tag = r["variant"].split(":")[0].removeprefix("guided").removeprefix("agnostic")  # the spread tag, if any
+        agn = by.get((setting, "agnostic" + tag + _pricing_tag(r)))
+        kept = variant.split(":")[1].split(" ")[0] if ":" in variant else None
         row = {"setting": setting, "variant": variant, "bytes on disk": r["bytes_on_disk"],
                "size ratio": f"{r['size_ratio']:.4f}"}
         for c in CAPS:
@@ -209,6 +213,15 @@ def keep_table(records) -> str:
         row["peak RSS MB"] = r["peak_rss_mb"]
         out.append(row)
     return markdown_table(out)
+
+
+def _pricing_tag(r) -> str:
+    return f" [{r['pricing']}]" if r.get("pricing") == "gptq-output-error" else ""
+
+
+def _priced(r) -> str:
+    """The variant's name, marked when GPTQ's levels were priced by GPTQ's own output error."""
+    return r["variant"] + _pricing_tag(r)
 
 
 def dl_part(model, probes, stats, saved, base, which=(0, 1, 2, 3)):

@@ -19,11 +19,13 @@ output rows' sensitivity times the inputs' second moment), under which the loss 
 is that sum. It reduces to ``sum F dW^2`` when the inputs are uncorrelated, but it sees what
 compensation does: error moved into input directions the calibration data do not excite costs
 little, whereas ``sum F dW^2`` of the GPTQ weight *rises* with compensation. Measured on
-SmolLM2-135M (recipes/results/RESULTS-compress.md): the former pricing, RTN's weight error under
-``F``, made guided GPTQ at 4 bits g64 worse than uniform (math dL +0.020 -> +0.033 keeping math),
-as RTN's error at 4 bits is ~8x GPTQ's and not where GPTQ loses accuracy. The solved errors
-depend on the weights, Gram and level only, so they are cached (``cache``) across allocations
-of the same weights; the capability enters only through ``r``.
+SmolLM2-135M, 4 bits g64, equal size (recipes/results/RESULTS-compress.md): keeping math, math's
+dL is +0.015 vs uniform's +0.020 (-25%); RTN's weight error under ``F`` (the earlier pricing,
+RTN's error at 4 bits being ~8x GPTQ's) gave +0.033, worse than uniform. At 3 bits it is the other
+way round: +0.381 vs uniform's +0.393, where the RTN pricing reached +0.218; so that pricing stays
+available (:func:`rtn_level_costs`, ``Guide(gptq_pricing="rtn")``). The solved errors depend on
+the weights, Gram and level only, so they are cached (``cache``) across allocations of the same
+weights; the capability enters only through ``r``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 
 from capsense.compress.gptq import PATTERNS, gptq_output_errors, gptq_quantize, sparsegpt_prune
 from capsense.compress.prune import check_density, wanda_scores
-from capsense.compress.settings import Applied, PruneSetting, QuantSetting, _block_key, _free_block, _put_block
+from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _put_block
 from capsense.errors import BudgetError
 
 DAMP = 0.01
@@ -116,6 +118,18 @@ class GPTQSetting(QuantSetting):
             dw = w.double() - gptq_quantize(w, gram, s.bits, s.group_size, s.damp, False)[0].double()
             cache[key[s]] = ((dw @ gram.double()) * dw).sum(1)
         return {s: cache[key[s]] for s in levels}
+
+
+#: How a guided allocation prices GPTQ's levels: ``output`` (default, above) or ``rtn`` (RTN's
+#: weight error under the Fisher, the earlier pricing: measured better at 3 bits, worse at 4).
+GPTQ_PRICINGS = ("output", "rtn")
+
+
+def rtn_level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
+    """GPTQ levels priced as RTN at the same bits and group (``sum F (W - W_rtn)^2``), no solve."""
+    rtn = {QuantSetting("rtn", s.bits, s.group_size): s for s in levels}
+    priced = Setting.level_costs(next(iter(rtn)), list(rtn), name, w, sensitivity, None, prot, base_bits, cache)
+    return [(rtn[r], bits, cost) for r, bits, cost in priced]
 
 
 @dataclass(frozen=True)

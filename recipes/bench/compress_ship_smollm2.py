@@ -69,9 +69,9 @@ def keep_settings(group: int):
 
 DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
       {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
-#: How the guided allocation priced each method's levels (capsense.compress.compensated); rows
-#: before this field existed priced GPTQ by RTN's weight error.
-PRICING = {"gptq": "gptq-output-error", "sparsegpt": "wanda-weight-error"}
+#: How a guided allocation priced GPTQ's levels (``Guide.gptq_pricing``, capsense.compress.compensated);
+#: rows without the field priced GPTQ by RTN's weight error.
+PRICING = {"output": "gptq-output-error", "rtn": "rtn-weight-error"}
 
 
 def peak_rss_mb() -> float:
@@ -146,19 +146,20 @@ def pack_part(model, name, tok, probes, stats, saved, base, which=(0, 1)):
         }
 
 
-def keep_variants(keep: list[str], spread):
+def keep_variants(keep: list[str], spread, gptq_pricing=None):
     """(variant name, Guide or None for uniform) of one setting."""
     from capsense.compress.guided import Guide
 
     tag = "" if spread is None else f"~{spread[0]:g}-{spread[1]:g}"
-    extra = {} if spread is None else {"spread": spread}
+    extra = ({} if spread is None else {"spread": spread}) | ({} if gptq_pricing is None else {"gptq_pricing": gptq_pricing})
     yield "uniform", None
     yield "agnostic" + tag, Guide(keep[:1], sensitivity="generic", protect_top_k=0, **extra)
     for cap in keep:
         yield f"guided{tag}:{cap}", Guide([cap], **extra)
 
 
-def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None):
+def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None,
+              gptq_pricing=None):
     """Yields one row per (setting, variant), as measured (see the module docstring)."""
     from collections import Counter
 
@@ -169,7 +170,7 @@ def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spre
     for setting in settings:
         uni = uniform_budget(setting)
         fmt = resolve_format("auto", uni)
-        for variant, guide in keep_variants(keep, spread):
+        for variant, guide in keep_variants(keep, spread, gptq_pricing if setting["method"] == "gptq" else None):
             if variants and not variant.startswith(tuple(variants)):
                 continue
             t0 = time.time()
@@ -184,7 +185,7 @@ def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spre
             meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
             row = {
                 "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
-                "pricing": PRICING.get(setting["method"]) if guide is not None else None,
+                "pricing": PRICING.get(allocation.info.get("gptq_pricing")) if allocation else None,
                 "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
                 "spread": list(guide.spread) if guide is not None else None,
                 "protected_heads": allocation.info.get("protected_heads") if allocation else None,
@@ -263,6 +264,8 @@ def main() -> None:
     ap.add_argument("--keep-settings", default="0,1,2", help="Indices into keep_settings (gptq 3b, gptq 4b, sparsegpt) for the keep part.")
     ap.add_argument("--variants", default=None, help="Keep part: only the variants whose name starts with one of these.")
     ap.add_argument("--spread", default=None, help="Keep part: size band of the levels, e.g. 0.9,1.7 (default: the Guide's).")
+    ap.add_argument("--gptq-pricing", default=None, choices=["output", "rtn"],
+                    help="Keep part: how GPTQ levels are priced (default: the Guide's, output).")
     ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
     ap.add_argument("--out", type=Path, default=None,
@@ -301,7 +304,7 @@ def main() -> None:
         "keep": lambda: keep_part(model, args.model, tok, probes, stats, saved, base,
                                   [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                   args.keep.split(","), spread, args.reload,
-                                  args.variants.split(",") if args.variants else None),
+                                  args.variants.split(",") if args.variants else None, args.gptq_pricing),
         "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
     }
     for part in args.parts.split(","):  # in the order given

@@ -32,14 +32,15 @@ class Candidate:
 
 def matrix_candidates(
     name: str, w: torch.Tensor, sensitivity: torch.Tensor, levels: Sequence[Setting], stats,
-    prot: Protection | None, base_bits: int, cache: dict | None = None, dense: bool = True,
+    prot: Protection | None, base_bits: int, cache: dict | None = None, dense: bool = True, price=None,
 ) -> list[Candidate]:
-    """Every level of one matrix (and dense, if ``dense``) with its bits and ``sum F (W - W')^2``."""
+    """Every level of one matrix (and dense, if ``dense``) with its bits and ``sum F (W - W')^2``
+    (``price``: another function with :meth:`Setting.level_costs`'s arguments)."""
     w = w.detach()
     out = [Candidate(None, w.shape[0] * w.shape[1] * base_bits, 0.0)] if dense else []
     if not levels:
         return out
-    priced = levels[0].level_costs(list(levels), name, w, sensitivity.to(w.device), stats, prot, base_bits, cache)
+    priced = (price or levels[0].level_costs)(list(levels), name, w, sensitivity.to(w.device), stats, prot, base_bits, cache)
     out += [Candidate(s, bits, cost) for s, bits, cost in priced]
     if not out:
         raise BudgetError(f"{name}: no level of {levels[0].method} fits this matrix")

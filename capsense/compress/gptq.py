@@ -55,6 +55,35 @@ def _propagate(w: torch.Tensor, err: torch.Tensor, u: torch.Tensor, start: int, 
         w[:, end:] -= err @ u[start:end, end:]
 
 
+def _solve(w: torch.Tensor, u: torch.Tensor, q_max: torch.Tensor, scale_of) -> torch.Tensor:
+    """GPTQ's column loop over ``w`` (columns already in processing order, updated in place):
+    the rounded weights. ``scale_of(j, w)`` gives column ``j``'s ``[rows]`` scale; ``q_max`` is
+    per row (rows of different bit widths can be solved together: they share ``u``)."""
+    n_in = w.shape[1]
+    q = torch.zeros_like(w)
+    for start in range(0, n_in, BLOCK):
+        end = min(start + BLOCK, n_in)
+        err = torch.zeros(w.shape[0], end - start, dtype=w.dtype)
+        for j in range(start, end):
+            s = scale_of(j, w)
+            q[:, j] = torch.clamp(torch.round(w[:, j] / s), -q_max, q_max) * s
+            e = (w[:, j] - q[:, j]) / u[j, j]
+            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
+            err[:, j - start] = e
+        _propagate(w, err, u, start, end)
+    return q
+
+
+def _permuted(weight: torch.Tensor, gram: torch.Tensor, damp: float, act_order: bool, dtype=torch.float64):
+    """(permutation, upper factor of the damped inverse, weight in that column order with dead columns zeroed)."""
+    n_in = weight.shape[1]
+    perm = torch.argsort(torch.diag(gram).double(), descending=True) if act_order else torch.arange(n_in)
+    u, dead = _inverse_factor(gram.double()[perm][:, perm], damp)
+    w = weight.detach().to(dtype)[:, perm].clone()
+    w[:, dead] = 0.0
+    return perm, u.to(dtype), w
+
+
 @torch.no_grad()
 def gptq_quantize(weight: torch.Tensor, gram: torch.Tensor, bits: int, group_size: int = 128,
                   damp: float = 0.01, act_order: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,36 +91,54 @@ def gptq_quantize(weight: torch.Tensor, gram: torch.Tensor, bits: int, group_siz
     bits, group_size = check_bits(bits), check_group_size(group_size)
     _check(weight, gram, damp)
     n_in = weight.shape[1]
-    perm = torch.argsort(torch.diag(gram).double(), descending=True) if act_order else torch.arange(n_in)
-    u, dead = _inverse_factor(gram.double()[perm][:, perm], damp)
-    w = weight.detach().double()[:, perm].clone()
-    w[:, dead] = 0.0
+    perm, u, w = _permuted(weight, gram, damp, act_order)
     g = group_width(n_in, group_size)
-    q_max = 2 ** (bits - 1) - 1
+    q_max = torch.full((w.shape[0],), float(2 ** (bits - 1) - 1), dtype=w.dtype)
     if act_order:  # static scales, from the original weights in the original column order
         unperm = torch.empty_like(w)
         unperm[:, perm] = w
         scales = group_scales(unperm, bits, group_size).double()
+        group_of = perm // g
+
+        def scale_of(j, _w):
+            return scales[:, group_of[j]]
     else:
         scales = torch.zeros(w.shape[0], -(-n_in // g), dtype=w.dtype)
-    q = torch.zeros_like(w)
-    for start in range(0, n_in, BLOCK):
-        end = min(start + BLOCK, n_in)
-        err = torch.zeros(w.shape[0], end - start, dtype=w.dtype)
-        for j in range(start, end):
-            col = int(perm[j])
-            if not act_order and col % g == 0:  # a group starts: its scale from the updated weights
-                block = w[:, col : col + g]
-                scales[:, col // g] = storable_scale(block.abs().amax(1) / q_max, bits).double()
-            s = scales[:, col // g]
-            q[:, j] = torch.clamp(torch.round(w[:, j] / s), -q_max, q_max) * s
-            e = (w[:, j] - q[:, j]) / u[j, j]
-            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
-            err[:, j - start] = e
-        _propagate(w, err, u, start, end)
+
+        def scale_of(j, cur):  # a group starts: its scale from the updated weights
+            if j % g == 0:
+                scales[:, j // g] = storable_scale(cur[:, j : j + g].abs().amax(1) / q_max[0], bits).double()
+            return scales[:, j // g]
+    q = _solve(w, u, q_max, scale_of)
     out = torch.empty_like(q)
     out[:, perm] = q
     return out.float(), scales.float()
+
+
+@torch.no_grad()
+def gptq_output_errors(weight: torch.Tensor, gram: torch.Tensor, levels: list[tuple[int, int]], damp: float = 0.01,
+                       dtype=torch.float32) -> torch.Tensor:
+    """``[levels, out]``: each row's calibration output error ``dW G dW^T`` after GPTQ (activation
+    order, static group scales) at each ``(bits, group_size)`` level, ``dW`` the weight minus its
+    GPTQ result. All levels share the Gram matrix's factor, so they are solved together as one
+    stacked weight (one column loop instead of one per level); ``float32`` by default (pricing
+    needs no more; ``float64`` reproduces :func:`gptq_quantize` exactly)."""
+    _check(weight, gram, damp)
+    n_out, n_in = weight.shape
+    perm, u, w = _permuted(weight, gram, damp, True, dtype)
+    unperm = torch.empty_like(w)
+    unperm[:, perm] = w
+    cols, q_max = [], []
+    for bits, group_size in levels:
+        g = group_width(n_in, check_group_size(group_size))
+        scales = group_scales(unperm, check_bits(bits), group_size).to(dtype)
+        cols.append(scales.repeat_interleave(g, dim=1)[:, :n_in][:, perm])
+        q_max.append(torch.full((n_out,), float(2 ** (bits - 1) - 1), dtype=dtype))
+    col_scale = torch.cat(cols)
+    q = _solve(w.repeat(len(levels), 1), u, torch.cat(q_max), lambda j, _w: col_scale[:, j])
+    dw = weight.detach().to(dtype)[:, perm].repeat(len(levels), 1) - q
+    gp = gram.to(dtype)[perm][:, perm]
+    return ((dw @ gp) * dw).sum(1).view(len(levels), n_out)
 
 
 def _row_prune_counts(density: float, start: int, end: int, free: torch.Tensor, done: torch.Tensor,

@@ -18,7 +18,8 @@ Design (why it is built this way):
   and their output-projection columns dense and at full precision; their cost counts in the
   size.
 * **Allocation.** Each matrix takes one level of the method (density, bits or ratio) chosen by
-  :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget.
+  :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget
+  (GPTQ: the Fisher-weighted output error of its own result, :mod:`capsense.compress.compensated`).
 
 The result is an ordinary :class:`~capsense.compress.budget.Budget` (per-matrix overrides plus
 whole-head protection), written as a budget file that reproduces it.
@@ -39,6 +40,7 @@ from capsense.compress.allocate import Candidate, allocate, matrix_candidates
 from capsense.compress.budget import Budget, Override, protections
 from capsense.errors import BudgetError
 from capsense.compress.capabilities import parse_capabilities
+from capsense.compress.compensated import GPTQ_PRICINGS, rtn_level_costs
 from capsense.compress.measured_sensitivity import check_unit, measured_allocation
 from capsense.compress.methods import Setting, parse_setting
 from capsense.compress.packed import unstorable
@@ -61,6 +63,8 @@ class Guide:
     capabilities' measured loss in the uniformly compressed model, ``n_levels`` levels per unit:
     :mod:`capsense.compress.measured_sensitivity`). ``protect_top_k``: heads protected per kept capability
     (0: none; None: the method's default); ``heads`` overrides the gradient's choice with given heads.
+    ``gptq_pricing`` (GPTQ only): ``output`` (default; GPTQ's own output error) or ``rtn``
+    (RTN's weight error; measured better at 3 bits, worse at 4: :mod:`capsense.compress.compensated`).
     """
 
     keep: list[str]
@@ -74,6 +78,7 @@ class Guide:
     unit: str = "kind"  # measured only: "kind" (a layer's attention or MLP) or "layer"
     n_levels: int = 6  # measured only: levels per unit (one measured forward each)
     rounds: int = 1  # measured only: > 1 measures again around the previous round's allocation
+    gptq_pricing: str | None = None  # gptq only: "output" (the default) or "rtn" (capsense.compress.compensated)
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)
@@ -85,6 +90,8 @@ class Guide:
             raise BudgetError(f"rounds must be at least 1, got {self.rounds}")
         if self.n_levels < 2:
             raise BudgetError(f"n_levels must be at least 2 (the uniform level and another), got {self.n_levels}")
+        if self.gptq_pricing is not None and self.gptq_pricing not in GPTQ_PRICINGS:
+            raise BudgetError(f"gptq_pricing {self.gptq_pricing!r}: valid pricings are {', '.join(GPTQ_PRICINGS)}")
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
             raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
 
@@ -164,13 +171,17 @@ def guided_budget(
 ) -> Allocation:
     """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
 
-    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities across calls on the same weights;
+    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities and what the levels' prices are
+    computed from (GPTQ's solved errors, low-rank factors) across calls on the same weights;
     ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix.
     """
     log = log or (lambda _m: None)
     base = parse_setting(base_budget.default)
     if base is None or getattr(base, "scope", "row") == "global":
         raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
+    if guide.gptq_pricing is not None and (base.method != "gptq" or guide.sensitivity == "measured"):
+        raise BudgetError(f"gptq_pricing applies to method gptq with a Fisher or flat sensitivity, not "
+                          f"{base.method} with {guide.sensitivity}")
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
     top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
@@ -189,12 +200,13 @@ def guided_budget(
     else:
         fisher = {t.name: torch.ones(t.shape) for t in targets}
     levels = _storable(_levels(base, guide.sensitivity == "flat", guide.spread), targets, packed)
-    cache: dict = {}
+    cache: dict = fisher_cache.setdefault("level_costs", {}) if fisher_cache is not None else {}
     cands: dict[str, list[Candidate]] = {}
     for t in targets:
         st = stats.get(t.name) if base.calibrated else None
         cands[t.name] = matrix_candidates(
-            t.name, t.get(), fisher[t.name], levels, st, prot.get(t.name), acc.BASE_BITS, cache, dense=False
+            t.name, t.get(), fisher[t.name], levels, st, prot.get(t.name), acc.BASE_BITS, cache, dense=False,
+            price=rtn_level_costs if guide.gptq_pricing == "rtn" else None,
         )
     chosen = allocate(cands, goal)
     budget.overrides = [
@@ -204,6 +216,7 @@ def guided_budget(
     ]
     info = {
         "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": base.to_dict(), "spread": list(guide.spread),
+        "gptq_pricing": (guide.gptq_pricing or "output") if base.method == "gptq" else None,
         "protected_heads": str(heads) if heads is not None else None, "target_bits": goal,
         "allocated_bits": sum(c.bits for c in chosen.values()),
         "estimated_cost": sum(c.cost for c in chosen.values()),

@@ -41,6 +41,11 @@ def _free_block(w: torch.Tensor, prot: Protection | None) -> tuple[torch.Tensor,
     return p.free_rows(n_out), p.free_cols(n_in)
 
 
+def _block_key(fr: torch.Tensor, fc: torch.Tensor) -> tuple[int, int]:
+    """A cache key of a free block: which rows and columns, not only how many."""
+    return hash(fr.numpy().tobytes()), hash(fc.numpy().tobytes())
+
+
 def _n_protected(shape: tuple[int, int], prot: Protection | None) -> int:
     return prot.n_protected(shape) if prot is not None else 0
 
@@ -270,7 +275,7 @@ class LowRankSetting(Setting):
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
-        key = (self.method, name, self.alpha, int(fr.sum()), int(fc.sum()))
+        key = (self.method, name, self.alpha, _block_key(fr, fc))
         factors = cache.get(key) if cache is not None else None
         if factors is None:
             factors = factorize(

@@ -1,27 +1,31 @@
-"""Shippable checkpoints and GPTQ on SmolLM2-135M-Instruct: bytes on disk, reload exactness, GPTQ vs RTN.
+"""Shippable checkpoints, GPTQ and SparseGPT on an embedded model: bytes on disk, reload exactness, GPTQ vs RTN.
 
-    HF_HUB_OFFLINE=1 flock /tmp/capsense-heavy.lock python recipes/bench/compress_ship_smollm2.py \\
+    HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py [--model smollm2-135m|gemma3-270m] \\
         [--probes 32] [--parts pack,keep,dl] [--pack 0,1] [--dl 0,1,2,3] \\
-        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--out recipes/results/compress/ship_smollm2.jsonl]
+        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--out recipes/results/compress/ship_MODEL.jsonl]
 
-``pack``: for RTN and GPTQ at 4 bits, group 64 (128 does not divide SmolLM2's 576-column
-matrices, which compressed-tensors refuses), compress in memory and write the checkpoint with the
-pipeline's writer (compressed-tensors, bfloat16 elsewhere); record the safetensors bytes against
-the bytes ``capsense.json`` accounts, wall time and peak RSS, then reload it with plain
-``AutoModelForCausalLM.from_pretrained`` and compare per-document nats/token on the probes with
-the in-memory model (its parameters cast to the checkpoint's bfloat16; and as compressed, float32).
+Packed group size ``GROUP``: 64 on SmolLM2 (128 does not divide its 576-column matrices, which
+compressed-tensors refuses), 128 on Gemma 3 270M (it divides 640, 1024 and 2048).
 
-``keep``: capability-guided rows. For each of ``KEEP`` (GPTQ 3 and 4 bits g64, SparseGPT density
-0.5; ``--keep-settings`` picks) and each variant at the uniform setting's exact accounted size:
-``uniform``; ``agnostic`` (the allocation priced by the Fisher of generic prose text, no heads
-protected: a capability-agnostic control); ``guided:CAP`` for each ``--keep`` capability (what
-``capsense compress --keep CAP`` does: the Fisher of CAP's last documents, the method's default
-head protection: none for GPTQ, 8 heads for SparseGPT). Each is compressed, written as the
-pipeline writes it (GPTQ packed with compressed-tensors, levels restricted to those that pack;
-SparseGPT dense, as compressed-tensors has no sparse storage) to record bytes on disk, and its dL
-measured in memory (float32) on math, code and qa. How GPTQ and SparseGPT levels are priced:
-:mod:`capsense.compress.compensated` (RTN's and Wanda's weight error under the Fisher; the real
-solver runs only at the chosen level). ``--reload`` also reloads the guided checkpoints with plain
+``pack``: for RTN and GPTQ at 4 bits, the model's packed group, compress in memory and write the
+checkpoint with the pipeline's writer (compressed-tensors, bfloat16 elsewhere); record the
+safetensors bytes against the bytes ``capsense.json`` accounts, wall time and peak RSS, then reload
+it with plain ``AutoModelForCausalLM.from_pretrained`` and compare per-document nats/token on the
+probes with the in-memory model (its parameters cast to the checkpoint's bfloat16; and as
+compressed, float32).
+
+``keep``: capability-guided rows. For each of ``keep_settings`` (GPTQ 3 and 4 bits at the packed
+group, SparseGPT density 0.5; ``--keep-settings`` picks) and each variant at the uniform setting's
+exact accounted size: ``uniform``; ``agnostic`` (the allocation priced by the Fisher of generic
+prose text, no heads protected: a capability-agnostic control); ``guided:CAP`` for each ``--keep``
+capability (what ``capsense compress --keep CAP`` does: the Fisher of CAP's last documents, the
+method's default head protection: none for GPTQ, 8 heads for SparseGPT). Each is compressed,
+written as the pipeline writes it (GPTQ packed with compressed-tensors, levels restricted to those
+that pack; SparseGPT dense, as compressed-tensors has no sparse storage) to record bytes on disk,
+and its dL measured in memory (float32) on math, code and qa. How levels are priced:
+:mod:`capsense.compress.compensated` (GPTQ: the Fisher-weighted output error of GPTQ's own result,
+rows marked ``pricing: gptq-output-error``; earlier rows priced GPTQ by RTN's weight error;
+SparseGPT: Wanda's weight error). ``--reload`` also reloads the guided checkpoints with plain
 transformers and compares them with the in-memory model cast to bfloat16.
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
@@ -49,11 +53,25 @@ from capsense.core.models import load_model
 
 HERE = Path(__file__).resolve().parents[1]
 CAPS = ("math", "code", "qa")
-PACK = ({"method": "rtn", "bits": 4, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64})
+#: Packed group size per model: 128 does not divide SmolLM2's 576 columns (compressed-tensors
+#: dequantizes whole groups only); it divides Gemma 3 270M's 640, 1024 and 2048.
+GROUP = {"smollm2-135m": 64, "gemma3-270m": 128}
+
+
+def pack_settings(group: int):
+    return ({"method": "rtn", "bits": 4, "group_size": group}, {"method": "gptq", "bits": 4, "group_size": group})
+
+
+def keep_settings(group: int):
+    return ({"method": "gptq", "bits": 3, "group_size": group}, {"method": "gptq", "bits": 4, "group_size": group},
+            {"method": "sparsegpt", "density": 0.5})
+
+
 DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
       {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
-KEEP = ({"method": "gptq", "bits": 3, "group_size": 64}, {"method": "gptq", "bits": 4, "group_size": 64},
-        {"method": "sparsegpt", "density": 0.5})
+#: How a guided allocation priced GPTQ's levels (``Guide.gptq_pricing``, capsense.compress.compensated);
+#: rows without the field priced GPTQ by RTN's weight error.
+PRICING = {"output": "gptq-output-error", "rtn": "rtn-weight-error"}
 
 
 def peak_rss_mb() -> float:
@@ -79,13 +97,13 @@ def restore(model, saved) -> None:
             p.data = saved[k].clone()
 
 
-def write_and_reload(model, tok, budget, result, allocation, fmt: str, reload: bool, probes=None):
+def write_and_reload(model, name, tok, budget, result, allocation, fmt: str, reload: bool, probes=None):
     """Write the checkpoint as the pipeline does: (capsense.json, per-document nats/token of the
     checkpoint reloaded with plain transformers or None, write seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ckpt"
         t1 = time.time()
-        _write_checkpoint(model, tok, "smollm2-135m", budget, result, allocation, out, False, fmt)
+        _write_checkpoint(model, tok, name, budget, result, allocation, out, False, fmt)
         write_s = time.time() - t1
         meta = json.loads((out / "capsense.json").read_text())
         if not reload:
@@ -109,14 +127,14 @@ def reload_check(model, saved, reloaded, probes) -> dict:
     return {"reload_vs_memory_bf16": max_delta(reloaded, in_mem16), "reload_vs_memory_fp32": max_delta(reloaded, in_mem32)}
 
 
-def pack_part(model, tok, probes, stats, saved, base, which=(0, 1)):
+def pack_part(model, name, tok, probes, stats, saved, base, which=(0, 1)):
     """Yields one row per setting, as measured."""
-    for setting in (PACK[i] for i in which):
+    for setting in (pack_settings(GROUP[name])[i] for i in which):
         t0 = time.time()
         budget = uniform_budget(setting)
         result = compress_model(model, budget, stats)
         seconds = time.time() - t0
-        meta, reloaded, write_s = write_and_reload(model, tok, budget, result, None, "compressed-tensors", True, probes)
+        meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, None, "compressed-tensors", True, probes)
         yield {
             "part": "pack", "setting": result.summary["label"], "keep": None, "groups": meta["format"]["groups"],
             "compress_s": round(seconds, 1), "write_s": round(write_s, 1),
@@ -128,19 +146,20 @@ def pack_part(model, tok, probes, stats, saved, base, which=(0, 1)):
         }
 
 
-def keep_variants(keep: list[str], spread):
+def keep_variants(keep: list[str], spread, gptq_pricing=None):
     """(variant name, Guide or None for uniform) of one setting."""
     from capsense.compress.guided import Guide
 
     tag = "" if spread is None else f"~{spread[0]:g}-{spread[1]:g}"
-    extra = {} if spread is None else {"spread": spread}
+    extra = ({} if spread is None else {"spread": spread}) | ({} if gptq_pricing is None else {"gptq_pricing": gptq_pricing})
     yield "uniform", None
     yield "agnostic" + tag, Guide(keep[:1], sensitivity="generic", protect_top_k=0, **extra)
     for cap in keep:
         yield f"guided{tag}:{cap}", Guide([cap], **extra)
 
 
-def keep_part(model, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None):
+def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None,
+              gptq_pricing=None):
     """Yields one row per (setting, variant), as measured (see the module docstring)."""
     from collections import Counter
 
@@ -151,7 +170,7 @@ def keep_part(model, tok, probes, stats, saved, base, settings, keep, spread=Non
     for setting in settings:
         uni = uniform_budget(setting)
         fmt = resolve_format("auto", uni)
-        for variant, guide in keep_variants(keep, spread):
+        for variant, guide in keep_variants(keep, spread, gptq_pricing if setting["method"] == "gptq" else None):
             if variants and not variant.startswith(tuple(variants)):
                 continue
             t0 = time.time()
@@ -163,9 +182,10 @@ def keep_part(model, tok, probes, stats, saved, base, settings, keep, spread=Non
             t2 = time.time()
             after = doc_nll(model, probes)
             check = reload and guide is not None and guide.sensitivity == "kept" and fmt == "compressed-tensors"
-            meta, reloaded, write_s = write_and_reload(model, tok, budget, result, allocation, fmt, check, probes)
+            meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
             row = {
                 "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
+                "pricing": PRICING.get(allocation.info.get("gptq_pricing")) if allocation else None,
                 "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
                 "spread": list(guide.spread) if guide is not None else None,
                 "protected_heads": allocation.info.get("protected_heads") if allocation else None,
@@ -189,13 +209,13 @@ def keep_table(records) -> str:
     from capsense.core.tables import format_percent, markdown_table, relative_change
 
     rows = [r for r in records if r.get("part") == "keep"]
-    by = {(r["setting"], r["variant"]): r for r in rows}  # the last measurement of each wins
+    by = {(r["setting"], _priced(r)): r for r in rows}  # the last measurement of each wins
     out = []
     for (setting, variant), r in by.items():
         uni = by.get((setting, "uniform"))
-        tag = variant.split(":")[0].removeprefix("guided").removeprefix("agnostic")  # the spread tag, if any
-        agn = by.get((setting, "agnostic" + tag))
-        kept = variant.split(":")[1] if ":" in variant else None
+        tag = r["variant"].split(":")[0].removeprefix("guided").removeprefix("agnostic")  # the spread tag, if any
+        agn = by.get((setting, "agnostic" + tag + _pricing_tag(r)))
+        kept = variant.split(":")[1].split(" ")[0] if ":" in variant else None
         row = {"setting": setting, "variant": variant, "bytes on disk": r["bytes_on_disk"],
                "size ratio": f"{r['size_ratio']:.4f}"}
         for c in CAPS:
@@ -209,6 +229,15 @@ def keep_table(records) -> str:
         row["peak RSS MB"] = r["peak_rss_mb"]
         out.append(row)
     return markdown_table(out)
+
+
+def _pricing_tag(r) -> str:
+    return f" [{r['pricing']}]" if r.get("pricing") == "gptq-output-error" else ""
+
+
+def _priced(r) -> str:
+    """The variant's name, marked when GPTQ's levels were priced by GPTQ's own output error."""
+    return r["variant"] + _pricing_tag(r)
 
 
 def dl_part(model, probes, stats, saved, base, which=(0, 1, 2, 3)):
@@ -226,20 +255,27 @@ def dl_part(model, probes, stats, saved, base, which=(0, 1, 2, 3)):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", choices=sorted(GROUP), help="Embedded model to compress.")
     ap.add_argument("--probes", type=int, default=32)
-    ap.add_argument("--parts", default="pack,dl")
+    ap.add_argument("--parts", default="pack,dl", help="Comma-separated, run in this order: pack, keep, dl.")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pack", default="0,1", help="Indices into PACK (rtn, gptq) for the pack part.")
+    ap.add_argument("--pack", default="0,1", help="Indices into pack_settings (rtn, gptq) for the pack part.")
     ap.add_argument("--keep", default="math,code", help="Capabilities of the keep part's guided variants.")
-    ap.add_argument("--keep-settings", default="0,1,2", help="Indices into KEEP (gptq 3b, gptq 4b, sparsegpt) for the keep part.")
+    ap.add_argument("--keep-settings", default="0,1,2", help="Indices into keep_settings (gptq 3b, gptq 4b, sparsegpt) for the keep part.")
     ap.add_argument("--variants", default=None, help="Keep part: only the variants whose name starts with one of these.")
     ap.add_argument("--spread", default=None, help="Keep part: size band of the levels, e.g. 0.9,1.7 (default: the Guide's).")
+    ap.add_argument("--gptq-pricing", default=None, choices=["output", "rtn"],
+                    help="Keep part: how GPTQ levels are priced (default: the Guide's, output).")
     ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "ship_smollm2.jsonl",
-                    help="JSONL, one line per row, appended as measured.")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSONL, one line per row, appended as measured (default: results/compress/ship_MODEL.jsonl).")
     ap.add_argument("--table", action="store_true", help="Only print the keep part's table from --out.")
     args = ap.parse_args()
+    if unknown := set(args.parts.split(",")) - {"pack", "keep", "dl"}:
+        ap.error(f"--parts {','.join(sorted(unknown))}: valid parts are pack, keep, dl")
+    if args.out is None:
+        args.out = HERE / "results" / "compress" / f"ship_{args.model.split('-')[0]}.jsonl"
     if args.table:
         from capsense.core.files import read_jsonl
 
@@ -248,7 +284,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     which = [int(i) for i in args.pack.split(",")]
     t0 = time.time()
-    model, tok = load_model("smollm2-135m", dtype="float32")
+    model, tok = load_model(args.model, dtype="float32")
     probes = build_probes(tok, CAPS, args.probes)
     base = doc_nll(model, probes)
     saved = {k: p.detach().clone() for k, p in model.named_parameters()}
@@ -262,14 +298,17 @@ def main() -> None:
             append_jsonl(args.out, {"probes": args.probes, **r})
             print(json.dumps(r), flush=True)
 
-    if "pack" in args.parts:
-        emit(pack_part(model, tok, probes, stats, saved, base, which=which))
-    if "keep" in args.parts:
-        spread = tuple(float(x) for x in args.spread.split(",")) if args.spread else None
-        emit(keep_part(model, tok, probes, stats, saved, base, [KEEP[int(i)] for i in args.keep_settings.split(",")],
-                       args.keep.split(","), spread, args.reload, args.variants.split(",") if args.variants else None))
-    if "dl" in args.parts:
-        emit(dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]))
+    spread = tuple(float(x) for x in args.spread.split(",")) if args.spread else None
+    parts = {
+        "pack": lambda: pack_part(model, args.model, tok, probes, stats, saved, base, which=which),
+        "keep": lambda: keep_part(model, args.model, tok, probes, stats, saved, base,
+                                  [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
+                                  args.keep.split(","), spread, args.reload,
+                                  args.variants.split(",") if args.variants else None, args.gptq_pricing),
+        "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
+    }
+    for part in args.parts.split(","):  # in the order given
+        emit(parts[part]())
     print(f"done in {time.time() - t0:.0f} s; appended to {args.out}")
 
 

@@ -167,3 +167,45 @@ def test_gptq_setting_keeps_protected_heads_at_full_precision():
     assert out.scales is None  # a partly protected matrix has no packed form
     assert (out.stored, out.bits) == GPTQSetting("gptq", 3, 16).size((24, 64), prot, 16)
     assert len(torch.unique(out.weight[4:, :60])) > 8 and not torch.equal(out.weight[4:, :60], w[4:, :60])
+
+
+def test_gptq_output_errors_solve_all_levels_as_gptq_does():
+    """The stacked solve of several levels is each level's GPTQ, exactly in float64, closely in float32."""
+    from capsense.compress.gptq import gptq_output_errors
+
+    w, x, gram = _data()
+    gram[5, :] = gram[:, 5] = 0.0  # a dead input column
+    levels = [(3, 16), (4, 0), (2, 64), (6, 32)]
+    exact = gptq_output_errors(w, gram, levels, dtype=torch.float64)
+    fast = gptq_output_errors(w, gram, levels)
+    for (bits, group), e, f in zip(levels, exact, fast):
+        dw = w.double() - gptq_quantize(w, gram, bits, group)[0].double()
+        assert torch.allclose(e, ((dw @ gram) * dw).sum(1), rtol=1e-9)
+        assert torch.allclose(f.double(), e, rtol=1e-3)
+    assert bool((exact[2] > exact[0]).all() and (exact[0] > exact[3]).all())  # fewer bits, more error per row
+
+
+def test_gptq_levels_are_priced_by_the_fisher_weighted_output_error_of_gptq():
+    """With a Kronecker-exact Fisher (F_ij = r_i G_jj), a level's price is sum_i r_i |dW_i X^T|^2 of
+    GPTQ's own result; RTN's weight error would price it higher than GPTQ's output error says."""
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.compensated import GPTQSetting
+
+    w, x, gram = _data()
+    stats = InputStats.from_inputs(x)
+    r = torch.linspace(0.5, 2.0, w.shape[0]).double() / len(x)
+    fisher = (r[:, None] * torch.diag(stats.gram)[None, :]).float()
+    levels = [GPTQSetting("gptq", 3, 16), GPTQSetting("gptq", 4, 16), GPTQSetting("gptq", 3, 16, act_order=False)]
+    cache: dict = {}
+    priced = levels[0].level_costs(levels, "m", w, fisher, stats, None, 16, cache)
+    for (s, bits, cost), level in zip(priced, levels):
+        assert s == level and bits == level.size(tuple(w.shape), None, 16)[1]
+        q = gptq_quantize(w, stats.gram, s.bits, s.group_size, act_order=s.act_order)[0]
+        by_output = float((r * ((w - q).double() @ x.T.double()).pow(2).sum(1)).sum())
+        assert cost == pytest.approx(by_output, rel=1e-3)
+        rtn_priced = float((fisher * (w - rtn_quantize(w, s.bits, s.group_size)).pow(2)).sum())
+        assert cost < rtn_priced
+    assert priced[1][2] < priced[0][2]
+    assert len(cache) == 3  # solved once per level; a second allocation reuses them
+    again = levels[0].level_costs(levels, "m", w, 2 * fisher, stats, None, 16, cache)
+    assert [c for *_, c in again] == pytest.approx([2 * c for *_, c in priced]) and len(cache) == 3

@@ -260,3 +260,26 @@ def test_compressed_checkpoint_names_no_path_of_this_machine(tmp_path, tiny_mode
     for root in {tmp_path.parent, calib_file.parent.parent, tiny_model_dir.parent.parent}:  # every test folder
         for text in (meta_text, (out / "README.md").read_text()):
             assert str(root) not in text
+
+
+def test_guided_gptq_pricing_output_or_rtn_and_refusals():
+    """GPTQ levels priced by GPTQ's own output error (default) or RTN's weight error: both fill the
+    uniform size, they price differently, and the solved errors are reused from the caller's cache."""
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    base = uniform_budget({"method": "gptq", "bits": 3, "group_size": 16})
+    stats, _ = calibrate(model, tok, base, "math", 6)
+    cache: dict = {}
+    out = guided_budget(model, tok, base, stats, Guide(["math"], samples=4), fisher_cache=cache)
+    solved = len(cache["level_costs"])
+    assert solved > 0 and out.info["gptq_pricing"] == "output"
+    again = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, gptq_pricing="output"), fisher_cache=cache)
+    assert len(cache["level_costs"]) == solved and again.info["estimated_cost"] == out.info["estimated_cost"]
+    rtn = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, gptq_pricing="rtn"))
+    assert rtn.info["gptq_pricing"] == "rtn" and rtn.info["estimated_cost"] != out.info["estimated_cost"]
+    for al in (out, rtn):
+        assert al.info["target_bits"] - 16 * 16 < al.info["allocated_bits"] <= al.info["target_bits"]
+    with pytest.raises(BudgetError, match="valid pricings are output, rtn"):
+        Guide(["math"], gptq_pricing="fisher")
+    with pytest.raises(BudgetError, match="gptq_pricing applies to method gptq"):
+        guided_budget(model, tok, uniform_budget({"method": "rtn", "bits": 3}), stats,
+                      Guide(["math"], samples=4, gptq_pricing="rtn"))

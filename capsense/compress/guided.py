@@ -91,7 +91,7 @@ class Guide:
         if self.n_levels < 2:
             raise BudgetError(f"n_levels must be at least 2 (the uniform level and another), got {self.n_levels}")
         if self.gptq_pricing is not None and self.gptq_pricing not in GPTQ_PRICINGS:
-            raise BudgetError(f"gptq_pricing {self.gptq_pricing!r}: valid pricings are {', '.join(GPTQ_PRICINGS)}")
+            raise BudgetError(f"`gptq_pricing` {self.gptq_pricing!r}: valid pricings are {', '.join(GPTQ_PRICINGS)}")
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
             raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
 
@@ -180,7 +180,7 @@ def guided_budget(
     if base is None or getattr(base, "scope", "row") == "global":
         raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
     if guide.gptq_pricing is not None and (base.method != "gptq" or guide.sensitivity == "measured"):
-        raise BudgetError(f"gptq_pricing applies to method gptq with a Fisher or flat sensitivity, not "
+        raise BudgetError(f"`gptq_pricing` applies to method gptq with a Fisher or flat sensitivity, not "
                           f"{base.method} with {guide.sensitivity}")
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)

@@ -55,6 +55,7 @@ def compress_request(
     protect_top_k: int | None = None,
     protect_heads: str | None = None,
     budget_size: float | None = None,
+    gptq_pricing: str | None = None,
     calibration: str | None = None,
     calibration_samples: int = 64,
     dtype: str = "float32",
@@ -72,12 +73,21 @@ def compress_request(
     defaults); without, they are the one setting of every ``targets`` matrix. ``keep``
     (comma-separated capabilities) asks for a guided allocation at the uniform setting's size
     (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept
-    capability (or ``protect_heads``) kept whole. ``calibration`` None is the default sources.
+    capability (or ``protect_heads``) kept whole; ``gptq_pricing`` says how a guided GPTQ
+    allocation prices its levels (:class:`~capsense.compress.guided.Guide`). Those guide options
+    without ``keep`` are an error, not ignored. ``calibration`` None is the default sources.
     """
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.calibration import DEFAULT_CALIBRATION
     from capsense.compress.pipeline import compress_checkpoint
 
+    stray = [name for name, value in (("protect_heads", protect_heads), ("protect_top_k", protect_top_k),
+                                      ("budget_size", budget_size), ("gptq_pricing", gptq_pricing),
+                                      ("sensitivity", None if sensitivity == "kept" else sensitivity))
+             if value is not None]
+    if stray and not keep:
+        raise CapsenseError(f"{', '.join(f'`{n}`' for n in stray)} shape(s) a guided allocation: give `keep` "
+                            "(the capabilities to keep) or leave them out")
     unknown = set(setting) - set(SETTING_PARAMETERS)
     if unknown:
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
@@ -90,7 +100,7 @@ def compress_request(
         from capsense.compress.guided import Guide
 
         guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
-                      size_ratio=budget_size, samples=calibration_samples)
+                      size_ratio=budget_size, samples=calibration_samples, gptq_pricing=gptq_pricing)
     return compress_checkpoint(
         model, budget, out, calibration=DEFAULT_CALIBRATION if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,

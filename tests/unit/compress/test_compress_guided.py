@@ -280,6 +280,6 @@ def test_guided_gptq_pricing_output_or_rtn_and_refusals():
         assert al.info["target_bits"] - 16 * 16 < al.info["allocated_bits"] <= al.info["target_bits"]
     with pytest.raises(BudgetError, match="valid pricings are output, rtn"):
         Guide(["math"], gptq_pricing="fisher")
-    with pytest.raises(BudgetError, match="gptq_pricing applies to method gptq"):
+    with pytest.raises(BudgetError, match="`gptq_pricing` applies to method gptq"):
         guided_budget(model, tok, uniform_budget({"method": "rtn", "bits": 3}), stats,
                       Guide(["math"], samples=4, gptq_pricing="rtn"))

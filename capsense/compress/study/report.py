@@ -105,7 +105,7 @@ def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Pat
 
 
 def _pruning_table(pr: Mapping[str, Any]) -> str:
-    cols = ("method", "capability", "gamma (half)", "A (half)", "MAE held-out densities (mean |dL| there)",
+    cols = ("method", "capability", "gamma (half)", "A (half)", "MAE held-out densities (mean abs dL there)",
             "doc-split MAE compact (half densities)", "doc-split MAE per-density (all)")
     rows = []
     for method, m in pr.items():
@@ -168,24 +168,24 @@ def _cross_model_markdown(cross: Mapping[str, Any]) -> list[str]:
                 rows.append({"method": method, "capability": cap, "model": model,
                              "gamma joint / own": f"{e['joint']['gamma']:.2f} / {p['gamma_own']:.2f}",
                              "MAE joint": _f(p["mae_joint"]), "MAE own": _f(p["mae_own"]),
-                             "mean |dL| held-out densities": _f(p["mean_abs_dL"]),
-                             "held out: plain MAE (mean |dL|)": f"{_f(h['mae_plain_transfer'])} ({_f(h['mean_abs_dL'])})",
+                             "mean abs dL held-out densities": _f(p["mean_abs_dL"]),
+                             "held out: plain MAE (mean abs dL)": f"{_f(h['mae_plain_transfer'])} ({_f(h['mean_abs_dL'])})",
                              "held out: gamma transfer, anchor d": f"{h['anchor_density']:g}",
-                             "gamma transfer MAE (mean |dL|)":
+                             "gamma transfer MAE (mean abs dL)":
                                  f"{_f(h['mae_gamma_transfer'])} ({_f(h['mean_abs_dL_gamma_transfer'])})"})
     lines = ["### Across models: pruning", "", "Joint (shared gamma, model-state features) and own fits on half the "
              "densities, scored on the others; a held-out model predicted from the others (plain) or from their "
              "gamma and one of its densities.", ""]
     lines += [markdown_table(rows) if rows else "(no model pair)", ""]
     l0 = [{"method": method, "held-out model": model, "capability": cap, "L0": f"{c['L0']:.3f}", "MAE": _f(c["mae"]),
-           "mean |dL|": _f(c["mean_abs_dL"])}
+           "mean abs dL": _f(c["mean_abs_dL"])}
           for method, m in cross["pruning"].items() for model, e in m["l0_across_capabilities"].items()
           if "skipped" not in e for cap, c in e["capabilities"].items()]
     if l0:
         lines += ["A = a0 + a1 L0 over the other models' capabilities (one gamma), held-out model predicted from its L0:",
                   "", markdown_table(l0), ""]
     lr = [{"capability / targets": key, "held-out model": model, "n train": str(e["n_train"]), "n": str(e["n"]),
-           "MAE": _f(e["mae"]), "Pearson r": _f(e["pearson"]), "mean |dL|": _f(e["mean_abs_dL"])}
+           "MAE": _f(e["mae"]), "Pearson r": _f(e["pearson"]), "mean abs dL": _f(e["mean_abs_dL"])}
           for key, by in cross["lowrank"].items() for model, e in by.items() if "skipped" not in e]
     if lr:
         lines += ["### Across models: stable-rank line fitted on the other models", "", markdown_table(lr), ""]

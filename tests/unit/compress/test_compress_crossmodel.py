@@ -4,6 +4,7 @@ and a second model's grid is read, checked and reported through ``capsense fit A
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from capsense.cli import main
 from capsense.compress.study.analysis import fit_grid, fit_grid_file
 from capsense.compress.study.crossmodel import cross_model_fits, read_grids
+from capsense.compress.study.grid import load_spec
 from capsense.errors import FitError
 
 DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5)
@@ -144,3 +146,16 @@ def test_fit_cli_takes_one_grid_per_model(tmp_path):
     assert json.loads((tmp_path / "fits.json").read_text())["cross_model"]["models"] == ["large", "small"]
     r = CliRunner().invoke(main, ["fit"])
     assert r.exit_code == 2 and "GRID_FILES" in r.output
+
+
+GRID_SPECS = sorted(p for p in (Path(__file__).resolve().parents[3] / "recipes").glob("compress_*.yaml")
+                    if "grid" in p.stem or "lowrank_split" in p.stem)
+
+
+@pytest.mark.parametrize("path", GRID_SPECS, ids=lambda p: p.name)
+def test_shipped_grid_specs_load_with_their_model_state(path):
+    spec = load_spec(path)
+    assert spec.settings and spec.train_tokens and spec.train_tokens > 1e11
+    if "lowrank_split" in path.stem:  # every low-rank method on each target set alone
+        assert {(s["method"], s["targets"]) for s in spec.settings} == {
+            (m, t) for m in ("svd", "asvd", "svd-llm") for t in ("attn", "mlp")}

@@ -218,9 +218,11 @@ def quant_evaluation(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def fit_grid(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Every fit the grid supports, JSON-ready."""
+    from capsense.compress.study.crossmodel import cross_model_fits
+
     if not any(r["method"] == "none" for r in records):
         raise FitError("the grid file has no dense baseline (method none): run capsense grid on it first")
-    return {
+    fits = {
         "n_records": len(records),
         "models": sorted({r["model_state"]["model"] for r in records}),
         "capabilities": sorted({r["capability"] for r in records}),
@@ -229,6 +231,10 @@ def fit_grid(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "lowrank_acc": lowrank_evaluation(records, metric="dacc"),
         "quant": quant_evaluation(records),
     }
+    cross = cross_model_fits(records)  # several models: held-out-model and shared-response fits
+    if cross is not None:
+        fits["cross_model"] = cross
+    return fits
 
 
 def predict_pruning(
@@ -264,15 +270,14 @@ class GridFits:
     predictions: list[dict[str, Any]]
 
 
-def fit_grid_file(path: str | Path, predict_densities: Sequence[float] = (), method: str | None = None,
-                  allow_extrapolation: bool = False) -> GridFits:
-    """Fit the predictors to the grid file at ``path`` (``capsense fit``) and predict dL at
-    ``predict_densities`` for pruning ``method`` (None: every fitted pruning method)."""
-    from capsense.compress.study.grid import read_records
+def fit_grid_file(path: str | Path | Sequence[str | Path], predict_densities: Sequence[float] = (),
+                  method: str | None = None, allow_extrapolation: bool = False) -> GridFits:
+    """Fit the predictors to the grid file at ``path`` (``capsense fit``; several files, one per
+    model, are pooled and also fitted across models) and predict dL at ``predict_densities`` for
+    pruning ``method`` (None: every fitted pruning method)."""
+    from capsense.compress.study.crossmodel import read_grids
 
-    records = read_records(path)
-    if not records:
-        raise FitError(f"{path} holds no measurements")
+    records = read_grids([path] if isinstance(path, (str, Path)) else list(path))
     fits = fit_grid(records)
     rows: list[dict[str, Any]] = []
     if predict_densities:

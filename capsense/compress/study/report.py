@@ -50,6 +50,8 @@ def plot_pruning(fits: Mapping[str, Any], path: str | Path) -> Path | None:
             ax.scatter(d[~held], y[~held], color=color, label=f"{cap} (fit)")
             ax.scatter(d[held], y[held], facecolors="none", edgecolors=color, label=f"{cap} (held out)")
             c = e["compact_half"]
+            if c["features"]:  # several models: one curve per model state, not drawn
+                continue
             fit = CompactFit(**{**c, "density_range": tuple(c["density_range"])})
             xs = np.linspace(*fit.density_range, 100)
             ax.plot(xs, fit.predict(xs), color=color, lw=1.5)
@@ -103,7 +105,7 @@ def plot_predicted_vs_measured(fits: Mapping[str, Any], path: str | Path) -> Pat
 
 
 def _pruning_table(pr: Mapping[str, Any]) -> str:
-    cols = ("method", "capability", "gamma (half)", "A (half)", "MAE held-out densities (mean |dL| there)",
+    cols = ("method", "capability", "gamma (half)", "A (half)", "MAE held-out densities (mean abs dL there)",
             "doc-split MAE compact (half densities)", "doc-split MAE per-density (all)")
     rows = []
     for method, m in pr.items():
@@ -143,12 +145,51 @@ def fits_markdown(fits: Mapping[str, Any]) -> str:
     lr = (fits.get("lowrank") or {}).get("groups", {})
     if lr:
         lines += ["### Low-rank: stable-rank predictor dL ~ gamma * mean(rho_s)", "", _lowrank_table(lr), ""]
+    cross = fits.get("cross_model")
+    if cross:
+        lines += _cross_model_markdown(cross)
     q = fits.get("quant") or {}
     if q:
         rows = [{"quantizer": m, "capability": cap, "n": str(g["n"]), "c": f"{g['slope']:.1f}", "LOO MAE": _f(g["loo_mae"])}
                 for m, per_cap in q.items() for cap, g in per_cap.items() if "skipped" not in g]
         lines += ["### Quantization: dL ~ c * 4^-bits, per quantizer", "", markdown_table(rows), ""]
     return "\n".join(lines)
+
+
+def _cross_model_markdown(cross: Mapping[str, Any]) -> list[str]:
+    """Tables of :func:`capsense.compress.study.crossmodel.cross_model_fits`."""
+    rows = []
+    for method, m in cross["pruning"].items():
+        for cap, e in m["capabilities"].items():
+            if "skipped" in e:
+                continue
+            for model, p in e["per_model"].items():
+                h = e["held_out_model"][model]
+                rows.append({"method": method, "capability": cap, "model": model,
+                             "gamma joint / own": f"{e['joint']['gamma']:.2f} / {p['gamma_own']:.2f}",
+                             "MAE joint": _f(p["mae_joint"]), "MAE own": _f(p["mae_own"]),
+                             "mean abs dL held-out densities": _f(p["mean_abs_dL"]),
+                             "held out: plain MAE (mean abs dL)": f"{_f(h['mae_plain_transfer'])} ({_f(h['mean_abs_dL'])})",
+                             "held out: gamma transfer, anchor d": f"{h['anchor_density']:g}",
+                             "gamma transfer MAE (mean abs dL)":
+                                 f"{_f(h['mae_gamma_transfer'])} ({_f(h['mean_abs_dL_gamma_transfer'])})"})
+    lines = ["### Across models: pruning", "", "Joint (shared gamma, model-state features) and own fits on half the "
+             "densities, scored on the others; a held-out model predicted from the others (plain) or from their "
+             "gamma and one of its densities.", ""]
+    lines += [markdown_table(rows) if rows else "(no model pair)", ""]
+    l0 = [{"method": method, "held-out model": model, "capability": cap, "L0": f"{c['L0']:.3f}", "MAE": _f(c["mae"]),
+           "mean abs dL": _f(c["mean_abs_dL"])}
+          for method, m in cross["pruning"].items() for model, e in m["l0_across_capabilities"].items()
+          if "skipped" not in e for cap, c in e["capabilities"].items()]
+    if l0:
+        lines += ["A = a0 + a1 L0 over the other models' capabilities (one gamma), held-out model predicted from its L0:",
+                  "", markdown_table(l0), ""]
+    lr = [{"capability / targets": key, "held-out model": model, "n train": str(e["n_train"]), "n": str(e["n"]),
+           "MAE": _f(e["mae"]), "Pearson r": _f(e["pearson"]), "mean abs dL": _f(e["mean_abs_dL"])}
+          for key, by in cross["lowrank"].items() for model, e in by.items() if "skipped" not in e]
+    if lr:
+        lines += ["### Across models: stable-rank line fitted on the other models", "", markdown_table(lr), ""]
+    return lines
 
 
 def _f(x: Any) -> str:

@@ -24,7 +24,7 @@ def fit(grid_files, report_dir, predict_densities, method, allow_extrapolation, 
 
     Several files (one grid per model) are pooled and also fitted across models: a shared
     density response, a held-out model, and the stable-rank line of one model scored on another."""
-    from capsense.compress.study.analysis import fit_grid_file
+    from capsense.compress.study.fits import fit_grid_file
     from capsense.compress.study.report import fits_markdown, write_report
     from capsense.core.files import atomic_write_text
     from capsense.errors import CapsenseError

@@ -43,6 +43,14 @@ def check_request(model: str, out: str | Path, overwrite: bool, device_map: str 
     return placed
 
 
+def _check_guide_options(keep: str | None, **options: Any) -> None:
+    """Options that shape a guided allocation, given without ``keep``: one error naming them."""
+    stray = [name for name, value in options.items() if value is not None]
+    if stray and not keep:
+        raise CapsenseError(f"{', '.join(f'`{n}`' for n in stray)} shape(s) a guided allocation: give `keep` "
+                            "(the capabilities to keep) or leave them out")
+
+
 def compress_request(
     model: str,
     out: str | Path,
@@ -81,13 +89,8 @@ def compress_request(
     from capsense.compress.calibration import DEFAULT_CALIBRATION
     from capsense.compress.pipeline import compress_checkpoint
 
-    stray = [name for name, value in (("protect_heads", protect_heads), ("protect_top_k", protect_top_k),
-                                      ("budget_size", budget_size), ("gptq_pricing", gptq_pricing),
-                                      ("sensitivity", None if sensitivity == "kept" else sensitivity))
-             if value is not None]
-    if stray and not keep:
-        raise CapsenseError(f"{', '.join(f'`{n}`' for n in stray)} shape(s) a guided allocation: give `keep` "
-                            "(the capabilities to keep) or leave them out")
+    _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
+                         gptq_pricing=gptq_pricing, sensitivity=None if sensitivity == "kept" else sensitivity)
     unknown = set(setting) - set(SETTING_PARAMETERS)
     if unknown:
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from capsense.compress.study.analysis import fit_grid
+from capsense.compress.study.fits import fit_grid
 from capsense.compress.study.grid import load_spec, read_records, run_grid
 from capsense.compress.study.report import write_report
 from capsense.compress.study.select import regret_curve, regret_summary

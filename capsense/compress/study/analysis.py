@@ -1,5 +1,7 @@
 """Fits over a grid file: the compact pruning relation vs the per-density baseline, the
-stable-rank predictor for low-rank methods, the bits predictor per quantizer (RTN, GPTQ), and predictions.
+stable-rank predictor for low-rank methods, the bits predictor per quantizer (RTN, GPTQ); one model's
+records (several models pooled: :mod:`~capsense.compress.study.crossmodel`; all fits and predictions
+together: :mod:`~capsense.compress.study.fits`).
 
 Held-out protocol for pruning (per method and capability):
 
@@ -15,14 +17,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from capsense.compress.study.predictors import (
-    CompactFit, LinearFit, fit_compact, fit_linear_loo, fit_per_density, model_state_features, quant_feature, stable_rank_feature,
+    LinearFit, fit_compact, fit_linear_loo, fit_per_density, model_state_features, quant_feature, stable_rank_feature,
 )
 from capsense.errors import FitError
 
@@ -216,82 +216,6 @@ def quant_evaluation(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def fit_grid(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Every fit the grid supports, JSON-ready."""
-    from capsense.compress.study.crossmodel import cross_model_fits
-
-    if not any(r["method"] == "none" for r in records):
-        raise FitError("the grid file has no dense baseline (method none): run capsense grid on it first")
-    fits = {
-        "n_records": len(records),
-        "models": sorted({r["model_state"]["model"] for r in records}),
-        "capabilities": sorted({r["capability"] for r in records}),
-        "pruning": pruning_evaluation(records),
-        "lowrank": lowrank_evaluation(records),
-        "lowrank_acc": lowrank_evaluation(records, metric="dacc"),
-        "quant": quant_evaluation(records),
-    }
-    cross = cross_model_fits(records)  # several models: held-out-model and shared-response fits
-    if cross is not None:
-        fits["cross_model"] = cross
-    return fits
-
-
-def predict_pruning(
-    fits: Mapping[str, Any], method: str, density: float, capabilities: Sequence[str] | None = None,
-    allow_extrapolation: bool = False, which: str = "compact_all",
-) -> dict[str, dict[str, Any]]:
-    """Predicted dL per capability at an (unmeasured) density, from :func:`fit_grid`'s output."""
-    if method not in fits["pruning"]:
-        raise FitError(f"no pruning fit for {method!r}: the grid has {', '.join(fits['pruning']) or 'none'}")
-    out = {}
-    for cap, entry in fits["pruning"][method]["capabilities"].items():
-        if capabilities and cap not in capabilities:
-            continue
-        if "skipped" in entry:
-            continue
-        fit = CompactFit(**{**entry[which], "density_range": tuple(entry[which]["density_range"])})
-        lo, hi = fit.density_range
-        extrapolated = not (lo - 1e-9 <= density <= hi + 1e-9)
-        if fit.features:
-            raise FitError("this fit depends on model-state features; predicting for a new model state needs them")
-        pred = fit.predict(density, allow_extrapolation=allow_extrapolation)
-        out[cap] = {"dL": float(pred[0]), "extrapolated": extrapolated, "range": [lo, hi]}
-    return out
-
-
-@dataclass
-class GridFits:
-    """A grid file's records, :func:`fit_grid` of them and the predictions asked for (one row
-    per method, density and capability: ``dL``, ``extrapolated``, the measured ``range``)."""
-
-    records: list[dict[str, Any]]
-    fits: dict[str, Any]
-    predictions: list[dict[str, Any]]
-
-
-def fit_grid_file(path: str | Path | Sequence[str | Path], predict_densities: Sequence[float] = (),
-                  method: str | None = None, allow_extrapolation: bool = False) -> GridFits:
-    """Fit the predictors to the grid file at ``path`` (``capsense fit``; several files, one per
-    model, are pooled and also fitted across models) and predict dL at ``predict_densities`` for
-    pruning ``method`` (None: every fitted pruning method)."""
-    from capsense.compress.study.crossmodel import read_grids
-
-    records = read_grids([path] if isinstance(path, (str, Path)) else list(path))
-    fits = fit_grid(records)
-    rows: list[dict[str, Any]] = []
-    if predict_densities:
-        methods = [method] if method else list(fits["pruning"])
-        if not methods:
-            raise FitError("the grid has no pruning measurements to predict from")
-        for m in methods:
-            for d in predict_densities:
-                for cap, p in predict_pruning(fits, m, d, allow_extrapolation=allow_extrapolation).items():
-                    rows.append({"method": m, "density": d, "capability": cap, **p})
-    return GridFits(records, fits, rows)
-
-
 __all__ = [
-    "FitError", "GridFits", "LinearFit", "fit_grid", "fit_grid_file", "half_densities", "lowrank_evaluation",
-    "predict_pruning", "pruning_evaluation", "quant_evaluation",
+    "FitError", "LinearFit", "half_densities", "lowrank_evaluation", "pruning_evaluation", "quant_evaluation",
 ]

@@ -1,7 +1,7 @@
 """Fits across model states: grid files of several models read together and judged across models.
 
 ``capsense fit A.jsonl B.jsonl`` reads one grid per model (:func:`read_grids`); the ordinary fits
-(:func:`capsense.compress.study.analysis.fit_grid`) then pool them, and :func:`cross_model_fits`
+(:func:`capsense.compress.study.fits.fit_grid`) then pool them, and :func:`cross_model_fits`
 adds what only several models can show:
 
 * **Pruning, shared density response** (per method and capability): the compact relation with

@@ -1,7 +1,7 @@
 """Budgeted choice: the (method, setting) with the lowest predicted capability loss that fits
 a size budget, and its regret against the best measured setting under the same budget.
 
-Predictions are honest out-of-sample numbers from :func:`capsense.compress.study.analysis.fit_grid`:
+Predictions are honest out-of-sample numbers from :func:`capsense.compress.study.fits.fit_grid`:
 pruning uses the compact relation fitted on half the densities, low-rank the stable-rank
 predictor's leave-one-out prediction, RTN the bits predictor's leave-one-out prediction.
 """
@@ -16,7 +16,8 @@ import numpy as np
 
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError, FitError
-from capsense.compress.study.analysis import _scope_tag, fit_grid, quant_method
+from capsense.compress.study.analysis import _scope_tag, quant_method
+from capsense.compress.study.fits import fit_grid
 from capsense.compress.study.predictors import CompactFit
 
 

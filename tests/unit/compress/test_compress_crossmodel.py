@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from capsense.cli import main
-from capsense.compress.study.analysis import fit_grid, fit_grid_file
+from capsense.compress.study.fits import fit_grid, fit_grid_file
 from capsense.compress.study.crossmodel import cross_model_fits, read_grids
 from capsense.compress.study.grid import load_spec
 from capsense.errors import FitError

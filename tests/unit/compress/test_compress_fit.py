@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import make_tiny_model, tiny_inputs
 
-from capsense.compress.study.analysis import fit_grid, half_densities, predict_pruning
+from capsense.compress.study.analysis import half_densities
+from capsense.compress.study.fits import fit_grid, predict_pruning
 from capsense.compress.calibration import collect_stats
 from capsense.compress.study.predictors import fit_compact, fit_linear_loo, fit_per_density
 from capsense.errors import CapsenseError, FitError

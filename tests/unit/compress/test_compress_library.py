@@ -41,7 +41,7 @@ def test_measure_models_against_itself_has_zero_dL(tiny_model_dir):
 
 
 def test_fit_grid_file_predicts_every_method_density_and_capability(tmp_path):
-    from capsense.compress.study.analysis import fit_grid, fit_grid_file, predict_pruning
+    from capsense.compress.study.fits import fit_grid, fit_grid_file, predict_pruning
 
     records = _synthetic_grid()
     fitted = fit_grid_file(_grid_file(tmp_path, records), [0.75, 0.65])
@@ -62,7 +62,7 @@ def test_fit_grid_file_predicts_every_method_density_and_capability(tmp_path):
 
 
 def test_select_from_grid_is_select_over_the_file(tmp_path):
-    from capsense.compress.study.analysis import fit_grid
+    from capsense.compress.study.fits import fit_grid
     from capsense.compress.study.select import select, select_from_grid
 
     records = _synthetic_grid()

@@ -121,10 +121,11 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"top_m": m, "group": g, "flag": f,
                      **{n: f"{r['fe_4of5']} / {r['fe_5of5']}" for n, r in zip(names, res)},
                      "worst 4/5": f"{max(r4):.1f}", "mean 4/5": f"{np.mean(r4):.1f}",
-                     "worst 5/5": f"{max(r5):.1f}", "mean 5/5": f"{np.mean(r5):.1f}"})
-    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5"]
+                     "worst 5/5": f"{max(r5):.1f}", "mean 5/5": f"{np.mean(r5):.1f}",
+                     "mean spent": f"{np.mean([r['spent'] or 0 for r in res]):.1f}"})
+    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent"]
     table = ("FE to 4/5 / FE to 5/5 of the exhaustive top 5 (None: never within the budget, counted as the "
-             "budget in worst/mean), replayed on the recorded sweeps\n\n" + markdown_table(rows, head) + "\n")
+             "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped\n\n" + markdown_table(rows, head) + "\n")
     print(table)
     if args.out:
         atomic_write_text(args.out.with_suffix(".md"), table)

@@ -96,10 +96,10 @@ def main() -> None:
         o = old.get((r["task"], r["metric"])) if old is not None else None
         if r["metric"] == "acc" and r["base"] == 0:
             continue  # no accuracy to speak of (prose)
-        lines.append(f"| {r['task']} | {role(r['task'], target, controls)} | {r['metric']} | {r['base']:.4f} | "
+        lines.append((f"| {r['task']} | {role(r['task'], target, controls)} | {r['metric']} | {r['base']:.4f} | "
                      f"{r['ablated']:.4f} | {pct(r['change_rel'])} | {pct(r['random_change_rel_mean'])} | "
                      + ("" if old is None else f"{o['ablated']:.4f} | {pct(o['change_rel'])} | {pct(o['random_change_rel_mean'])} |"
-                            if o else "| | |"))
+                            if o else "| | |")).rstrip())
     lines += ["", f"**New:** {results['new']['verdict']['line']}.", ""]
     if "old" in results:
         lines += [f"**Old:** {results['old']['verdict']['line']}.", ""]

@@ -41,6 +41,7 @@ import numpy as np
 
 from capsense.core.tables import markdown_table
 from capsense.localize.config import LocateConfig
+from capsense.localize.prior import DEFAULT_BUDGET, DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
 from capsense.localize.run import locate
 from capsense.localize.store import read_evaluations
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
@@ -265,9 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="Recorded sweeps (default recipes/results/locate_<tag>_sweeps.json).")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--stages", default=",".join(STAGES), help=f"Comma-separated subset of {', '.join(STAGES)}, or none.")
-    ap.add_argument("--budget", type=float, default=50.0)
-    ap.add_argument("--top-m", type=int, default=24)
-    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="prior-guided's (default: the library's)")
+    ap.add_argument("--top-m", type=int, default=DEFAULT_TOP_M, help="prior-guided's (default: the library's)")
+    ap.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE, help="prior-guided's (default: the library's)")
     ap.add_argument("--cs-masks", type=int, default=60)
     ap.add_argument("--results", default=None)
     ap.add_argument("--skip-run", action="store_true", help="Same as --stages none: analyse what is there.")

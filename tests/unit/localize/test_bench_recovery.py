@@ -62,3 +62,13 @@ def test_result_files_are_named_for_the_model():
     assert bench.parse_args(["--model", "gemma3-270m"]).results.endswith("locate_recovery_gemma3")
     assert bench.parse_args([]).results.endswith("locate_recovery")  # SmolLM2's table predates the parameter
     assert bench.parse_args(["--model", "gemma3-270m"]).sweeps_json.name == "locate_gemma3_sweeps.json"
+
+
+def test_search_settings_default_to_the_library_defaults():
+    """The recovery table measures the shipped search: the bench's defaults are prior-guided's own
+    (they had stayed at round 5's top-m 24 / group 8 after the library moved to 32 / 16)."""
+    from capsense.localize.prior import DEFAULT_BUDGET, DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
+
+    args = _bench().parse_args(["--model", "gemma3-270m"])
+    assert (args.top_m, args.group_size, args.budget) == (DEFAULT_TOP_M, DEFAULT_GROUP_SIZE, DEFAULT_BUDGET)
+    assert _bench().parse_args(["--top-m", "8"]).top_m == 8

@@ -1,7 +1,7 @@
 """Capability-guided compression on SmolLM2-135M-Instruct: uniform vs guided at equal size.
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 flock /tmp/capsense-heavy.lock \\
-        python recipes/bench/compress_guided_smollm2.py [--probes 32] [--keep math,code]
+        python recipes/bench/compress_guided_smollm2.py [--probes 32] [--keep math,code] [--model gemma3-270m]
 
 Variants, each at the exact size of the uniform setting (bits of the compressed matrices):
 
@@ -27,6 +27,7 @@ Resumable: one JSONL line per (setting, variant, capability), appended as measur
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -124,10 +125,13 @@ def results_table(records) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="Embedded model name (or folder); the default --out "
+                    "names it when it is not SmolLM2.")
     ap.add_argument("--probes", type=int, default=32)
     ap.add_argument("--keep", default="math,code")
     ap.add_argument("--settings", default="0,1,2,3", help="Indices into SETTINGS, in order.")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "guided_smollm2.jsonl")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/compress/guided_smollm2.jsonl, or "
+                    "guided_<model>.jsonl for another --model")
     ap.add_argument("--table", action="store_true", help="Only print the results table of --out.")
     ap.add_argument("--spread", default="0.4,2.0", help="Allowed level sizes, as factors of the uniform setting's.")
     ap.add_argument("--spread-rtn", default=None, help="--spread for RTN settings (default: --spread).")
@@ -138,15 +142,18 @@ def main() -> None:
     ap.add_argument("--measured-levels", type=int, default=6, help="measured: levels per unit.")
     ap.add_argument("--measured-rounds", type=int, default=1, help="measured: rounds of measuring and allocating.")
     args = ap.parse_args()
+    if args.out is None:
+        name = "smollm2" if args.model == "smollm2-135m" else Path(args.model).name
+        args.out = HERE / "results" / "compress" / f"guided_{name}.jsonl"
     if args.table:
         print(results_table(read_jsonl(args.out)))
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))  # one thread on a shared machine
     keep = args.keep.split(",")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"] for r in read_jsonl(args.out)}
     repair_jsonl_tail(args.out)
-    model, tok = load_model("smollm2-135m", dtype="float32")
+    model, tok = load_model(args.model, dtype="float32")
     probes = build_probes(tok, CAPS, args.probes)
     base_nll = {}
     for c in CAPS:

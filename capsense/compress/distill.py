@@ -344,8 +344,8 @@ def fit_reuse_penalty(reused: Sequence[dict[str, Any]], fresh: Sequence[dict[str
     (least squares over a log grid 0.01-1000 plus infinity), with its rms and that of "repeats are
     worth fresh text" (``rms_no_penalty``) for comparison. The penalty is fitted, never assumed.
     """
-    if not reused or not fresh:
-        raise CapsenseError("the reuse fit needs the records of both arms (reused and fresh)")
+    if not any(r["epoch"] >= 1 for r in reused) or not fresh:
+        raise CapsenseError("the reuse fit needs the records of both arms (reused and fresh), the reused arm past epoch 0")
     grid = [10 ** (k / 50) for k in range(-100, 151)] + [math.inf]
     out = {}
     for cap in reused[0]["dL"]:
@@ -361,5 +361,5 @@ def fit_reuse_penalty(reused: Sequence[dict[str, Any]], fresh: Sequence[dict[str
         r_star = None if best is None else ("inf" if math.isinf(best) else best)  # JSON has no infinity
         out[cap] = {"fresh_fit": f, "measured_effective_epochs": measured, "r_star": r_star,
                     "rms": rms(best) if best is not None else None, "rms_no_penalty": rms(math.inf),
-                    "final": {"reused": pts[-1][1] if pts else None, "fresh": fresh[-1]["dL"][cap]}}
+                    "final": {"reused": pts[-1][1], "fresh": fresh[-1]["dL"][cap]}}
     return out

@@ -105,6 +105,8 @@ def test_reuse_fit_recovers_the_decay_constant():
     assert fit_reuse_penalty(flat, flat)["m"]["r_star"] is None  # fresh text did not help: nothing to fit
     with pytest.raises(CapsenseError, match="both arms"):
         fit_reuse_penalty([], fresh)
+    with pytest.raises(CapsenseError, match="past epoch 0"):
+        fit_reuse_penalty(reused[:1], fresh)  # only the record before training
 
 
 def test_cli_fresh_arm_and_too_few_texts(tmp_path, tiny_model_dir):

@@ -52,6 +52,9 @@ from capsense.commands.output import echo_written, log
               help="prior-guided: heads with the largest |estimate| knocked out one at a time.")
 @click.option("--group-size", type=int, default=16, show_default=True,
               help="prior-guided: heads per group knockout over the rest (a group that hurts is split).")
+@click.option("--prior-score", type=click.Choice(["estimate", "documents"]), default="estimate", show_default=True,
+              help="prior-guided: what orders the single-head knockouts: the |attribution estimate|, or each "
+                   "document's |gradient| summed (documents: cancellation across documents cannot hide a head).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
@@ -77,7 +80,7 @@ from capsense.commands.output import echo_written, log
 @old_name("--budget", "--fe-budget", "budget", type=float)
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
-           top_m: int, group_size: int, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
+           top_m: int, group_size: int, prior_score: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
            seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
@@ -101,7 +104,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         model=model, task=task, out=str(out), controls=csv_list(controls), control_limit=control_limit, screen=screen, metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
-        seed=seed, batch_size=batch_size,
+        prior_score=prior_score, seed=seed, batch_size=batch_size,
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
         device_map=device_map_from(device_map, parallelize), dtype=dtype, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,

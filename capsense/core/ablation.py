@@ -138,10 +138,13 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
     the slice becomes ``mean + scale * (x - mean)``, so ``scale = 0`` is mean ablation and
     ``scale = 1`` the clean model. ``scale`` may require grad: derivatives of any score with
     respect to it estimate every head's ablation effect at once (gradient attribution).
+    ``scale`` may also be ``[rows, n_layers, n_heads]``, one multiplier per row of the batch (the
+    batch must have ``rows`` rows): its gradient is then each row's (document's) own, from one backward.
     """
     layout = head_layout(model)
-    if tuple(scale.shape) != (layout.n_layers, layout.n_heads):
-        raise CapsenseError(f"`scale` must have shape [{layout.n_layers}, {layout.n_heads}], got {tuple(scale.shape)}")
+    if tuple(scale.shape[-2:]) != (layout.n_layers, layout.n_heads) or scale.dim() not in (2, 3):
+        raise CapsenseError(f"`scale` must have shape [{layout.n_layers}, {layout.n_heads}] or "
+                            f"[rows, {layout.n_layers}, {layout.n_heads}], got {tuple(scale.shape)}")
     handles = []
 
     def make(layer: int, proj: nn.Module):
@@ -149,7 +152,11 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
 
         def hook(module: nn.Module, args: tuple) -> tuple:
             x = args[0]
-            s = scale[layer].repeat_interleave(layout.head_dim).to(device=x.device, dtype=x.dtype)
+            s = scale[..., layer, :].repeat_interleave(layout.head_dim, dim=-1).to(device=x.device, dtype=x.dtype)
+            if s.dim() == 2:  # one multiplier per row: [rows, 1, width] against x [rows, positions, width]
+                if s.shape[0] != x.shape[0]:
+                    raise CapsenseError(f"`scale` has {s.shape[0]} rows but the batch has {x.shape[0]}")
+                s = s[:, None, :]
             if mean is None:
                 return (x * s, *args[1:])
             m = mean.to(device=x.device, dtype=x.dtype)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
-from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
+from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, PRIOR_SCORES
 from capsense.localize.refine import DEFAULT_TOLERANCE
 from capsense.localize.screen import DEFAULT_SCREEN_Z
 from capsense.localize.solvers import SOLVERS
@@ -58,6 +58,9 @@ class LocateConfig:
     budget: float = 50.0  # prior-guided: forward-equivalents for attribution + knockouts (refine not included)
     top_m: int = DEFAULT_TOP_M  # prior-guided: heads with the largest |estimate| knocked out alone
     group_size: int = DEFAULT_GROUP_SIZE  # prior-guided: heads per group knockout over the rest
+    # prior-guided: what orders the single-head knockouts: "estimate" (|attribution estimate|) or
+    # "documents" (each document's |gradient|, summed: cancellation across documents cannot hide a head)
+    prior_score: str = "estimate"
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
@@ -80,6 +83,7 @@ class LocateConfig:
         choice("design", self.design, DESIGNS)
         choice("solver", self.solver, SOLVERS)
         choice("dtype", self.dtype, DTYPES)
+        choice("prior_score", self.prior_score, PRIOR_SCORES)
         if not self.metric or not isinstance(self.metric, str):
             raise CapsenseError(
                 "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "

@@ -9,7 +9,8 @@ folder (``attribution.json``), so a resumed run replays the same search.
   positive control estimate, both relative to the clean nll). Nothing is measured: a quick
   look, not a result to hand on.
 * ``prior-guided`` runs :func:`capsense.localize.prior.prior_guided` on the target's estimate:
-  single-head knockouts of the heads with the largest ``|estimate|``, group knockouts over the
+  single-head knockouts of the heads with the largest ``|estimate|`` (``prior_score`` documents:
+  the largest per-document magnitude, which cancellation across documents cannot hide), group knockouts over the
   rest, splits of groups that hurt, within a budget of forward-equivalents. The ranking comes
   from the heads measured alone (selective mode: residualized on the controls, as the
   exhaustive sweep does), so every head handed on was knocked out, not only estimated.
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from capsense.core.files import atomic_write_json
+from capsense.errors import CapsenseError
 from capsense.localize.config import LocateConfig
 from capsense.localize.fit import LocateResult, damage, fit_single_heads
 from capsense.localize.methods import Found, Method, Search, no_knockout
@@ -56,11 +58,15 @@ def run_attribution(s: Search) -> dict[str, np.ndarray]:
 def _write_attribution(path: Path, atts: dict[str, Attribution]) -> dict[str, np.ndarray]:
     """``attribution.json`` (atomically); returns the estimates as written."""
     est = {t: [round(float(x), 8) for x in (a.flat() / a.nll if a.nll else a.flat())] for t, a in atts.items()}
+    mag = {t: [round(float(x), 8) for x in (a.flat_magnitude() / a.nll if a.nll else a.flat_magnitude())]
+           for t, a in atts.items()}
     atomic_write_json(path, {
         "estimate": est,
+        "magnitude": mag,
         "clean_nll": {t: a.nll for t, a in atts.items()},
-        "meaning": "first-order estimate of the relative nll worsening when a head is zero-ablated "
-                   "(-d nll/d xi / nll, xi = the head's multiplier at the output projection), flat head order",
+        "meaning": "estimate: first-order estimate of the relative nll worsening when a head is zero-ablated "
+                   "(-d nll/d xi / nll, xi = the head's multiplier at the output projection), flat head order; "
+                   "magnitude: each document's |d nll/d xi| summed, over nll (>= |estimate|)",
     })
     return {t: np.asarray(v, dtype=float) for t, v in est.items()}  # as a resumed run reads them
 
@@ -71,6 +77,16 @@ def load_estimates(cfg: LocateConfig) -> dict[str, np.ndarray] | None:
     if not path.is_file():
         return None
     return {t: np.asarray(v, dtype=float) for t, v in json.loads(path.read_text())["estimate"].items()}
+
+
+def load_magnitudes(cfg: LocateConfig) -> np.ndarray:
+    """The target's per-document gradient magnitude from the run folder (``prior_score`` documents)."""
+    data = json.loads((Path(cfg.out) / ATTRIBUTION_FILE).read_text())
+    if "magnitude" not in data:
+        raise CapsenseError(f"{Path(cfg.out) / ATTRIBUTION_FILE} predates per-document magnitudes, which "
+                            f"`prior_score` documents needs: delete it to recompute the attribution (3 "
+                            f"forward-equivalents), or resume with `prior_score` estimate")
+    return np.asarray(data["magnitude"][cfg.task], dtype=float)
 
 
 def selective_estimate(est: dict[str, np.ndarray], cfg: LocateConfig) -> np.ndarray:
@@ -117,6 +133,8 @@ def search_prior_guided(s: Search) -> Found:
     """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``)."""
     estimates = run_attribution(s)
     est = estimates[s.cfg.task]
+    if s.cfg.prior_score == "documents":
+        est = s.run.ctx.on_main(lambda: load_magnitudes(s.cfg))
     also = selective_estimate(estimates, s.cfg) if s.cfg.controls else None
     evals = s.run(no_knockout(s.n))
     base = evals[0]
@@ -165,5 +183,5 @@ def expected_prior_evaluations(cfg: LocateConfig, n: int) -> int:
 
 
 PRIOR_GUIDED = Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
-                identity_keys=("top_k", "top_m", "group_size", "budget", "metric"), attribution=True,
-                options=("budget", "top_m", "group_size"))
+                identity_keys=("top_k", "top_m", "group_size", "budget", "metric", "prior_score"), attribution=True,
+                options=("budget", "top_m", "group_size", "prior_score"))

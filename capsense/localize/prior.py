@@ -41,6 +41,11 @@ DEFAULT_TOP_M = 32
 DEFAULT_GROUP_SIZE = 16
 DEFAULT_FLAG = 0.5
 DEFAULT_BUDGET = 50.0
+#: What orders the singles (``LocateConfig.prior_score``): the attribution's ``|estimate|`` (its
+#: per-document gradients summed, then the absolute value), or ``documents``: each document's
+#: ``|gradient|`` summed, which a head whose documents pull both ways cannot cancel out of
+#: (:attr:`capsense.scoring.attribution.Attribution.magnitude`; measured in RESULTS-locate.md).
+PRIOR_SCORES = ("estimate", "documents")
 
 Measure = Callable[[list[tuple[int, ...]]], list[float]]  # head sets -> target damage (positive = hurts)
 Cost = Callable[[tuple[int, ...]], float]  # head set -> forward-equivalents

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from capsense.core.ablation import HeadAblator, compute_head_means, zero_heads_in_weights
+from capsense.core.ablation import HeadAblator, compute_head_means, scale_heads, zero_heads_in_weights
 from capsense.core.arch import arch_spec, head_layout, out_projections, projection_weight
 from capsense.core.heads import HeadSet
 from capsense.errors import CapsenseError
@@ -168,3 +168,22 @@ def test_compute_head_means_matches_hand_average():
     h.remove()
     expected = torch.cat(captured).mean(0)
     assert (means[1] - expected).abs().max().item() <= 1e-5
+
+
+def test_scale_per_row_equals_each_row_scaled_alone():
+    """A [rows, layers, heads] scale multiplies each batch row by its own multipliers."""
+    model = make_tiny_model("llama")
+    ids = tiny_inputs(batch=3)
+    scales = torch.rand(3, 3, 4, generator=torch.Generator().manual_seed(0)) * 2
+    with torch.no_grad(), scale_heads(model, scales):
+        rows = model(ids).logits
+    for r in range(3):
+        with torch.no_grad(), scale_heads(model, scales[r]):
+            alone = model(ids[r : r + 1]).logits
+        torch.testing.assert_close(rows[r : r + 1], alone, atol=1e-5, rtol=1e-5)
+    with pytest.raises(CapsenseError, match="2 rows but the batch has 3"):
+        with torch.no_grad(), scale_heads(model, scales[:2]):
+            model(ids)
+    with pytest.raises(CapsenseError, match=r"shape \[3, 4\] or \[rows, 3, 4\]"):
+        with scale_heads(model, torch.ones(2, 2, 3, 4)):
+            pass

@@ -164,3 +164,28 @@ def test_refine_dtype_without_refine_is_refused(toy, tmp_path):
     r = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]), "--controls", "none",
                                   "--refine-dtype", "float32", "--out", str(tmp_path / "x")])
     assert r.exit_code != 0 and "`refine_dtype` applies to measure-and-choose" in r.output.replace("--refine-dtype", "`refine_dtype`")
+
+
+def test_prior_score_documents_orders_singles_by_the_per_document_magnitude(toy, tmp_path):
+    import numpy as np
+
+    from capsense.scoring.cost import mask_cost
+
+    out = tmp_path / "docs"
+    r = _locate(toy, out, "--prior-score", "documents", "--top-m", "4", "--group-size", "3", "--top-k", "3")
+    assert r.exit_code == 0, r.output
+    att = json.loads((out / "attribution.json").read_text())
+    est, mag = np.array(att["estimate"][TOY_TASK]), np.array(att["magnitude"][TOY_TASK])
+    assert (mag >= np.abs(est) - 1e-7).all() and (mag > np.abs(est) + 1e-7).any()
+    share = json.loads((out / "manifest.json").read_text())["cost_model"]["reuse_share"]
+    first = [e.heads[0] for e in read_evaluations(out)[1:5]]  # the singles come first, by magnitude per FE
+    top4 = sorted(np.argsort(-mag, kind="stable")[:4].tolist(), key=lambda h: -mag[h] / mask_cost([h], N_LAYERS, N_HEADS, share))
+    assert first == top4
+    # the folder is a documents-ordered search: resuming it with the other order is refused
+    r2 = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3")
+    assert r2.exit_code != 0 and "prior_score" in r2.output
+
+
+def test_prior_score_with_another_method_is_refused(toy, tmp_path):
+    r = _locate(toy, tmp_path / "cs", "--method", "cs", "--prior-score", "documents")
+    assert r.exit_code != 0 and "--prior-score does not apply to --method cs" in r.output

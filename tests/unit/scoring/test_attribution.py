@@ -216,3 +216,24 @@ def test_batch_terms_sum_in_batch_order_whatever_order_they_come_in():
     assert mixed.nll == whole.nll and mixed.gradient.tobytes() == whole.gradient.tobytes()
     with pytest.raises(CapsenseError, match="needs each of its 4 batches once"):
         scorer.combine(terms[:3])
+
+
+def test_magnitude_sums_each_documents_own_gradient():
+    """``magnitude`` = sum over documents of |that document's gradient| (token-weighted as the nll is),
+    from the same backward: checked against one attribution per one-document probe."""
+    model = make_tiny_model("llama").double()
+    probe = _probe(n=5)
+    att = AttributionScorer(model, probe, batch_size=2).attribute()
+    total = sum(len(c) for c in probe.continuation_ids)
+    expect, summed = np.zeros((N_LAYERS, N_HEADS)), np.zeros((N_LAYERS, N_HEADS))
+    for d in range(5):
+        one = Probe("toy", "loglikelihood", [probe.context_ids[d]], [probe.continuation_ids[d]], np.arange(1), [0])
+        g = AttributionScorer(model, one).attribute().gradient * len(probe.continuation_ids[d]) / total
+        expect += np.abs(g)
+        summed += g
+    np.testing.assert_allclose(att.gradient, summed, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(att.magnitude, expect, rtol=1e-5, atol=1e-8)
+    assert (att.magnitude > np.abs(att.gradient) + 1e-9).any()  # the documents do pull heads both ways here
+    np.testing.assert_allclose(att.flat_magnitude(), expect.reshape(-1), rtol=1e-5, atol=1e-8)
+    whole = AttributionScorer(model, probe, batch_size=64).attribute()
+    np.testing.assert_allclose(whole.magnitude, att.magnitude, rtol=1e-5, atol=1e-8)  # batching does not matter

@@ -254,7 +254,7 @@ def compute(cases: list[tuple[str, dict]], raw_path: Path) -> None:
         del model
 
 
-def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None) -> None:
+def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None, grid_args=None) -> None:
     bench, rp = _load("bench_locate_recovery"), _load("replay_prior")
     from capsense.core.files import atomic_write_json, atomic_write_text
     from capsense.core.tables import markdown_table
@@ -284,16 +284,50 @@ def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None) -> N
     md = [{"model": r["model"], "task": r["task"], "estimator": r["estimator"], "FE": r["fe"], "hits": f"{r['hits']}/5",
            "hits by |e|": f"{r['hits_abs']}/5", "Spearman": r["spearman"], "true top 5 ranks": r["ranks"],
            "by |e|": r["abs_ranks"], "prior FE to 4/5": r["fe_4of5"], "to 5/5": r["fe_5of5"]} for r in rows]
-    cases = " ".join(dict.fromkeys(f"{r['model']}/{r['task']}" for r in rows))
+    pairs = " ".join(dict.fromkeys(f"{r['model']}/{r['task']}" for r in rows))
     text = ("Estimators of single-head knockout effects against the recorded exhaustive sweeps (FE: the "
             "estimator's forward-equivalents plus the clean forward; prior FE: prior-guided search replayed "
             "from the estimator with today's defaults, the extra FE included; a Spearman of an unsigned score "
-            f"is against the signed effects)\n\nSummary over {cases} (hits in that order):\n\n"
+            f"is against the signed effects)\n\nSummary over {pairs} (hits in that order):\n\n"
             + markdown_table(summary(rows)) + "\n\nPer task:\n\n" + markdown_table(md, head) + "\n")
+    if grid_args:
+        from capsense.core.tables import markdown_table as mt
+
+        text += ("\nThe search's top-m and group size replayed for both orders (FE to 4/5 / 5/5 per task, in the "
+                 "summary's order; never: 50):\n\n" + mt(grid(cases, raws, *grid_args)) + "\n")
     print(text)
     if out:
         atomic_write_text(out.with_suffix(".md"), text)
         atomic_write_json(out.with_suffix(".json"), rows)
+
+
+GRID_ESTIMATORS = ("grad@1 (attribution)", "per-document |grad| sum")
+
+
+def grid(cases, raws, top_ms, group_sizes) -> list[dict]:
+    """The search's defaults replayed for today's estimate and the per-document magnitude: worst and
+    mean FE to 4/5 and 5/5 over every (model, task) per (top_m, group_size)."""
+    bench, rp = _load("bench_locate_recovery"), _load("replay_prior")
+    from capsense.localize.prior import PriorSettings
+
+    out = []
+    for label in GRID_ESTIMATORS:
+        for m in top_ms:
+            for gs in group_sizes:
+                res = []
+                for model_name, sweeps in cases:
+                    for task in sorted(sweeps):
+                        raw = raws[(model_name, task)]
+                        lay = bench.Layout(raw["n_layers"], raw["n_heads"])
+                        score = next(sc for lb, _, sc, _ in estimators(raw, lay.n_heads) if lb == label)
+                        rep = rp.replay(score, bench.recorded_effects(sweeps[task], lay), lay, 1.0,
+                                        PriorSettings(top_m=m, group_size=gs), bench.overlap)
+                        res.append((rep["fe_4of5"] or 50.0, rep["fe_5of5"] or 50.0))
+                r4, r5 = [x[0] for x in res], [x[1] for x in res]
+                out.append({"estimator": label, "top_m": m, "group": gs, "per task (4/5 / 5/5)": " ".join(f"{a}/{b}" for a, b in res),
+                            "worst 4/5": max(r4), "mean 4/5": round(float(np.mean(r4)), 2),
+                            "worst 5/5": max(r5), "mean 5/5": round(float(np.mean(r5)), 2)})
+    return out
 
 
 def main() -> None:
@@ -302,6 +336,7 @@ def main() -> None:
     ap.add_argument("--raw", type=Path, default=Path("runs/bench-estimators/raw.jsonl"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--grid", action="store_true", help="also replay top-m 16,24,32,48 x group 8,16,24 for two orders")
     a = ap.parse_args()
     cases = []
     for c in a.case:
@@ -309,7 +344,7 @@ def main() -> None:
         cases.append((model, json.loads(Path(path).read_text())))
     if not a.table_only:
         compute(cases, a.raw)
-    tables(cases, a.raw, a.out)
+    tables(cases, a.raw, a.out, ((16, 24, 32, 48), (8, 16, 24)) if a.grid else None)
 
 
 if __name__ == "__main__":

@@ -69,19 +69,13 @@ class _Gate(torch.autograd.Function):
 
 @contextmanager
 def instrumented(model, xi: torch.Tensor, flags: list[float]):
-    """Per-row head multipliers ``xi`` [rows, layers, heads] at the output projections, and a gradient
-    gate on every layer's residual update (``out = in + gate(out - in)``)."""
-    from capsense.core.arch import arch_spec, head_layout, out_projections, unwrap
+    """Per-row head multipliers ``xi`` [rows, layers, heads] at the output projections (capsense's
+    ``scale_heads``), and a gradient gate on every layer's residual update (``out = in + gate(out - in)``)."""
+    from capsense.core.ablation import scale_heads
+    from capsense.core.arch import arch_spec, unwrap
 
-    lay = head_layout(model)
     layers = unwrap(model).get_submodule(arch_spec(model).layers)
     handles = []
-
-    def pre(l):
-        def hook(mod, args):
-            s = xi[:, l].repeat_interleave(lay.head_dim, -1)[:, None, :].to(args[0].dtype)
-            return (args[0] * s, *args[1:])
-        return hook
 
     def post(l):
         def hook(mod, args, kwargs, out):
@@ -92,11 +86,10 @@ def instrumented(model, xi: torch.Tensor, flags: list[float]):
         return hook
 
     try:
-        for l, proj in enumerate(out_projections(model)):
-            handles.append(proj.register_forward_pre_hook(pre(l)))
         for l, layer in enumerate(layers):
             handles.append(layer.register_forward_hook(post(l), with_kwargs=True))
-        yield
+        with scale_heads(model, xi):
+            yield
     finally:
         for h in handles:
             h.remove()
@@ -137,7 +130,7 @@ def raw_vectors(model, sc, n_layers: int, n_heads: int, seed: int = 0) -> dict:
         xi = torch.ones(len(reqs), n_layers, n_heads, requires_grad=True)
         with instrumented(model, xi, flags):
             nll, lo = batch_losses(sc, reqs)
-        nll0 += float(nll.sum())
+        nll0 += float(nll.detach().sum())
         g_nll.append(torch.autograd.grad(nll.sum(), xi, retain_graph=True)[0])
         g_lo.append(torch.autograd.grad(lo.sum(), xi, retain_graph=True)[0])
         for b, blk in enumerate(blocks):

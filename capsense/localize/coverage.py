@@ -18,7 +18,7 @@ needs to know how large a missed head could be. Per head not measured alone:
   sat in groups measured at +37.6% and +44.3% (helpers inside the group, never measured alone),
   and that run's halves summed to up to 2.5x their whole (0.943 vs 0.376). Widening every bound
   by the worst ratio was tried on the recorded Gemma runs and flagged 34 of 72 heads as possible
-  misses on two of three tasks (induction's halves summed to 2.8x their whole, damage saturates):
+  misses on two of three tasks (induction's halves summed to 3.5x their whole: damage saturates):
   true but useless, so the ratio is reported, not folded into the bounds.
 * ``estimate``: attribution's first-order estimate, where the run has one (it misses saturated
   and cancelling heads, which is why it is not the bound).

@@ -238,8 +238,9 @@ def _coverage_lines(cov, n_heads: int) -> list[str]:
     lines = ["## What the search did not measure", "", cov.summary(name) + "."]
     if not cov.not_measured:
         return lines
-    lines += ["", "Bound: the smallest measured damage of a knockout containing the head; it holds when head effects "
-              "add up and none is negative (a head that helps the target inside the same knockout can hide more)."]
+    lines += ["", "Bound: the smallest measured damage of a knockout containing the head, plus the effect of each head "
+              "in it measured alone to help the target; it holds when head effects add up and no head left unmeasured "
+              "helps the target (one that does, inside the same knockout, can hide more)."]
     misses = cov.possible_misses()[:10]
     if misses:
         lines += ["", "| head not measured alone | bound | estimate |", "|---|---|---|"]

@@ -14,20 +14,24 @@ rerun after a kill. Writes ``recipes/results/compress/distill_smollm2.json``.
 from __future__ import annotations
 
 import argparse
-import copy
-import json
+import importlib.util
 from pathlib import Path
 
 import torch
 
-from capsense.compress.engine import calibrate, compress_model
-from capsense.compress.budget import uniform_budget
 from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, run_distill
 from capsense.core.files import atomic_write_json
 from capsense.core.models import load_model
 
 HERE = Path(__file__).resolve().parents[1]
-CAPS = ("math", "code", "qa", "arithmetic", "induction")
+
+
+def _reuse_bench():
+    """``distill_reuse.py`` beside this script: its Wanda student and capability list, so both benches train the same student."""
+    spec = importlib.util.spec_from_file_location("distill_reuse", Path(__file__).with_name("distill_reuse.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def main() -> None:
@@ -41,17 +45,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress" / "distill_smollm2.json")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    reuse = _reuse_bench()
     teacher, tok = load_model("smollm2-135m")
-    student = copy.deepcopy(teacher)
-    budget = uniform_budget({"method": "wanda", "density": args.density})
-    stats, _ = calibrate(student, tok, budget)
-    summary = compress_model(student, budget, stats).summary
+    student, size_ratio = reuse.pruned_student(teacher, tok, args.density)
     cfg = DistillConfig(student=f"smollm2-135m+wanda@d{args.density:g}", teacher="smollm2-135m", n_texts=args.texts,
                         epochs=args.epochs, lr=args.lr)
-    evaluate = capability_evaluator(teacher, tok, CAPS, args.probes)
+    evaluate = capability_evaluator(teacher, tok, reuse.CAPS, args.probes)
     records = run_distill(cfg, args.work, evaluate, overwrite=True, models=(student, teacher, tok))
     fits = epoch_fits(records)
-    doc = {"config": cfg.__dict__, "probes": args.probes, "size_ratio": summary["size_ratio"],
+    doc = {"config": cfg.__dict__, "probes": args.probes, "size_ratio": size_ratio,
            "epochs": records, "fits": fits}
     atomic_write_json(args.out, doc)
     for r in records:

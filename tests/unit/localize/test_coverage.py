@@ -27,3 +27,21 @@ def test_every_head_measured():
     cov = coverage([(h,) for h in range(4)], [0.1, 0.2, 0.3, 0.4], n=4, k=2)
     assert cov.not_measured == 0 and cov.summary(str) == "every head was measured alone"
     assert cov.possible_misses() == []
+
+
+def test_a_helper_measured_alone_is_added_back_to_the_bound():
+    # head 1 helps the target (-0.2 alone): the group {1, 2, 3} at +0.1 can hide up to +0.3 in heads 2 and 3
+    cov = coverage([(0,), (1,), (1, 2, 3), (4, 5)], [0.5, -0.2, 0.1, 0.25], n=6, k=1)
+    assert cov.bound == {2: pytest.approx(0.3), 3: pytest.approx(0.3), 4: 0.25, 5: 0.25}
+    assert cov.possible_misses() == []  # 0.3 < the top single's 0.5
+
+
+def test_additivity_is_checked_where_a_mask_and_both_halves_were_measured():
+    masks = [(0,), (1, 2, 3, 4), (1, 2), (3, 4), (5, 6), (5,)]
+    damage = [0.9, 0.2, 0.3, 0.2, 0.4, 0.1]
+    cov = coverage(masks, damage, n=8, k=1)
+    assert sorted(cov.additivity) == [(pytest.approx(0.2), pytest.approx(0.5))]  # (5, 6) has one half only
+    assert cov.worst_ratio == pytest.approx(2.5)
+    assert "summed to 2.50x the mask (1 check(s))" in cov.summary(str)
+    assert cov.as_dict(str)["additivity"] == {"checks": 1, "worst_ratio": 2.5}
+    assert coverage([(0, 1), (0,), (1,)], [1.0, 0.4, 0.5], n=2, k=1).worst_ratio == pytest.approx(0.9)

@@ -52,7 +52,7 @@ from capsense.commands.output import echo_written, log
               help="prior-guided: heads with the largest |estimate| knocked out one at a time.")
 @click.option("--group-size", type=int, default=16, show_default=True,
               help="prior-guided: heads per group knockout over the rest (a group that hurts is split).")
-@click.option("--prior-score", type=click.Choice(["estimate", "documents"]), default="estimate", show_default=True,
+@click.option("--prior-score", type=click.Choice(["documents", "estimate"]), default="documents", show_default=True,
               help="prior-guided: what orders the single-head knockouts: the |attribution estimate|, or each "
                    "document's |gradient| summed (documents: cancellation across documents cannot hide a head).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")

@@ -60,7 +60,7 @@ class LocateConfig:
     group_size: int = DEFAULT_GROUP_SIZE  # prior-guided: heads per group knockout over the rest
     # prior-guided: what orders the single-head knockouts: "estimate" (|attribution estimate|) or
     # "documents" (each document's |gradient|, summed: cancellation across documents cannot hide a head)
-    prior_score: str = "estimate"
+    prior_score: str = "documents"
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)

@@ -9,8 +9,9 @@ folder (``attribution.json``), so a resumed run replays the same search.
   positive control estimate, both relative to the clean nll). Nothing is measured: a quick
   look, not a result to hand on.
 * ``prior-guided`` runs :func:`capsense.localize.prior.prior_guided` on the target's estimate:
-  single-head knockouts of the heads with the largest ``|estimate|`` (``prior_score`` documents:
-  the largest per-document magnitude, which cancellation across documents cannot hide), group knockouts over the
+  single-head knockouts of the heads with the largest per-document magnitude (``prior_score``
+  documents, the default: each document's ``|gradient|`` summed, which cancellation across
+  documents cannot hide; ``estimate``: the largest ``|estimate|``), group knockouts over the
   rest, splits of groups that hurt, within a budget of forward-equivalents. The ranking comes
   from the heads measured alone (selective mode: residualized on the controls, as the
   exhaustive sweep does), so every head handed on was knocked out, not only estimated.

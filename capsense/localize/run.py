@@ -48,6 +48,7 @@ BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype"
 #: How to resume a folder written before an identity key was recorded: the setting that does what
 #: the earlier release did (it had no collateral screen, and controls used `limit` documents).
 EARLIER_IDENTITY = {"screen": "`screen` 0 (no collateral screen, as that release ran)",
+                    "prior_score": "`prior_score` estimate (that release ordered singles by |estimate|)",
                     "control_limit": "no `control_limit` (that release scored controls on `limit` documents)"}
 
 
@@ -105,7 +106,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "control_limit": cfg.control_limit,
         "screen": cfg.screen or None,
         "refine_dtype": refine_dtype if refine_dtype != dtype else None,  # None as in folders from before it
-        "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None as in folders from before it
+        "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None: |estimate| order, as in folders from before it
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,

@@ -167,12 +167,13 @@ def test_refine_dtype_without_refine_is_refused(toy, tmp_path):
 
 
 def test_prior_score_documents_orders_singles_by_the_per_document_magnitude(toy, tmp_path):
+    """The default order (documents): singles by each document's |gradient| summed, per FE."""
     import numpy as np
 
     from capsense.scoring.cost import mask_cost
 
     out = tmp_path / "docs"
-    r = _locate(toy, out, "--prior-score", "documents", "--top-m", "4", "--group-size", "3", "--top-k", "3")
+    r = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3")
     assert r.exit_code == 0, r.output
     att = json.loads((out / "attribution.json").read_text())
     est, mag = np.array(att["estimate"][TOY_TASK]), np.array(att["magnitude"][TOY_TASK])
@@ -182,10 +183,35 @@ def test_prior_score_documents_orders_singles_by_the_per_document_magnitude(toy,
     top4 = sorted(np.argsort(-mag, kind="stable")[:4].tolist(), key=lambda h: -mag[h] / mask_cost([h], N_LAYERS, N_HEADS, share))
     assert first == top4
     # the folder is a documents-ordered search: resuming it with the other order is refused
-    r2 = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3")
+    r2 = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3", "--prior-score", "estimate")
     assert r2.exit_code != 0 and "prior_score" in r2.output
 
 
+def test_a_folder_from_before_the_documents_order_resumes_with_prior_score_estimate(toy, tmp_path):
+    """A prior-guided folder written before `prior_score` existed (|estimate| order, no key in its
+    identity) is refused by the default command with one error naming `--prior-score estimate`,
+    which resumes it without new masks."""
+    import numpy as np
+
+    from capsense.scoring.cost import mask_cost
+
+    out, opts = tmp_path / "old", ("--top-m", "4", "--group-size", "3", "--top-k", "3")
+    assert _locate(toy, out, *opts, "--prior-score", "estimate").exit_code == 0
+    est = np.abs(json.loads((out / "attribution.json").read_text())["estimate"][TOY_TASK])
+    share = json.loads((out / "manifest.json").read_text())["cost_model"]["reuse_share"]
+    top4 = sorted(np.argsort(-est, kind="stable")[:4].tolist(), key=lambda h: -est[h] / mask_cost([h], N_LAYERS, N_HEADS, share))
+    assert [e.heads[0] for e in read_evaluations(out)[1:5]] == top4  # that order: |estimate| per FE
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["identity"]["prior_score"]  # as the earlier release wrote it
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    n_lines = len((out / "evaluations.jsonl").read_text().splitlines())
+    r = _locate(toy, out, *opts)
+    assert r.exit_code == 1 and "to resume it give --prior-score estimate" in r.output, r.output
+    assert len((out / "evaluations.jsonl").read_text().splitlines()) == n_lines  # nothing written
+    r = _locate(toy, out, *opts, "--prior-score", "estimate")
+    assert r.exit_code == 0 and f"{n_lines} masks already evaluated" in r.output
+
+
 def test_prior_score_with_another_method_is_refused(toy, tmp_path):
-    r = _locate(toy, tmp_path / "cs", "--method", "cs", "--prior-score", "documents")
+    r = _locate(toy, tmp_path / "cs", "--method", "cs", "--prior-score", "estimate")  # (the default cannot be told from unset)
     assert r.exit_code != 0 and "--prior-score does not apply to --method cs" in r.output

@@ -65,6 +65,7 @@ class GPTQSetting(QuantSetting):
     act_order: bool = True
     fields: ClassVar[tuple[str, ...]] = ("bits", "group_size", "damp", "act_order")
     calibrated_methods: ClassVar[frozenset[str]] = frozenset({"gptq"})
+    compensating: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, method: str, d: Mapping[str, Any]) -> GPTQSetting:
@@ -139,6 +140,7 @@ class SparseGPTSetting(PruneSetting):
     damp: float = DAMP
     fields: ClassVar[tuple[str, ...]] = ("density", "scope", "damp")
     calibrated_methods: ClassVar[frozenset[str]] = frozenset({"sparsegpt"})
+    compensating: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, method: str, d: Mapping[str, Any]) -> SparseGPTSetting:

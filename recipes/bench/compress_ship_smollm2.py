@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py [--model smollm2-135m|gemma3-270m] \\
         [--probes 32] [--parts pack,keep,dl] [--pack 0,1] [--dl 0,1,2,3] \\
-        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--out recipes/results/compress/ship_MODEL.jsonl]
+        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--parts keepcal] [--out recipes/results/compress/ship_MODEL.jsonl]
 
 Packed group size ``GROUP``: 64 on SmolLM2 (128 does not divide its 576-column matrices, which
 compressed-tensors refuses), 128 on Gemma 3 270M (it divides 640, 1024 and 2048).
@@ -27,6 +27,12 @@ and its dL measured in memory (float32) on math, code and qa. How levels are pri
 rows marked ``pricing: gptq-output-error``; earlier rows priced GPTQ by RTN's weight error;
 SparseGPT: Wanda's weight error). ``--reload`` also reloads the guided checkpoints with plain
 transformers and compares them with the in-memory model cast to bfloat16.
+
+``keepcal``: per ``--keep`` capability CAP, calibrate as ``capsense compress --keep CAP`` does for
+GPTQ and SparseGPT (the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`)
+and measure ``uniform-kc:CAP`` (the uniform setting with that calibration) and ``guided-kc:CAP``
+(the guided allocation), to set against the keep part's ``uniform`` and ``agnostic`` rows (default
+calibration): how much of the gain is the calibration and how much the allocation.
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default

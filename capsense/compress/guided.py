@@ -20,6 +20,9 @@ Design (why it is built this way):
 * **Allocation.** Each matrix takes one level of the method (density, bits or ratio) chosen by
   :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget
   (GPTQ: the Fisher-weighted output error of its own result, :mod:`capsense.compress.compensated`).
+* **Calibration.** GPTQ and SparseGPT guided by ``keep`` calibrate on the default mix plus the kept
+  capabilities unless told otherwise (:func:`capsense.compress.calibration.kept_calibration`, chosen
+  by :func:`capsense.compress.request.default_calibration`): on SmolLM2 most of the guided gain.
 
 The result is an ordinary :class:`~capsense.compress.budget.Budget` (per-matrix overrides plus
 whole-head protection), written as a budget file that reproduces it.

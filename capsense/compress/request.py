@@ -51,6 +51,18 @@ def _check_guide_options(keep: str | None, **options: Any) -> None:
                             "(the capabilities to keep) or leave them out")
 
 
+def default_calibration(budget, guide) -> str:
+    """The calibration when the caller gives none: the default sources, plus the kept capabilities
+    when ``guide`` keeps some and the budget's method compensates errors on calibration inputs."""
+    from capsense.compress.calibration import DEFAULT_CALIBRATION, kept_calibration
+    from capsense.compress.methods import parse_setting
+
+    base = parse_setting(budget.default)
+    if guide is not None and base is not None and base.compensating:
+        return kept_calibration(guide.keep)
+    return DEFAULT_CALIBRATION
+
+
 def compress_request(
     model: str,
     out: str | Path,
@@ -83,10 +95,11 @@ def compress_request(
     (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept
     capability (or ``protect_heads``) kept whole; ``gptq_pricing`` says how a guided GPTQ
     allocation prices its levels (:class:`~capsense.compress.guided.Guide`). Those guide options
-    without ``keep`` are an error, not ignored. ``calibration`` None is the default sources.
+    without ``keep`` are an error, not ignored. ``calibration`` None is the default sources, and
+    for an error-compensating method (GPTQ, SparseGPT) guided by ``keep``, those plus the kept
+    capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
     """
     from capsense.compress.budget import load_budget, uniform_budget
-    from capsense.compress.calibration import DEFAULT_CALIBRATION
     from capsense.compress.pipeline import compress_checkpoint
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
@@ -105,7 +118,7 @@ def compress_request(
         guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
                       size_ratio=budget_size, samples=calibration_samples, gptq_pricing=gptq_pricing)
     return compress_checkpoint(
-        model, budget, out, calibration=DEFAULT_CALIBRATION if calibration is None else calibration,
+        model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
         guide=guide, device_map=device_map, fmt=fmt,
     )

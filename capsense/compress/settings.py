@@ -64,6 +64,9 @@ class Setting:
     family: ClassVar[str] = ""
     fields: ClassVar[tuple[str, ...]] = ()
     calibrated_methods: ClassVar[frozenset[str]] = frozenset()
+    # Solvers that minimise output error on the calibration inputs (GPTQ, SparseGPT): guided to keep a
+    # capability, they calibrate on it too (capsense.compress.calibration.kept_calibration).
+    compensating: ClassVar[bool] = False
     # Heads a guided allocation protects whole by default: protected weights stay at base bits, dear
     # next to 3-4-bit codes (on SmolLM2 protecting 8 heads under RTN cost more than it saved).
     protect_heads_default: ClassVar[int] = 8

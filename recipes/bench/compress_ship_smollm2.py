@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py [--model smollm2-135m|gemma3-270m] \\
         [--probes 32] [--parts pack,keep,dl] [--pack 0,1] [--dl 0,1,2,3] \\
-        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--out recipes/results/compress/ship_MODEL.jsonl]
+        [--keep math,code] [--keep-settings 0,1,2] [--reload] [--parts keepcal] [--out recipes/results/compress/ship_MODEL.jsonl]
 
 Packed group size ``GROUP``: 64 on SmolLM2 (128 does not divide its 576-column matrices, which
 compressed-tensors refuses), 128 on Gemma 3 270M (it divides 640, 1024 and 2048).
@@ -27,6 +27,12 @@ and its dL measured in memory (float32) on math, code and qa. How levels are pri
 rows marked ``pricing: gptq-output-error``; earlier rows priced GPTQ by RTN's weight error;
 SparseGPT: Wanda's weight error). ``--reload`` also reloads the guided checkpoints with plain
 transformers and compares them with the in-memory model cast to bfloat16.
+
+``keepcal``: per ``--keep`` capability CAP, calibrate as ``capsense compress --keep CAP`` does for
+GPTQ and SparseGPT (the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`)
+and measure ``uniform-kc:CAP`` (the uniform setting with that calibration) and ``guided-kc:CAP``
+(the guided allocation), to set against the keep part's ``uniform`` and ``agnostic`` rows (default
+calibration): how much of the gain is the calibration and how much the allocation.
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
@@ -161,46 +167,74 @@ def keep_variants(keep: list[str], spread, gptq_pricing=None):
 def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None,
               gptq_pricing=None):
     """Yields one row per (setting, variant), as measured (see the module docstring)."""
+    fisher_cache: dict = {}
+    for setting in settings:
+        for variant, guide in keep_variants(keep, spread, gptq_pricing if setting["method"] == "gptq" else None):
+            if variants and not variant.startswith(tuple(variants)):
+                continue
+            yield keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
+
+
+def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=False, variants=None, gptq_pricing=None):
+    """Per kept capability CAP, calibrated as ``capsense compress --keep CAP`` calibrates a compensating
+    method (:func:`~capsense.compress.calibration.kept_calibration`): ``uniform-kc:CAP`` (the uniform
+    setting with that calibration: how much is calibration) and ``guided-kc:CAP`` (the guided allocation)."""
+    from capsense.compress.calibration import kept_calibration
+    from capsense.compress.guided import Guide
+
+    fisher_cache: dict = {}
+    for cap in keep:
+        spec = kept_calibration([cap])
+        t0 = time.time()
+        stats, _ = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}), spec)
+        print(f"calibrated in {time.time() - t0:.0f} s on {spec}", flush=True)
+        fisher_cache.pop("level_costs", None)  # solved errors and Wanda scores depend on the calibration
+        for setting in settings:
+            pricing = {"gptq_pricing": gptq_pricing} if gptq_pricing and setting["method"] == "gptq" else {}
+            for variant, guide in ((f"uniform-kc:{cap}", None), (f"guided-kc:{cap}", Guide([cap], **pricing))):
+                if variants and not variant.startswith(tuple(variants)):
+                    continue
+                row = keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
+                yield {**row, "part": "keepcal", "calibration": spec, "calibrate_s": round(time.time() - t0, 1)}
+
+
+def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload) -> dict:
+    """Allocate (``guide`` None: uniform), compress, measure, write (and with ``reload`` reload) one variant."""
     from collections import Counter
 
     from capsense.compress.guided import guided_budget
     from capsense.compress.pipeline import resolve_format
 
-    fisher_cache: dict = {}
-    for setting in settings:
-        uni = uniform_budget(setting)
-        fmt = resolve_format("auto", uni)
-        for variant, guide in keep_variants(keep, spread, gptq_pricing if setting["method"] == "gptq" else None):
-            if variants and not variant.startswith(tuple(variants)):
-                continue
-            t0 = time.time()
-            allocation = None if guide is None else guided_budget(
-                model, tok, uni, stats, guide, print, fisher_cache, packed=fmt == "compressed-tensors")
-            budget = uni if allocation is None else allocation.budget
-            t1 = time.time()
-            result = compress_model(model, budget, stats)
-            t2 = time.time()
-            after = doc_nll(model, probes)
-            check = reload and guide is not None and guide.sensitivity == "kept" and fmt == "compressed-tensors"
-            meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
-            row = {
-                "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
-                "pricing": PRICING.get(allocation.info.get("gptq_pricing")) if allocation else None,
-                "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
-                "spread": list(guide.spread) if guide is not None else None,
-                "protected_heads": allocation.info.get("protected_heads") if allocation else None,
-                "levels": dict(Counter(allocation.info["per_matrix"].values())) if allocation else None,
-                "groups": meta["format"].get("groups"), "size_ratio": result.summary["size_ratio"],
-                "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
-                "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
-                "allocate_s": round(t1 - t0, 1), "compress_s": round(t2 - t1, 1), "write_s": round(write_s, 1),
-                "peak_rss_mb": round(peak_rss_mb()),
-            }
-            if reloaded is not None:
-                row.update(reload_check(model, saved, reloaded, probes))
-                row["dL_reloaded"] = {c: reloaded[c][-1] - base[c][-1] for c in CAPS}
-            restore(model, saved)
-            yield row
+    uni = uniform_budget(setting)
+    fmt = resolve_format("auto", uni)
+    t0 = time.time()
+    allocation = None if guide is None else guided_budget(
+        model, tok, uni, stats, guide, print, fisher_cache, packed=fmt == "compressed-tensors")
+    budget = uni if allocation is None else allocation.budget
+    t1 = time.time()
+    result = compress_model(model, budget, stats)
+    t2 = time.time()
+    after = doc_nll(model, probes)
+    check = reload and guide is not None and guide.sensitivity == "kept" and fmt == "compressed-tensors"
+    meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
+    row = {
+        "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
+        "pricing": PRICING.get(allocation.info.get("gptq_pricing")) if allocation else None,
+        "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
+        "spread": list(guide.spread) if guide is not None else None,
+        "protected_heads": allocation.info.get("protected_heads") if allocation else None,
+        "levels": dict(Counter(allocation.info["per_matrix"].values())) if allocation else None,
+        "groups": meta["format"].get("groups"), "size_ratio": result.summary["size_ratio"],
+        "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
+        "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
+        "allocate_s": round(t1 - t0, 1), "compress_s": round(t2 - t1, 1), "write_s": round(write_s, 1),
+        "peak_rss_mb": round(peak_rss_mb()),
+    }
+    if reloaded is not None:
+        row.update(reload_check(model, saved, reloaded, probes))
+        row["dL_reloaded"] = {c: reloaded[c][-1] - base[c][-1] for c in CAPS}
+    restore(model, saved)
+    return row
 
 
 def keep_table(records) -> str:
@@ -231,6 +265,35 @@ def keep_table(records) -> str:
     return markdown_table(out)
 
 
+def keepcal_table(records) -> str:
+    """Markdown: one row per keepcal-part (setting, variant): the kept capability's dL vs the issue's
+    baselines (``uniform`` and the best, for that capability, of the keep part's ``agnostic`` rows however
+    priced, default calibration) and, for ``guided-kc``,
+    vs ``uniform-kc`` (the same kept-capability calibration: what the allocation adds)."""
+    from capsense.core.tables import format_percent, markdown_table, relative_change
+
+    keep = {(r["setting"], _priced(r)): r for r in records if r.get("part") == "keep"}
+    rows = {(r["setting"], r["variant"], r.get("pricing")): r for r in records if r.get("part") == "keepcal"}
+    out = []
+    for (setting, variant, pricing), r in rows.items():
+        cap = variant.split(":")[1]
+        kept = r["dL"][cap]
+        uni = keep.get((setting, "uniform"))
+        agn = min((a for (st, v), a in keep.items() if st == setting and v.split(" ")[0] == "agnostic"),
+                  key=lambda a: a["dL"][cap], default=None)
+        ukc = rows.get((setting, f"uniform-kc:{cap}", None))
+
+        def vs(other):
+            return format_percent(relative_change(other["dL"][cap], kept)) if other else "-"
+
+        out.append({"setting": setting, "variant": variant + (f" [{pricing}]" if pricing else ""),
+                    "bytes on disk": r["bytes_on_disk"], **{c: f"{r['dL'][c]:+.3f}" for c in CAPS},
+                    "kept vs uniform": vs(uni), "kept vs agnostic": vs(agn),
+                    "kept vs uniform-kc": vs(ukc) if variant.startswith("guided") else "",
+                    "compress s": r["compress_s"]})
+    return markdown_table(out)
+
+
 def _pricing_tag(r) -> str:
     return f" [{r['pricing']}]" if r.get("pricing") == "gptq-output-error" else ""
 
@@ -257,7 +320,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", choices=sorted(GROUP), help="Embedded model to compress.")
     ap.add_argument("--probes", type=int, default=32)
-    ap.add_argument("--parts", default="pack,dl", help="Comma-separated, run in this order: pack, keep, dl.")
+    ap.add_argument("--parts", default="pack,dl", help="Comma-separated, run in this order: pack, keep, keepcal, dl.")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pack", default="0,1", help="Indices into pack_settings (rtn, gptq) for the pack part.")
     ap.add_argument("--keep", default="math,code", help="Capabilities of the keep part's guided variants.")
@@ -272,14 +335,15 @@ def main() -> None:
                     help="JSONL, one line per row, appended as measured (default: results/compress/ship_MODEL.jsonl).")
     ap.add_argument("--table", action="store_true", help="Only print the keep part's table from --out.")
     args = ap.parse_args()
-    if unknown := set(args.parts.split(",")) - {"pack", "keep", "dl"}:
-        ap.error(f"--parts {','.join(sorted(unknown))}: valid parts are pack, keep, dl")
+    if unknown := set(args.parts.split(",")) - {"pack", "keep", "keepcal", "dl"}:
+        ap.error(f"--parts {','.join(sorted(unknown))}: valid parts are pack, keep, keepcal, dl")
     if args.out is None:
         args.out = HERE / "results" / "compress" / f"ship_{args.model.split('-')[0]}.jsonl"
     if args.table:
         from capsense.core.files import read_jsonl
 
-        print(keep_table(read_jsonl(args.out)))
+        records = read_jsonl(args.out)
+        print(keep_table(records) + "\n\n" + keepcal_table(records))
         return
     torch.set_num_threads(args.threads)
     which = [int(i) for i in args.pack.split(",")]
@@ -288,9 +352,11 @@ def main() -> None:
     probes = build_probes(tok, CAPS, args.probes)
     base = doc_nll(model, probes)
     saved = {k: p.detach().clone() for k, p in model.named_parameters()}
-    t1 = time.time()
-    stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
-    print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
+    stats = None
+    if set(args.parts.split(",")) - {"keepcal"}:  # keepcal calibrates per kept capability
+        t1 = time.time()
+        stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
+        print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(rows) -> None:
@@ -305,6 +371,10 @@ def main() -> None:
                                   [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                   args.keep.split(","), spread, args.reload,
                                   args.variants.split(",") if args.variants else None, args.gptq_pricing),
+        "keepcal": lambda: keepcal_part(model, args.model, tok, probes, saved, base,
+                                        [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
+                                        args.keep.split(","), args.reload,
+                                        args.variants.split(",") if args.variants else None, args.gptq_pricing),
         "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
     }
     for part in args.parts.split(","):  # in the order given

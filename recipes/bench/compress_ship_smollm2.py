@@ -46,7 +46,7 @@ import torch
 
 from capsense.compress.budget import uniform_budget
 from capsense.compress.capability_loss import build_probes, measure_probe
-from capsense.compress.engine import calibrate, compress_model
+from capsense.compress.engine import DEFAULT_CALIBRATION, calibrate, compress_model
 from capsense.compress.pipeline import _write_checkpoint
 from capsense.core.files import append_jsonl
 from capsense.core.models import load_model
@@ -185,7 +185,7 @@ def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spre
             meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
             row = {
                 "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
-                "pricing": PRICING.get(allocation.info.get("gptq_pricing")) if allocation else None,
+                "pricing": _pricing(setting, allocation),
                 "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
                 "spread": list(guide.spread) if guide is not None else None,
                 "protected_heads": allocation.info.get("protected_heads") if allocation else None,
@@ -201,6 +201,14 @@ def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spre
                 row["dL_reloaded"] = {c: reloaded[c][-1] - base[c][-1] for c in CAPS}
             restore(model, saved)
             yield row
+
+
+def _pricing(setting, allocation) -> str | None:
+    """How the allocation priced its levels (None for uniform): GPTQ's ``Guide.gptq_pricing``;
+    SparseGPT's levels are priced by Wanda's weight error (capsense.compress.compensated)."""
+    if allocation is None:
+        return None
+    return PRICING.get(allocation.info.get("gptq_pricing")) if setting["method"] == "gptq" else "wanda-weight-error"
 
 
 def keep_table(records) -> str:
@@ -291,11 +299,12 @@ def main() -> None:
     t1 = time.time()
     stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
     print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
+    calibration = f"{DEFAULT_CALIBRATION} (64 texts, their last documents)"  # calibrate's defaults, recorded per row
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(rows) -> None:
         for r in rows:
-            append_jsonl(args.out, {"probes": args.probes, **r})
+            append_jsonl(args.out, {"probes": args.probes, "calibration": calibration, **r})
             print(json.dumps(r), flush=True)
 
     spread = tuple(float(x) for x in args.spread.split(",")) if args.spread else None

@@ -25,7 +25,8 @@ that pack; SparseGPT dense, as compressed-tensors has no sparse storage) to reco
 and its dL measured in memory (float32) on math, code and qa. How levels are priced:
 :mod:`capsense.compress.compensated` (GPTQ: the Fisher-weighted output error of GPTQ's own result,
 rows marked ``pricing: gptq-output-error``; earlier rows priced GPTQ by RTN's weight error;
-SparseGPT: Wanda's weight error). ``--reload`` also reloads the guided checkpoints with plain
+SparseGPT: Wanda's weight error, rows marked ``pricing: wanda-weight-error``; every row records its
+``calibration`` set). ``--reload`` also reloads the guided checkpoints with plain
 transformers and compares them with the in-memory model cast to bfloat16.
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the

@@ -25,7 +25,8 @@ that pack; SparseGPT dense, as compressed-tensors has no sparse storage) to reco
 and its dL measured in memory (float32) on math, code and qa. How levels are priced:
 :mod:`capsense.compress.compensated` (GPTQ: the Fisher-weighted output error of GPTQ's own result,
 rows marked ``pricing: gptq-output-error``; earlier rows priced GPTQ by RTN's weight error;
-SparseGPT: Wanda's weight error). ``--reload`` also reloads the guided checkpoints with plain
+SparseGPT: Wanda's weight error, rows marked ``pricing: wanda-weight-error``; every row records its
+``calibration`` set). ``--reload`` also reloads the guided checkpoints with plain
 transformers and compares them with the in-memory model cast to bfloat16.
 
 ``keepcal``: per ``--keep`` capability CAP, calibrate as ``capsense compress --keep CAP`` does for
@@ -52,7 +53,7 @@ import torch
 
 from capsense.compress.budget import uniform_budget
 from capsense.compress.capability_loss import build_probes, measure_probe
-from capsense.compress.engine import calibrate, compress_model
+from capsense.compress.engine import DEFAULT_CALIBRATION, calibrate, compress_model
 from capsense.compress.pipeline import _write_checkpoint
 from capsense.core.files import append_jsonl
 from capsense.core.models import load_model
@@ -219,7 +220,7 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
     meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
     row = {
         "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
-        "pricing": PRICING.get(allocation.info.get("gptq_pricing")) if allocation else None,
+        "pricing": _pricing(setting, allocation),
         "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
         "spread": list(guide.spread) if guide is not None else None,
         "protected_heads": allocation.info.get("protected_heads") if allocation else None,
@@ -235,6 +236,14 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
         row["dL_reloaded"] = {c: reloaded[c][-1] - base[c][-1] for c in CAPS}
     restore(model, saved)
     return row
+
+
+def _pricing(setting, allocation) -> str | None:
+    """How the allocation priced its levels (None for uniform): GPTQ's ``Guide.gptq_pricing``;
+    SparseGPT's levels are priced by Wanda's weight error (capsense.compress.compensated)."""
+    if allocation is None:
+        return None
+    return PRICING.get(allocation.info.get("gptq_pricing")) if setting["method"] == "gptq" else "wanda-weight-error"
 
 
 def keep_table(records) -> str:
@@ -357,11 +366,12 @@ def main() -> None:
         t1 = time.time()
         stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
         print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
+    calibration = f"{DEFAULT_CALIBRATION} (64 texts, their last documents)"  # calibrate's defaults; keepcal rows record their own
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(rows) -> None:
         for r in rows:
-            append_jsonl(args.out, {"probes": args.probes, **r})
+            append_jsonl(args.out, {"probes": args.probes, "calibration": calibration, **r})
             print(json.dumps(r), flush=True)
 
     spread = tuple(float(x) for x in args.spread.split(",")) if args.spread else None

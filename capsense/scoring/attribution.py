@@ -27,7 +27,7 @@ log-odds gradient (non-saturating; worst FE to 4/5 of the search 43 vs 12.7), co
 4 blocks of layers (AtP*; 12 FE, Spearman 0.14-0.58), and a Hutchinson second-order term from 1-4
 random-sign gradients (7-16 FE, noisier, never better in the search). The magnitude as the search's
 order (``prior_score`` documents) cut the worst FE to 5/5 from 38.6 to 18.0 and the mean from 21.7
-to 13.7, for 0.7 FE more on the worst FE to 4/5 (Gemma induction 12.5 -> 13.4): replayed on the
+to 13.7, for a worse worst FE to 4/5 (12.7 -> 13.4; Gemma induction's own 12.5 -> 13.4): replayed on the
 sweeps and confirmed by real runs of all six (model, task) pairs, each ending with the exact top 5.
 """
 
@@ -197,7 +197,8 @@ class AttributionScorer:
         if [t.batch for t in ordered] != list(range(self.n_batches)):
             raise CapsenseError(f"attribution of {self.probe.name!r} needs each of its {self.n_batches} batches once, "
                                    f"got {[t.batch for t in ordered]}")
-        total, grad, mag = 0.0, np.zeros((self.layout.n_layers, self.layout.n_heads)), 0.0
+        shape = (self.layout.n_layers, self.layout.n_heads)
+        total, grad, mag = 0.0, np.zeros(shape), np.zeros(shape)
         for t in ordered:
             total += t.nll
             grad = grad + t.gradient

@@ -58,9 +58,11 @@ def run_attribution(s: Search) -> dict[str, np.ndarray]:
 
 def _write_attribution(path: Path, atts: dict[str, Attribution]) -> dict[str, np.ndarray]:
     """``attribution.json`` (atomically); returns the estimates as written."""
-    est = {t: [round(float(x), 8) for x in (a.flat() / a.nll if a.nll else a.flat())] for t, a in atts.items()}
-    mag = {t: [round(float(x), 8) for x in (a.flat_magnitude() / a.nll if a.nll else a.flat_magnitude())]
-           for t, a in atts.items()}
+    def relative(a: Attribution, v: np.ndarray) -> list[float]:  # over the clean nll, as stored
+        return [round(float(x), 8) for x in (v / a.nll if a.nll else v)]
+
+    est = {t: relative(a, a.flat()) for t, a in atts.items()}
+    mag = {t: relative(a, a.flat_magnitude()) for t, a in atts.items()}
     atomic_write_json(path, {
         "estimate": est,
         "magnitude": mag,

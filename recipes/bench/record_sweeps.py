@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsense.core.files import atomic_write_text
 from capsense.core.heads import Head
 from capsense.localize.store import read_evaluations
 from capsense.scoring.cost import mask_cost
@@ -32,22 +33,41 @@ def record(folder: Path) -> tuple[str, dict]:
     evals = read_evaluations(folder)
     v = np.array([e.scores[task]["nll"] for e in evals])
     eff = {e.heads[0]: float((x - v[0]) / v[0]) for e, x in zip(evals[1:], v[1:]) if len(e.heads) == 1}
+    if len(eff) != n_layers * n_heads:
+        raise SystemExit(f"{folder}: {len(eff)} of {n_layers * n_heads} heads measured; the sweep is not finished")
+    return task, sweep_record(
+        model=manifest["model"]["model"], n_layers=n_layers, n_heads=n_heads,
+        share=float(manifest.get("cost_model", {}).get("reuse_share", 1.0)), limit=manifest["args"]["limit"],
+        seed=manifest["args"]["seed"], dtype=manifest["args"].get("dtype_resolved"), clean_nll=float(v[0]),
+        clean_acc=evals[0].scores[task]["acc"], eff=eff)
+
+
+def sweep_record(*, model: str, n_layers: int, n_heads: int, share: float, limit, seed, dtype, clean_nll: float,
+                 clean_acc: float, eff: dict[int, float]) -> dict:
+    """One task's entry of a sweeps json from every head's relative nll worsening ``eff`` (flat index ->
+    effect); also used by ``record_perdoc_sweep.py``."""
     n = n_layers * n_heads
-    if len(eff) != n:
-        raise SystemExit(f"{folder}: {len(eff)} of {n} heads measured; the sweep is not finished")
     order = sorted(eff, key=lambda h: -eff[h])
     fifth = eff[order[4]]
-    share = float(manifest.get("cost_model", {}).get("reuse_share", 1.0))
-    return task, {
-        "model": manifest["model"]["model"], "n_layers": n_layers, "n_heads": n_heads, "reuse_share": share,
+    return {
+        "model": model, "n_layers": n_layers, "n_heads": n_heads, "reuse_share": share,
         "forward_equivalents": round(1 + sum(mask_cost([h], n_layers, n_heads, share) for h in range(n)), 2),
-        "limit": manifest["args"]["limit"], "seed": manifest["args"]["seed"],
-        "dtype": manifest["args"].get("dtype_resolved"), "clean_nll": round(float(v[0]), 6),
-        "clean_acc": evals[0].scores[task]["acc"],
+        "limit": limit, "seed": seed, "dtype": dtype, "clean_nll": round(clean_nll, 6), "clean_acc": clean_acc,
         "top5": [str(Head.from_index(h, n_heads)) for h in order[:5]],
         "hit_threshold": round(fifth - HIT_MARGIN * abs(fifth), 6),
-        "effects": {str(Head.from_index(h, n_heads)): round(eff[h], 6) for h in range(n)},
+        "effects": {str(Head.from_index(h, n_heads)): round(float(eff[h]), 6) for h in range(n)},
     }
+
+
+def fold(out: Path, records: dict[str, dict]) -> None:
+    """Write ``records`` (task -> entry) into the sweeps json ``out``, refusing another model's file."""
+    data = json.loads(out.read_text()) if out.is_file() else {}
+    for task, rec in records.items():
+        if data and any(r.get("model", rec["model"]) != rec["model"] for r in data.values()):
+            raise SystemExit(f"{out} holds sweeps of another model than {rec['model']}; give --out")
+        data[task] = rec
+        print(task, rec["top5"], rec["hit_threshold"])
+    atomic_write_text(out, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,13 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(models) > 1:
         raise SystemExit(f"the folders are sweeps of different models ({', '.join(sorted(models))}); record each model apart")
     out = args.out or Path("recipes/results") / f"locate_{Path(models.pop()).name.split('-')[0].lower()}_sweeps.json"
-    data = json.loads(out.read_text()) if out.is_file() else {}
-    for task, rec in records:
-        if data and any(r.get("model", rec["model"]) != rec["model"] for r in data.values()):
-            raise SystemExit(f"{out} holds sweeps of another model than {rec['model']}; give --out")
-        data[task] = rec
-        print(task, rec["top5"], rec["hit_threshold"])
-    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    fold(out, dict(records))
 
 
 if __name__ == "__main__":

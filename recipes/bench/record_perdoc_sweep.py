@@ -16,7 +16,9 @@ scored tokens: all its requests, or the gold choice's for multiple choice) and `
 aggregate ``nll`` exactly as the scorer computes it, its forward-equivalents and the process CPU
 seconds and wall seconds it took. A rerun skips the heads already recorded (after checking the
 probe is the same). ``--fold-into`` writes the finished sweep into a sweeps json the way
-``record_sweeps.py`` does (relative nll worsening per head, top 5, hit threshold).
+``record_sweeps.py`` does (relative nll worsening per head, top 5, hit threshold); ``--compare``
+prints the largest difference of the relative effects from a recorded sweep of the task (the check
+that the aggregate is the sweep's), the summed CPU and wall seconds and forward-equivalents.
 """
 
 from __future__ import annotations
@@ -167,6 +169,20 @@ def fold(path: Path, sweeps_json: Path) -> dict:
     return rec
 
 
+def compare(path: Path, sweeps_json: Path) -> dict:
+    """The finished per-document sweep's aggregate against a recorded sweep of the same task."""
+    head, rows = read_rows(path)
+    clean, eff, _ = effects(head, rows)
+    rec = json.loads(sweeps_json.read_text())[head["task"]]
+    names = [f"L{h // head['n_heads']}H{h % head['n_heads']}" for h in range(len(eff))]
+    diff = np.abs(eff - np.array([rec["effects"][n] for n in names]))
+    top5 = [names[h] for h in np.argsort(-eff, kind="stable")[:5]]
+    return {"task": head["task"], "max_abs_effect_diff": float(diff.max()), "worst_head": names[int(diff.argmax())],
+            "clean_nll": clean["nll"], "recorded_clean_nll": rec["clean_nll"], "top5": top5,
+            "recorded_top5": rec["top5"], "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+            "wall_s": round(sum(r["wall_s"] for r in rows), 1), "fe": round(sum(r["fe"] for r in rows), 2)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -177,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="jsonl (default runs/perdoc/<model>-<task>.jsonl)")
     ap.add_argument("--max-masks", type=int, default=None, help="stop after this many new evaluations")
     ap.add_argument("--fold-into", type=Path, default=None, help="a sweeps json to record the finished sweep into")
+    ap.add_argument("--compare", type=Path, default=None, help="a sweeps json holding this task: print the differences")
     args = ap.parse_args(argv)
     if args.limit < 1 or args.batch_size < 1:
         ap.error(f"--limit and --batch-size must be positive (got {args.limit}, {args.batch_size})")
@@ -185,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.fold_into:
         rec = fold(args.out, args.fold_into)
         print(args.task, rec["top5"], rec["hit_threshold"], flush=True)
+    if args.compare:
+        print(json.dumps(compare(args.out, args.compare)), flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def test_perdoc_sweep_matches_the_exhaustive_run_and_resumes(tiny_model_dir, tmp
     assert mine["top5"] == ref["top5"] and mine["forward_equivalents"] == ref["forward_equivalents"]
     assert max(abs(mine["effects"][h] - ref["effects"][h]) for h in ref["effects"]) < 1e-5
     assert abs(mine["clean_nll"] - ref["clean_nll"]) < 1e-6
+    check = rec.compare(out, tmp_path / "ref.json")
+    assert check["max_abs_effect_diff"] < 1e-5 and check["top5"] == ref["top5"] and check["fe"] == ref["forward_equivalents"]
     with pytest.raises(SystemExit, match="another probe"):
         rec.main([*argv, "--limit", "6"])
 

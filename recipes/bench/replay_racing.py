@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)
     spec.loader.exec_module(mod)
     return mod
 
@@ -106,10 +109,32 @@ def groups_and_splits(rp: Replay, search: PriorSearch, skip: set[int], settings:
         queue += [(p, x) for p, x in spend([s[:half], s[half:]]) if len(p) > 1]
 
 
-def racing(rp: Replay, order: list[int], sub_eff: np.ndarray | None, frac: float, promote: float) -> dict:
+@dataclass(frozen=True)
+class Rule:
+    """When a raced single is finished on the other documents. ``against`` full: its subset damage
+    reaches ``promote`` x the ``top_k``-th largest fully measured damage (or fewer than ``top_k`` are
+    fully measured); subset: ``promote`` x the ``top_k``-th largest subset damage so far (or fewer
+    than ``top_k`` heads were raced), the same documents on both sides. ``to_groups``: a head left at
+    its subset still goes into the group knockouts (a safety net against an unlucky subset)."""
+
+    against: str = "full"
+    promote: float = 0.5
+    to_groups: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"vs {self.against} x{self.promote:g}{', parked into groups' if self.to_groups else ''}"
+
+
+def promoted(rule: Rule, d_sub: float, full: list[float], raced: list[float], k: int) -> bool:
+    pool = sorted(full if rule.against == "full" else raced, reverse=True)
+    return len(pool) < k or d_sub >= rule.promote * max(pool[k - 1], 0.0)
+
+
+def racing(rp: Replay, order: list[int], sub_eff: np.ndarray | None, frac: float, rule: Rule = Rule()) -> dict:
     """The search with raced singles (``sub_eff`` None: every single measured in full, i.e. today)."""
     st = rp.settings()
-    search, trail, parked = PriorSearch(spent=st.already_spent), [], set()
+    search, trail, parked, raced = PriorSearch(spent=st.already_spent), [], set(), []
     for h in order:
         c = rp.cost((h,))
         part = frac * c if sub_eff is not None else 0.0
@@ -118,8 +143,9 @@ def racing(rp: Replay, order: list[int], sub_eff: np.ndarray | None, frac: float
             break
         if sub_eff is not None:
             search.spent += part
-            full = sorted(search.singles.values(), reverse=True)
-            if len(full) >= st.top_k and sub_eff[h] < promote * max(full[st.top_k - 1], 0.0):
+            ok = promoted(rule, float(sub_eff[h]), list(search.singles.values()), raced, st.top_k)
+            raced.append(float(sub_eff[h]))
+            if not ok:
                 parked.add(h)
                 continue
         if search.spent + (c - part) > st.budget + 1e-9:
@@ -129,9 +155,9 @@ def racing(rp: Replay, order: list[int], sub_eff: np.ndarray | None, frac: float
         search.singles[h] = float(rp.eff[h])
         rp.mark(search, trail)
     if not search.stopped_by_budget:
-        groups_and_splits(rp, search, parked, st, trail)
+        groups_and_splits(rp, search, set() if rule.to_groups else parked, st, trail)
     res = rp.first(trail)
-    missed = [h for h in parked if rp.overlap([h], rp.eff)]  # heads of the true top 5 left at their subset
+    missed = [h for h in parked if rp.overlap([h], rp.eff) and h not in search.singles]  # true top-5 heads lost
     return {**res, "parked": len(parked), "parked_true_top5": len(missed)}
 
 
@@ -168,26 +194,45 @@ def load_cases(models: list[str], raw_path: Path, perdoc_dir: Path) -> list[dict
     return out
 
 
-def run_case(c: dict, ks: list[int], promote: float, seeds: int) -> list[dict]:
-    """Rows of one (model, task): both orders, then racing at each k (seed 0, and over ``seeds`` seeds)."""
+def run_case(c: dict, ks: list[int], rules: list[Rule], seeds: int) -> list[dict]:
+    """Rows of one (model, task): both orders, then racing per rule and k (seed 0, and over ``seeds`` seeds)."""
     rp, rows = c["rp"], []
     for label in ("estimate", "documents"):
-        rows.append({"variant": f"today, order {label}", **racing(rp, single_order(c[label], rp.cost, 32), None, 1, 0)})
+        rows.append({"variant": f"today, order {label}", **racing(rp, single_order(c[label], rp.cost, 32), None, 1)})
     if c["perdoc"] is None:
         return rows
     order = single_order(c["documents"], rp.cost, 32)
-    for k in ks:
-        runs = []
-        for seed in range(seeds):
-            sub, n_docs = subset_effects(c["perdoc"], k, seed)
-            runs.append(racing(rp, order, sub, k / n_docs, promote))
-        r4 = [r["fe_4of5"] if r["fe_4of5"] is not None else rp.budget for r in runs]
-        r5 = [r["fe_5of5"] if r["fe_5of5"] is not None else rp.budget for r in runs]
-        rows.append({"variant": f"racing k={k}/{n_docs}", **runs[0],
-                     "seeds": seeds, "mean_4of5": round(float(np.mean(r4)), 2), "worst_4of5": round(max(r4), 2),
-                     "mean_5of5": round(float(np.mean(r5)), 2), "worst_5of5": round(max(r5), 2),
-                     "never_5of5": sum(r["fe_5of5"] is None for r in runs)})
+    subsets = {(k, seed): subset_effects(c["perdoc"], k, seed) for k in ks for seed in range(seeds)}
+    for rule in rules:
+        for k in ks:
+            runs = [racing(rp, order, subsets[k, seed][0], k / subsets[k, seed][1], rule) for seed in range(seeds)]
+            r4 = [r["fe_4of5"] if r["fe_4of5"] is not None else rp.budget for r in runs]
+            r5 = [r["fe_5of5"] if r["fe_5of5"] is not None else rp.budget for r in runs]
+            rows.append({"variant": f"racing k={k}/{subsets[k, 0][1]} {rule.label}", "rule": asdict(rule), "k": k,
+                         **runs[0], "seeds": seeds, "mean_4of5": round(float(np.mean(r4)), 2),
+                         "worst_4of5": round(max(r4), 2), "mean_5of5": round(float(np.mean(r5)), 2),
+                         "worst_5of5": round(max(r5), 2), "never_5of5": sum(r["fe_5of5"] is None for r in runs)})
     return rows
+
+
+def summary(records: list[dict]) -> list[dict]:
+    """Per variant, each (model, task)'s FE to 4/5 / 5/5 (racing: means over the subset seeds, never
+    reached: the budget) and the worst over the pairs the variant ran on."""
+    pairs = list(dict.fromkeys((r["model"], r["task"]) for r in records))
+    out = []
+    for variant in dict.fromkeys(r["variant"] for r in records):
+        row, w4, w5 = {"variant": variant}, [], []
+        for m, t in pairs:
+            r = next((x for x in records if (x["model"], x["task"], x["variant"]) == (m, t, variant)), None)
+            if r is None:
+                continue
+            a = r.get("mean_4of5", r["fe_4of5"] if r["fe_4of5"] is not None else r["budget"])
+            b = r.get("mean_5of5", r["fe_5of5"] if r["fe_5of5"] is not None else r["budget"])
+            row[f"{m} {t}"] = f"{a} / {b}" + (f" ({r['never_5of5']} never)" if r.get("never_5of5") else "")
+            w4.append(a)
+            w5.append(b)
+        out.append({**row, "worst 4/5": max(w4), "worst 5/5": max(w5)})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,20 +241,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--raw", type=Path, default=Path("runs/bench-estimators/raw.jsonl"))
     ap.add_argument("--perdoc", type=Path, default=Path("runs/perdoc"))
     ap.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[4, 6, 8, 12])
-    ap.add_argument("--promote", type=float, default=0.5)
+    ap.add_argument("--promote", type=lambda s: [float(x) for x in s.split(",")], default=[0.5])
+    ap.add_argument("--against", default="full,subset", help="full, subset or both (comma-separated)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None, help="write <out>.md and <out>.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or any(k < 1 for k in args.k):
         ap.error("--seeds and every --k must be positive")
+    against = args.against.split(",")
+    if not set(against) <= {"full", "subset"}:
+        ap.error(f"--against: full, subset or both, got {args.against!r}")
+    rules = [Rule(a, p, g) for a in against for p in args.promote for g in (False, True)]
     records = []
     for c in load_cases(args.case, args.raw, args.perdoc):
-        for r in run_case(c, args.k, args.promote, args.seeds):
-            records.append({"model": c["model"], "task": c["task"], "promote": args.promote, **r})
+        for r in run_case(c, args.k, rules, args.seeds):
+            records.append({"model": c["model"], "task": c["task"], **r})
     head = ["model", "task", "variant", "fe_4of5", "fe_5of5", "spent", "parked", "parked_true_top5",
             "mean_4of5", "worst_4of5", "mean_5of5", "worst_5of5", "never_5of5"]
-    table = (f"Prior-guided replayed on the recorded sweeps (FE to 4/5 and 5/5 of the exhaustive top 5; None: "
-             f"never within the budget); racing: promote {args.promote}, subset seed 0, then mean / worst over "
+    summ = summary(records)
+    cols = list(dict.fromkeys(k for r in summ for k in r))
+    table = ("Summary (FE to 4/5 / FE to 5/5; racing: mean over the subset seeds, a seed that never reaches 5/5 "
+             "counted as the budget)\n\n" + markdown_table([{c: r.get(c, "") for c in cols} for r in summ], cols)
+             + "\n\n")
+    table += (f"Prior-guided replayed on the recorded sweeps (FE to 4/5 and 5/5 of the exhaustive top 5; None: "
+             f"never within the budget); racing: the rule (see the script), subset seed 0, then mean / worst over "
              f"{args.seeds} subset seeds (never: counted as the budget)\n\n"
              + markdown_table([{h: r.get(h, "") for h in head} for r in records], head) + "\n")
     print(table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[3] / "recipes" / "bench"
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -66,12 +68,12 @@ def test_multiple_choice_counts_the_gold_choice_per_document(tiny_model_dir, tmp
         assert all(c in (0.0, 1.0) for c in r["correct"]) and r["fe"] == 1.0 and r["cpu_s"] > 0
 
 
-def _replay():
+def _replay(n_heads: int = 4):
     bench, racing = _load("bench_locate_recovery"), _load("replay_racing")
-    eff = np.zeros(16)
+    eff = np.zeros(4 * n_heads)
     eff[[1, 6, 9, 12, 15]] = [2.0, 1.5, 1.2, 1.0, 0.9]
     eff[[0, 3]] = [0.3, 0.2]
-    return bench, racing, racing.Replay(eff, 4, 4, 1.0, bench.overlap)
+    return bench, racing, racing.Replay(eff, 4, n_heads, 1.0, bench.overlap)
 
 
 def test_without_racing_the_replay_is_replay_prior():
@@ -81,20 +83,36 @@ def test_without_racing_the_replay_is_replay_prior():
     from capsense.localize.prior import PriorSettings
 
     ref = _load("replay_prior").replay(est, rp.eff, bench.Layout(4, 4), 1.0, PriorSettings(top_m=32, group_size=16), bench.overlap)
-    mine = racing.racing(rp, racing.single_order(est, rp.cost, 32), None, 1.0, 0.5)
+    mine = racing.racing(rp, racing.single_order(est, rp.cost, 32), None, 1.0)
     assert (mine["fe_4of5"], mine["fe_5of5"], mine["spent"]) == (ref["fe_4of5"], ref["fe_5of5"], ref["spent"])
 
 
 def test_racing_parks_small_heads_at_their_subset_cost():
     _, racing, rp = _replay()
     order = racing.single_order(rp.eff + 0.01, rp.cost, 32)  # every head, largest first
-    today = racing.racing(rp, order, None, 1.0, 0.5)
-    raced = racing.racing(rp, order, rp.eff.copy(), 0.25, 0.5)  # the subset tells the truth
+    today = racing.racing(rp, order, None, 1.0)
+    raced = racing.racing(rp, order, rp.eff.copy(), 0.25)  # the subset tells the truth
     assert raced["parked"] == 11 and raced["parked_true_top5"] == 0  # all but the top 5
     assert raced["fe_5of5"] == today["fe_5of5"] and raced["spent"] < today["spent"]
     late = [0, 3, 12, 6, 1, 9, 15]  # the first five are measured in full whatever their subset says
     noisy = rp.eff.copy()
     noisy[15] = 0.0  # the subset misses a true top-5 head: it is parked and 5/5 is never reached
-    lost = racing.racing(rp, late, noisy, 0.25, 0.5)
+    lost = racing.racing(rp, late, noisy, 0.25)
     assert lost["parked"] == 1 and lost["parked_true_top5"] == 1
     assert lost["fe_5of5"] is None and lost["fe_4of5"] is not None
+    # parked heads kept in the group knockouts: the lost head is found by a split of its group (on 32
+    # heads, whose sweep cost caps the budget above what the splits need)
+    _, _, rp = _replay(n_heads=8)
+    lost = racing.racing(rp, late, np.array(noisy[:16].tolist() + [0.0] * 16), 0.25)
+    assert lost["parked_true_top5"] == 1 and lost["fe_5of5"] is None
+    saved = racing.racing(rp, late, np.array(noisy[:16].tolist() + [0.0] * 16), 0.25, racing.Rule(to_groups=True))
+    assert saved["parked"] == 1 and saved["parked_true_top5"] == 0 and saved["fe_5of5"] is not None
+    assert saved["fe_5of5"] > lost["fe_4of5"]
+
+
+def test_the_subset_rule_compares_subset_damages():
+    _, racing, _ = _replay()
+    full, raced = [2.0, 1.5, 1.2, 1.0, 0.9], [0.2, 0.1, 0.1, 0.1, 0.05]
+    assert not racing.promoted(racing.Rule("full", 0.5), 0.3, full, raced, 5)  # 0.3 < 0.5 x 0.9
+    assert racing.promoted(racing.Rule("subset", 0.5), 0.3, full, raced, 5)  # 0.3 >= 0.5 x 0.05
+    assert racing.promoted(racing.Rule("full", 0.5), -1.0, full[:4], raced, 5)  # fewer than 5 measured in full

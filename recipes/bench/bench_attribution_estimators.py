@@ -266,7 +266,8 @@ def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None, grid
             true = [true.index(h) for h in sweeps[task]["top5"]]
             for label, fe, score, signed in estimators(raw, lay.n_heads):
                 r = score_row(score, signed, eff, true, bench.overlap)
-                rep = rp.replay(score, eff, lay, 1.0, PriorSettings(), bench.overlap)
+                share = float(sweeps[task].get("reuse_share", 1.0))  # 0 for multiple choice: no prefix reuse
+                rep = rp.replay(score, eff, lay, share, PriorSettings(), bench.overlap)
                 extra = fe - 3
                 r.update({"fe_4of5": None if rep["fe_4of5"] is None else round(rep["fe_4of5"] + extra, 2),
                           "fe_5of5": None if rep["fe_5of5"] is None else round(rep["fe_5of5"] + extra, 2)})
@@ -313,7 +314,8 @@ def grid(cases, raws, top_ms, group_sizes) -> list[dict]:
                         raw = raws[(model_name, task)]
                         lay = bench.Layout(raw["n_layers"], raw["n_heads"])
                         score = next(sc for lb, _, sc, _ in estimators(raw, lay.n_heads) if lb == label)
-                        rep = rp.replay(score, bench.recorded_effects(sweeps[task], lay), lay, 1.0,
+                        share = float(sweeps[task].get("reuse_share", 1.0))
+                        rep = rp.replay(score, bench.recorded_effects(sweeps[task], lay), lay, share,
                                         PriorSettings(top_m=m, group_size=gs), bench.overlap)
                         res.append((rep["fe_4of5"] or 50.0, rep["fe_5of5"] or 50.0))
                 r4, r5 = [x[0] for x in res], [x[1] for x in res]

@@ -141,7 +141,16 @@ def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: P
     value = np.abs(estimate) if also is None else np.maximum(np.abs(estimate), also)
     singles = sorted(by_size[: min(settings.top_m, n)], key=lambda h: -value[h] / max(cost((h,)), 1e-9))
     spend([(h,) for h in singles])
-    rest = [h for h in range(n) if h not in search.singles]
+    groups_and_splits(search, spend, n, settings)
+    return search
+
+
+def groups_and_splits(search: PriorSearch, spend: _Spender, n: int, settings: PriorSettings,
+                      skip: frozenset[int] = frozenset()) -> None:
+    """Steps 2 and 3 of :func:`prior_guided`: group knockouts over the heads neither measured alone nor
+    in ``skip``, then halving of the groups that reach ``flag`` x the K-th single damage (largest first)
+    while the budget lasts. (``recipes/bench/replay_racing.py`` runs it after singles raced on a subset.)"""
+    rest = [h for h in range(n) if h not in search.singles and h not in skip]
     g = max(2, settings.group_size)
     groups = [tuple(rest[i : i + g]) for i in range(0, len(rest), g)]
     queue = [(s, d) for s, d in spend(groups) if len(s) > 1]
@@ -155,4 +164,3 @@ def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: P
         half = len(s) // 2
         parts = [s[:half], s[half:]]
         queue += [(p, d) for p, d in spend(parts) if len(p) > 1]
-    return search

@@ -126,10 +126,15 @@ def main(argv: list[str] | None = None) -> None:
     head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent"]
     table = ("FE to 4/5 / FE to 5/5 of the exhaustive top 5 (None: never within the budget, counted as the "
              "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped\n\n" + markdown_table(rows, head) + "\n")
+    emit(table, records, args.out)
+
+
+def emit(table: str, records, out: Path | None) -> None:
+    """Print ``table``; with ``out``, write it to ``<out>.md`` and ``records`` to ``<out>.json``."""
     print(table)
-    if args.out:
-        atomic_write_text(args.out.with_suffix(".md"), table)
-        atomic_write_json(args.out.with_suffix(".json"), records)
+    if out:
+        atomic_write_text(out.with_suffix(".md"), table)
+        atomic_write_json(out.with_suffix(".json"), records)
 
 
 if __name__ == "__main__":

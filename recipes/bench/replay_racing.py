@@ -38,10 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.tables import markdown_table
 from capsense.localize.guided import sweep_cost
-from capsense.localize.prior import PriorSearch, PriorSettings, _Spender, _threshold
+from capsense.localize.prior import PriorSearch, PriorSettings, _Spender, groups_and_splits
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
 
 HERE = Path(__file__).resolve().parent
@@ -85,8 +84,8 @@ def single_order(score: np.ndarray, cost, top_m: int) -> list[int]:
     return sorted(by_size, key=lambda h: -abs(score[h]) / max(cost((h,)), 1e-9))
 
 
-def groups_and_splits(rp: Replay, search: PriorSearch, skip: set[int], settings: PriorSettings, trail: list) -> None:
-    """Today's second phase: group knockouts over the heads not yet measured, splits of flagged groups."""
+def second_phase(rp: Replay, search: PriorSearch, skip: set[int], settings: PriorSettings, trail: list) -> None:
+    """Today's second phase (:func:`capsense.localize.prior.groups_and_splits`), answered from the sweep."""
     def measure(sets):
         out = [float(rp.eff[list(s)].sum()) for s in sets]
         spent0 = search.spent - sum(rp.cost(s) for s in sets)
@@ -98,20 +97,8 @@ def groups_and_splits(rp: Replay, search: PriorSearch, skip: set[int], settings:
             trail.append((spent0, rp.overlap(top, rp.eff) if len(top) == 5 else 0))
         return out
 
-    spend = _Spender(measure, rp.cost, settings.budget, search)
-    n = len(rp.eff)
-    rest = [h for h in range(n) if h not in search.singles and h not in skip]
-    g = max(2, settings.group_size)
-    queue = [(s, d) for s, d in spend([tuple(rest[i : i + g]) for i in range(0, len(rest), g)]) if len(s) > 1]
-    while queue and not search.stopped_by_budget:
-        tau = _threshold(search, settings.top_k, settings.flag)
-        flagged = [(s, d) for s, d in queue if d >= tau and d > 0]
-        if not flagged:
-            break
-        s, d = max(flagged, key=lambda x: x[1])
-        queue.remove((s, d))
-        half = len(s) // 2
-        queue += [(p, x) for p, x in spend([s[:half], s[half:]]) if len(p) > 1]
+    groups_and_splits(search, _Spender(measure, rp.cost, settings.budget, search), len(rp.eff), settings,
+                      frozenset(skip))
 
 
 @dataclass(frozen=True)
@@ -160,7 +147,7 @@ def racing(rp: Replay, order: list[int], sub_eff: np.ndarray | None, frac: float
         search.singles[h] = float(rp.eff[h])
         rp.mark(search, trail)
     if not search.stopped_by_budget:
-        groups_and_splits(rp, search, set() if rule.to_groups else parked, st, trail)
+        second_phase(rp, search, set() if rule.to_groups else parked, st, trail)
     res = rp.first(trail)
     missed = [h for h in parked if rp.overlap([h], rp.eff) and h not in search.singles]  # true top-5 heads lost
     return {**res, "parked": len(parked), "parked_true_top5": len(missed)}
@@ -275,10 +262,7 @@ def main(argv: list[str] | None = None) -> None:
              f"never within the budget); racing: the rule (see the script), subset seed 0, then mean / worst over "
              f"{args.seeds} subset seeds (never: counted as the budget)\n\n"
              + markdown_table([{h: r.get(h, "") for h in head} for r in records], head) + "\n")
-    print(table)
-    if args.out:
-        atomic_write_text(args.out.with_suffix(".md"), table)
-        atomic_write_json(args.out.with_suffix(".json"), records)
+    _load("replay_prior").emit(table, records, args.out)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,12 @@ def sweep(args) -> Path:
     return args.out
 
 
+def finished(path: Path) -> bool:
+    """Whether ``path`` holds the clean model and every head alone."""
+    head, rows = read_rows(path)
+    return head is not None and len({tuple(r["heads"]) for r in rows}) == 1 + head["n_layers"] * head["n_heads"]
+
+
 def effects(head: dict, rows: list[dict]) -> tuple[dict, np.ndarray, np.ndarray]:
     """The clean row, and per head (flat order) the relative nll worsening and per-document nats ``[heads, docs]``."""
     n = head["n_layers"] * head["n_heads"]

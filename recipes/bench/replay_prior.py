@@ -28,7 +28,7 @@ import numpy as np
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.tables import markdown_table
 from capsense.localize.guided import sweep_cost
-from capsense.localize.prior import PriorSettings, prior_guided
+from capsense.localize.prior import PRIOR_SCORES, PriorSettings, prior_guided
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
 
 HERE = Path(__file__).resolve().parent
@@ -41,11 +41,14 @@ def _bench():
     return mod
 
 
-def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: PriorSettings, overlap) -> dict:
-    """One replayed search: FE (attribution and clean forward included) to 4/5 and 5/5, the final overlap."""
+def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: PriorSettings, overlap,
+           folded: float = 1.0) -> dict:
+    """One replayed search: FE (attribution and clean forward included) to 4/5 and 5/5, the final overlap.
+    ``folded``: the share of the clean forward the attribution's forward stands in for (1 since round 10
+    for log-likelihood probes, as the recovery tasks are; 0 replays the earlier accounting)."""
 
     def cost(heads) -> float:
-        return mask_cost(list(heads), layout.n_layers, layout.n_heads, share)
+        return mask_cost(list(heads), layout.n_layers, layout.n_heads, share, folded)
 
     trail: list[tuple[float, int]] = []  # (FE after each knockout, overlap of the singles' top 5)
     singles: dict[int, float] = {}
@@ -72,8 +75,9 @@ def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: Pri
             "spent": round(trail[-1][0], 2) if trail else None, "budget": round(budget, 1)}
 
 
-def load_cases(cases: list[str], bench) -> list[dict]:
-    """Every (model, task) with both a recorded sweep and a prior run's attribution."""
+def load_cases(cases: list[str], bench, prior_score: str = "documents") -> list[dict]:
+    """Every (model, task) with both a recorded sweep and a prior run's attribution; the singles'
+    order from its ``prior_score`` (``documents``: the per-document magnitude, as the library's default)."""
     out = []
     for case in cases:
         model, _, root = case.partition(":")
@@ -86,7 +90,12 @@ def load_cases(cases: list[str], bench) -> list[dict]:
                 print(f"{model} {task}: no {prior}/attribution.json; skipped", flush=True)
                 continue
             lay = bench.Layout.of(prior)
-            est = np.asarray(json.loads((prior / "attribution.json").read_text())["estimate"][task], dtype=float)
+            att = json.loads((prior / "attribution.json").read_text())
+            key = "magnitude" if prior_score == "documents" else "estimate"
+            if key not in att:
+                raise SystemExit(f"{prior}/attribution.json has no {key!r} (prior_score {prior_score}): "
+                                 f"a run from before round 9, or use --prior-score estimate")
+            est = np.asarray(att[key][task], dtype=float)
             out.append({"model": model, "task": task, "layout": lay, "share": bench.reuse_share(prior),
                         "est": est, "eff": bench.recorded_effects(rec, lay)})
     return out
@@ -103,17 +112,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--group-size", type=ints, default=[16])
     ap.add_argument("--flag", type=lambda s: [float(x) for x in s.split(",")], default=[0.5])
     ap.add_argument("--budget", type=float, default=50.0)
+    ap.add_argument("--prior-score", choices=PRIOR_SCORES, default="documents", help="what orders the singles")
+    ap.add_argument("--folded", type=float, default=1.0,
+                    help="share of the clean forward the attribution's forward stands in for (0: before round 10)")
     ap.add_argument("--out", type=Path, default=None, help="write <out>.md and <out>.json")
     args = ap.parse_args(argv)
     bench = _bench()
-    cases = load_cases(args.case, bench)
+    cases = load_cases(args.case, bench, args.prior_score)
     if not cases:
         raise SystemExit("no (model, task) with a recorded sweep and a prior run's attribution.json")
     names = [f"{bench.tag(c['model'])} {c['task'].removeprefix('capsense_')}" for c in cases]
     rows, records = [], []
     for m, g, f in itertools.product(args.top_m, args.group_size, args.flag):
         st = PriorSettings(top_m=m, group_size=g, flag=f, budget=args.budget)
-        res = [replay(c["est"], c["eff"], c["layout"], c["share"], st, bench.overlap) for c in cases]
+        res = [replay(c["est"], c["eff"], c["layout"], c["share"], st, bench.overlap, args.folded) for c in cases]
         # a search that never reaches k/5 counts as its whole budget (the sweep would have been cheaper)
         r4 = [r["fe_4of5"] if r["fe_4of5"] is not None else r["budget"] for r in res]
         r5 = [r["fe_5of5"] if r["fe_5of5"] is not None else r["budget"] for r in res]

@@ -53,15 +53,22 @@ def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: Pri
     trail: list[tuple[float, int]] = []  # (FE after each knockout, overlap of the singles' top 5)
     singles: dict[int, float] = {}
     spent = [ATTRIBUTION + cost(())]
+    marks = {"last_change": None, "singles_end": None}  # FE of the top 5's last change; FE before the first group
+    top_before: set[int] = set()
 
     def measure(sets):
         out = []
         for s in sets:
             d = float(eff[list(s)].sum())
+            if len(s) > 1 and marks["singles_end"] is None:
+                marks["singles_end"] = round(spent[0], 2)
             spent[0] += cost(s)
             if len(s) == 1:
                 singles[s[0]] = d
             top = sorted(singles, key=lambda h: -singles[h])[:5]
+            if len(top) == 5 and set(top) != top_before:
+                top_before.clear(), top_before.update(top)
+                marks["last_change"] = round(spent[0], 2)
             trail.append((spent[0], overlap(top, eff) if len(top) == 5 else 0))
             out.append(d)
         return out
@@ -72,7 +79,7 @@ def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: Pri
                                                    already_spent=ATTRIBUTION + cost(())))
     first = {k: next((round(fe, 2) for fe, o in trail if o >= k), None) for k in (4, 5)}
     return {"fe_4of5": first[4], "fe_5of5": first[5], "final": trail[-1][1] if trail else 0,
-            "spent": round(trail[-1][0], 2) if trail else None, "budget": round(budget, 1)}
+            "spent": round(trail[-1][0], 2) if trail else None, "budget": round(budget, 1), **marks}
 
 
 def load_cases(cases: list[str], bench, prior_score: str = "documents") -> list[dict]:
@@ -134,10 +141,14 @@ def main(argv: list[str] | None = None) -> None:
                      **{n: f"{r['fe_4of5']} / {r['fe_5of5']}" for n, r in zip(names, res)},
                      "worst 4/5": f"{max(r4):.1f}", "mean 4/5": f"{np.mean(r4):.1f}",
                      "worst 5/5": f"{max(r5):.1f}", "mean 5/5": f"{np.mean(r5):.1f}",
-                     "mean spent": f"{np.mean([r['spent'] or 0 for r in res]):.1f}"})
-    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent"]
+                     "mean spent": f"{np.mean([r['spent'] or 0 for r in res]):.1f}",
+                     "top 5 last changed / singles ended": ", ".join(f"{r['last_change']}/{r['singles_end']}" for r in res)})
+    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent",
+            "top 5 last changed / singles ended"]
     table = ("FE to 4/5 / FE to 5/5 of the exhaustive top 5 (None: never within the budget, counted as the "
-             "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped\n\n" + markdown_table(rows, head) + "\n")
+             "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped; "
+             "last column, per case: the FE at which the measured top 5 last changed and at which the singles "
+             "ended (a change after the singles is a head only the group knockouts found)\n\n" + markdown_table(rows, head) + "\n")
     print(table)
     if args.out:
         atomic_write_text(args.out.with_suffix(".md"), table)

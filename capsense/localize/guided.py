@@ -58,14 +58,12 @@ def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]
     ctx, evaluator = s.run.ctx, s.run.evaluate
     stored = ctx.on_main(lambda: load_attribution(s.cfg))  # one answer for all: all compute, or none
     if stored is not None:
-        estimates, folded = stored
-        if hasattr(evaluator, "folded_share"):
-            evaluator.folded_share = folded
+        estimates, evaluator.folded_share = stored
         return estimates, s.run(no_knockout(s.n))
-    sinks = evaluator.clean_sinks() if hasattr(evaluator, "clean_sinks") and not ctx.distributed else {}
+    sinks = {} if ctx.distributed else evaluator.clean_sinks()
     atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size, ctx=ctx, sinks=sinks)
     evals = s.run(no_knockout(s.n))
-    folded = float(getattr(evaluator, "folded_share", 0.0))
+    folded = evaluator.folded_share
     return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts, folded)), evals
 
 

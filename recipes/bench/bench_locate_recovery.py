@@ -193,7 +193,7 @@ def analyse(task: str, root: Path, eff: np.ndarray, sweep_share: float | None = 
         "hit_threshold": round(float(np.sort(eff)[::-1][4] * (1 - HIT_MARGIN)), 4),
         "exhaustive_fe": round(sweep_cost(lay, share), 1),
         "attribution": {
-            "fe": ATTRIBUTION + 1,
+            "fe": ATTRIBUTION + 1 - folded_share(root / "prior"),  # + the clean forward it did not stand in for
             "overlap": overlap(att_top, eff),
             "top5": [lay.name(h) for h in att_top],
             "spearman": round(spearman(est, eff), 3),

@@ -8,36 +8,14 @@ import pytest
 from capsense.localize.evaluator import MaskEvaluator
 from capsense.scoring.attribution import attribute_probes
 from capsense.scoring.cost import FORWARD
-from capsense.scoring.probe import Probe
-from conftest import VOCAB, make_tiny_model
-
-
-def _loglik(n: int = 5) -> Probe:
-    rng = np.random.default_rng(0)
-    ctx = [rng.integers(4, VOCAB, rng.integers(4, 12)).tolist() for _ in range(n)]
-    cont = [rng.integers(4, VOCAB, rng.integers(1, 4)).tolist() for _ in range(n)]
-    return Probe("toy", "loglikelihood", ctx, cont, np.arange(n), list(range(n)))
-
-
-def _choice(n_docs: int = 3) -> Probe:
-    rng = np.random.default_rng(1)
-    ctx, cont, doc_of, choice_of = [], [], [], []
-    for d in range(n_docs):
-        c = rng.integers(4, VOCAB, 6).tolist()
-        for j in range(3):
-            ctx.append(c)
-            cont.append(rng.integers(4, VOCAB, rng.integers(1, 3)).tolist())
-            doc_of.append(d)
-            choice_of.append(j)
-    return Probe("mc", "multiple_choice", ctx, cont, np.array(doc_of), list(range(n_docs)),
-                 gold=rng.integers(0, 3, n_docs), choice_of=np.array(choice_of))
+from conftest import choice_probe, loglik_probe, make_tiny_model
 
 
 def test_only_log_likelihood_probes_take_the_attributions_forward_and_the_clean_cost_follows():
     """Multiple choice: the attribution scores only the gold choices, so its clean forward still runs
     and is still paid for; the clean scores of both kinds equal a plain evaluator's."""
     model = make_tiny_model("llama")
-    probes = {"toy": _loglik(), "mc": _choice()}
+    probes = {"toy": loglik_probe(), "mc": choice_probe()}
     plain = MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=True)
     folded = MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=True)
     assert folded.cost([]) == FORWARD

@@ -172,3 +172,34 @@ def write_tiny_gguf(path, arch: str = "llama", n_layers: int = 2, seed: int = 0)
     w.write_tensors_to_file()
     w.close()
     return tensors
+
+
+def loglik_probe(n: int = 5, seed: int = 0):
+    """A log-likelihood probe of ``n`` random documents (contexts of 4-11 tokens, 1-3 scored)."""
+    import numpy as np
+
+    from capsense.scoring.probe import Probe
+
+    rng = np.random.default_rng(seed)
+    ctx = [rng.integers(4, VOCAB, rng.integers(4, 12)).tolist() for _ in range(n)]
+    cont = [rng.integers(4, VOCAB, rng.integers(1, 4)).tolist() for _ in range(n)]
+    return Probe("toy", "loglikelihood", ctx, cont, np.arange(n), list(range(n)))
+
+
+def choice_probe(n_docs: int = 3, seed: int = 1):
+    """A 3-way multiple-choice probe: each document's choices share its context."""
+    import numpy as np
+
+    from capsense.scoring.probe import Probe
+
+    rng = np.random.default_rng(seed)
+    ctx, cont, doc_of, choice_of = [], [], [], []
+    for d in range(n_docs):
+        c = rng.integers(4, VOCAB, 6).tolist()
+        for j in range(3):
+            ctx.append(c)
+            cont.append(rng.integers(4, VOCAB, rng.integers(1, 3)).tolist())
+            doc_of.append(d)
+            choice_of.append(j)
+    return Probe("mc", "multiple_choice", ctx, cont, np.array(doc_of), list(range(n_docs)),
+                 gold=rng.integers(0, 3, n_docs), choice_of=np.array(choice_of))

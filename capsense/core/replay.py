@@ -91,6 +91,20 @@ class BlockReplay:
             for h in hooks:
                 h.remove()
 
+    def detach(self) -> BlockReplay:
+        """Drop the autograd history of everything recorded (a pass recorded under a backward, as
+        the gradient attribution's is, would otherwise keep its whole graph alive); ``self``."""
+        def cut(x: Any) -> Any:
+            return x.detach() if isinstance(x, torch.Tensor) else x
+
+        for calls in self.inputs:
+            for c in calls:
+                c.hidden = c.hidden.detach()
+                c.args = tuple(cut(a) for a in c.args)
+                c.kwargs = {k: cut(v) for k, v in c.kwargs.items()}
+        self.outputs = [[cut(o) for o in outs] for outs in self.outputs]
+        return self
+
     @property
     def complete(self) -> bool:
         """Every block's input was recorded (false when the model bypassed a block's hooks)."""

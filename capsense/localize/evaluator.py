@@ -36,6 +36,27 @@ class MaskEvaluator:
             for name, probe in probes.items()
         }
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
+        # share of the run's tokens whose clean forward another pass ran (set by clean_sinks' users; resumed runs restore it)
+        self.folded_share = 0.0
+
+    def clean_sinks(self) -> dict:
+        """Per probe whose clean forward the gradient attribution can stand in for, the sink that
+        takes it (:data:`capsense.scoring.attribution.CleanSink`): prefix-reuse scorers of
+        log-likelihood probes, whose batches are the attribution's (multiple-choice probes'
+        attribution counts only the gold choices, so their clean forward still runs). Sets
+        :attr:`folded_share` to those probes' share of the tokens."""
+        from capsense.scoring.prefix import PrefixReuseScorer
+
+        if self.extra:  # a task's own metric needs its own clean run
+            return {}
+        sinks = {name: s.take_clean for name, s in self.scorers.items()
+                 if isinstance(s, PrefixReuseScorer) and s.enabled and self.probes[name].kind != "multiple_choice"}
+        self.folded_share = self._token_share(set(sinks))
+        return sinks
+
+    def _token_share(self, names: set[str]) -> float:
+        tokens = {name: sum(len(x) for x in s._inputs) for name, s in self.scorers.items()}
+        return sum(t for name, t in tokens.items() if name in names) / max(1, sum(tokens.values()))
 
     def recast(self, dtype: str) -> MaskEvaluator:
         """A new evaluator on the same probes after casting the model to ``dtype`` in place (this one's
@@ -50,16 +71,13 @@ class MaskEvaluator:
         """Share of the run's tokens scored with prefix reuse (the rest pays full forwards)."""
         from capsense.scoring.prefix import PrefixReuseScorer
 
-        tokens = {name: sum(len(x) for x in s._inputs) for name, s in self.scorers.items()}
-        reused = sum(t for name, t in tokens.items()
-                     if isinstance(self.scorers[name], PrefixReuseScorer) and self.scorers[name].enabled)
-        return reused / max(1, sum(tokens.values()))
+        return self._token_share({name for name, s in self.scorers.items() if isinstance(s, PrefixReuseScorer) and s.enabled})
 
     def cost(self, heads) -> float:
         """Forward-equivalents of evaluating one mask (flat head indices; :mod:`capsense.scoring.cost`)."""
         from capsense.scoring.cost import mask_cost
 
-        return mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, self.reuse_share)
+        return mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, self.reuse_share, self.folded_share)
 
     def knockouts(self, masks: np.ndarray):
         """``masks`` [m, layers * heads] as a boolean tensor [m, layers, heads]."""

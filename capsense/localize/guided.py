@@ -2,8 +2,9 @@
 ``prior-guided`` (the default: the estimate decides where knockouts look, knockouts decide).
 
 Both compute every head's first-order ablation effect on the target and on each control
-(:mod:`capsense.scoring.attribution`; 3 forward-equivalents per run) and keep it in the run
-folder (``attribution.json``), so a resumed run replays the same search.
+(:mod:`capsense.scoring.attribution`; 3 forward-equivalents per run, whose forward is also the
+clean evaluation where the batches allow) and keep it in the run folder (``attribution.json``),
+so a resumed run replays the same search.
 
 * ``attribution`` ranks heads by the estimate (selective: target estimate minus the largest
   positive control estimate, both relative to the clean nll). Nothing is measured: a quick
@@ -35,28 +36,38 @@ from capsense.localize.refine import head_set_masks
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
 from capsense.scoring.attribution import Attribution, attribute_probes, check_gradient_metric
-from capsense.scoring.cost import ATTRIBUTION
+from capsense.scoring.cost import ATTRIBUTION, FORWARD
 
 ATTRIBUTION_FILE = "attribution.json"
 
 
-def run_attribution(s: Search) -> dict[str, np.ndarray]:
-    """Per task (target and controls) the estimated relative damage of knocking out each head;
-    read from the run folder when an earlier attempt computed it.
+def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]:
+    """Per task (target and controls) the estimated relative damage of knocking out each head,
+    and the clean model's evaluation; the estimates are read from the run folder when an earlier
+    attempt computed them.
 
-    Under several processes each computes its share of the batches (:func:`attribute_probes`);
-    the main process writes ``attribution.json`` and hands every process its estimates.
+    With one process the attribution's forward (a clean one: every multiplier is 1) also serves
+    as the clean evaluation and fills the prefix cache wherever the batches are the same
+    (:meth:`~capsense.localize.evaluator.MaskEvaluator.clean_sinks`): 1 forward-equivalent less.
+    ``attribution.json`` is written after the clean evaluation is stored, with the share of the
+    clean forward the attribution ran, so a resumed run counts the cost the first attempt paid.
+    Under several processes each computes its share of the batches (:func:`attribute_probes`) and
+    the clean forward runs on its own; the main process writes ``attribution.json``.
     """
     check_gradient_metric(s.cfg.metric)
-    ctx = s.run.ctx
-    stored = ctx.on_main(lambda: load_estimates(s.cfg))  # one answer for all: all compute, or none
+    ctx, evaluator = s.run.ctx, s.run.evaluate
+    stored = ctx.on_main(lambda: load_attribution(s.cfg))  # one answer for all: all compute, or none
     if stored is not None:
-        return stored
-    atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size, ctx=ctx)
-    return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts))
+        estimates, evaluator.folded_share = stored
+        return estimates, s.run(no_knockout(s.n))
+    sinks = {} if ctx.distributed else evaluator.clean_sinks()
+    atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size, ctx=ctx, sinks=sinks)
+    evals = s.run(no_knockout(s.n))
+    folded = evaluator.folded_share
+    return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts, folded)), evals
 
 
-def _write_attribution(path: Path, atts: dict[str, Attribution]) -> dict[str, np.ndarray]:
+def _write_attribution(path: Path, atts: dict[str, Attribution], folded: float = 0.0) -> dict[str, np.ndarray]:
     """``attribution.json`` (atomically); returns the estimates as written."""
     def relative(a: Attribution, v: np.ndarray) -> list[float]:  # over the clean nll, as stored
         return [round(float(x), 8) for x in (v / a.nll if a.nll else v)]
@@ -67,19 +78,29 @@ def _write_attribution(path: Path, atts: dict[str, Attribution]) -> dict[str, np
         "estimate": est,
         "magnitude": mag,
         "clean_nll": {t: a.nll for t, a in atts.items()},
+        "clean_forward_folded": round(folded, 6),
         "meaning": "estimate: first-order estimate of the relative nll worsening when a head is zero-ablated "
                    "(-d nll/d xi / nll, xi = the head's multiplier at the output projection), flat head order; "
-                   "magnitude: each document's |d nll/d xi| summed, over nll (>= |estimate|)",
+                   "magnitude: each document's |d nll/d xi| summed, over nll (>= |estimate|); "
+                   "clean_forward_folded: share of the run's tokens whose clean evaluation came from this forward",
     })
     return {t: np.asarray(v, dtype=float) for t, v in est.items()}  # as a resumed run reads them
 
 
 def load_estimates(cfg: LocateConfig) -> dict[str, np.ndarray] | None:
     """The run folder's attribution estimates (per task), or None."""
+    stored = load_attribution(cfg)
+    return None if stored is None else stored[0]
+
+
+def load_attribution(cfg: LocateConfig) -> tuple[dict[str, np.ndarray], float] | None:
+    """The run folder's attribution estimates (per task) and the share of the clean forward its
+    forward ran (0 for folders from before round 10), or None."""
     path = Path(cfg.out) / ATTRIBUTION_FILE
     if not path.is_file():
         return None
-    return {t: np.asarray(v, dtype=float) for t, v in json.loads(path.read_text())["estimate"].items()}
+    data = json.loads(path.read_text())
+    return {t: np.asarray(v, dtype=float) for t, v in data["estimate"].items()}, float(data.get("clean_forward_folded", 0.0))
 
 
 def load_magnitudes(cfg: LocateConfig) -> np.ndarray:
@@ -103,8 +124,7 @@ def selective_estimate(est: dict[str, np.ndarray], cfg: LocateConfig) -> np.ndar
 
 # -- attribution -------------------------------------------------------------------------
 def search_attribution(s: Search) -> Found:
-    run_attribution(s)
-    return Found(s.run(no_knockout(s.n)))
+    return Found(run_attribution(s)[1])
 
 
 def fit_attribution(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
@@ -134,12 +154,11 @@ def prior_settings(cfg: LocateConfig) -> PriorSettings:
 
 def search_prior_guided(s: Search) -> Found:
     """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``)."""
-    estimates = run_attribution(s)
+    estimates, evals = run_attribution(s)
     est = estimates[s.cfg.task]
     if s.cfg.prior_score == "documents":
         est = s.run.ctx.on_main(lambda: load_magnitudes(s.cfg))
     also = selective_estimate(estimates, s.cfg) if s.cfg.controls else None
-    evals = s.run(no_knockout(s.n))
     base = evals[0]
 
     def measure(sets: list[tuple[int, ...]]) -> list[float]:
@@ -149,7 +168,7 @@ def search_prior_guided(s: Search) -> Found:
 
     cost = s.run.evaluate.cost
     sweep = sweep_cost(cost, s.n)
-    settings = replace(prior_settings(s.cfg), already_spent=ATTRIBUTION + cost([]),  # + the clean forward
+    settings = replace(prior_settings(s.cfg), already_spent=ATTRIBUTION + cost([]),  # + what the clean forward added
                        budget=min(s.cfg.budget, sweep))
     if settings.budget < s.cfg.budget:
         s.log(f"prior-guided: budget {settings.budget:.1f} forward-equivalents, the cost of measuring every head alone "
@@ -162,8 +181,9 @@ def sweep_cost(cost, n: int) -> float:
     """Forward-equivalents of the exhaustive sweep (the clean forward, then every head alone with prefix
     reuse): the most a prior-guided budget spends. On a 72-head model the old default (50, then 32 in
     the recipes) cost more than the sweep (about 37 on Gemma 3 270M); the cap makes the budget follow
-    the model instead of one number for every size."""
-    return cost([]) + sum(cost([h]) for h in range(n))
+    the model instead of one number for every size. (The sweep has no attribution to fold its clean
+    forward into: a full forward.)"""
+    return FORWARD + sum(cost([h]) for h in range(n))
 
 
 def fit_prior_guided(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:

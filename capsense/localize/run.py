@@ -304,8 +304,10 @@ def record_cost(manifest: dict[str, Any], result: LocateResult, runner: MaskRunn
     manifest["forward_equivalents"] = result.forward_equivalents
     manifest["cost_model"] = {
         "unit": "one forward pass over the run's documents (every probe) = 1; a backward pass = 2; "
-                "a prefix-reused forward = the fraction of layers it runs",
+                "a prefix-reused forward = the fraction of layers it runs; the clean forward = 1 less the share the "
+                "gradient attribution's forward already ran",
         "reuse_share": round(evaluator.reuse_share, 4),
+        "clean_forward_folded": round(evaluator.folded_share, 4),  # the clean forward's share the attribution ran
         "attribution": runner.extra_cost,
     }
 

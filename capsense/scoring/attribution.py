@@ -33,7 +33,7 @@ sweeps and confirmed by real runs of all six (model, task) pairs, each ending wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,6 +43,7 @@ import torch
 
 from capsense.core.ablation import check_ablation_mode, scale_heads
 from capsense.core.distributed import DistContext, split
+from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
 from capsense.scoring.logits import output_logits, scored_hidden
 from capsense.scoring.probe import Probe, ProbeScorer, pad_right
@@ -51,6 +52,12 @@ if TYPE_CHECKING:
     from torch import nn
 
 GRADIENT_METRICS = ("nll",)
+
+#: Takes one batch of the attribution's forward, which is a clean forward (every multiplier is 1):
+#: ``(requests, recorded block inputs, final hidden states, per-request log-probability of the
+#: reference, per-request greedy hit)``. :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`
+#: hands the prefix-reuse scorers' sinks, so the clean evaluation and its prefix cache cost no second forward.
+CleanSink = Callable[[list[int], BlockReplay, torch.Tensor, np.ndarray, np.ndarray], None]
 KNOCKOUT_METHODS = ("cs", "exhaustive", "greedy", "thompson")
 
 
@@ -135,8 +142,9 @@ class AttributionScorer:
         assert p.gold is not None and p.choice_of is not None
         return bool(p.choice_of[r] == p.gold[p.doc_of[r]])
 
-    def _batch_nll(self, reqs: Sequence[int]) -> torch.Tensor:
-        """This batch's share of the probe's nll (its nats over the probe's token count)."""
+    def _batch_nll(self, reqs: Sequence[int], keep: Callable[..., None] | None = None) -> torch.Tensor:
+        """This batch's share of the probe's nll (its nats over the probe's token count); ``keep``
+        receives the final hidden states and the per-request log-probabilities and greedy hits."""
         seqs = [self.base._inputs[r] for r in reqs]
         ids, att = pad_right(seqs, self.base.pad_id)
         device = self.base.device
@@ -148,7 +156,13 @@ class AttributionScorer:
             tgt.extend(t)
         hidden = scored_hidden(self.model, ids.to(device), att.to(device))
         logits = output_logits(self.model, hidden[torch.tensor(rows, device=device), torch.tensor(pos, device=device)])
-        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, torch.tensor(tgt, device=device)[:, None])
+        tgt_t = torch.tensor(tgt, device=device)
+        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, tgt_t[:, None])
+        if keep is not None:
+            bounds = np.cumsum([0] + [len(self.base._targets[r]) for r in reqs])[:-1]
+            tok_lp = logp.detach()[:, 0].cpu().double().numpy()
+            tok_ok = (logits.detach().argmax(-1) == tgt_t).cpu().numpy()
+            keep(hidden.detach(), np.add.reduceat(tok_lp, bounds), np.logical_and.reduceat(tok_ok, bounds))
         return -logp.sum() / self.n_tokens
 
     @property
@@ -174,9 +188,12 @@ class AttributionScorer:
         xi = torch.ones(self.layout.n_layers, self.layout.n_heads, dtype=dtype) if scale is None else scale.detach().to(dtype)
         return xi.clone().requires_grad_(True)
 
-    def terms(self, batches: Sequence[int], scale: torch.Tensor | None = None) -> list[BatchTerm]:
+    def terms(self, batches: Sequence[int], scale: torch.Tensor | None = None, sink: CleanSink | None = None) -> list[BatchTerm]:
         """The nll share and gradient of each batch in ``batches`` (indices below :attr:`n_batches`),
-        each from its own forward and backward at ``scale`` (default: all ones, the clean model)."""
+        each from its own forward and backward at ``scale`` (default: all ones, the clean model).
+        ``sink`` (clean model and zero ablation only) receives each batch's forward as a clean one."""
+        if sink is not None and (scale is not None or self.means is not None):
+            raise CapsenseError("only the clean model's attribution under zero ablation is a clean forward (`sink`)")
         every = list(self._batches())
         xi = self._multipliers(scale).detach()
         out = []
@@ -184,11 +201,21 @@ class AttributionScorer:
             for b in batches:
                 rows = xi[None].repeat(len(every[b]), 1, 1).requires_grad_(True)  # one multiplier per document
                 with scale_heads(self.model, rows, self.means):
-                    loss = self._batch_nll(every[b])
+                    loss = self._forward(every[b], sink)
                 (grad,) = torch.autograd.grad(loss, rows)
                 g = grad.detach().cpu().double()
                 out.append(BatchTerm(b, float(loss.detach()), g.sum(0).numpy(), g.abs().sum(0).numpy()))
         return out
+
+    def _forward(self, reqs: list[int], sink: CleanSink | None) -> torch.Tensor:
+        """:meth:`_batch_nll`, its block inputs recorded for ``sink`` when there is one."""
+        if sink is None:
+            return self._batch_nll(reqs)
+        kept: list = []
+        replay = BlockReplay(self.model)
+        loss = replay.record(lambda: self._batch_nll(reqs, lambda *x: kept.extend(x)))
+        sink(list(reqs), replay.detach(), *kept)
+        return loss
 
     def combine(self, terms: Sequence[BatchTerm]) -> Attribution:
         """The probe's :class:`Attribution` from all of its batch terms, summed in batch order
@@ -211,20 +238,25 @@ class AttributionScorer:
 
 
 def attribute_probes(model: nn.Module, probes: dict[str, Probe], batch_size: int = 16, ablation: str = "zero",
-                     means: dict[int, torch.Tensor] | None = None, ctx: DistContext | None = None) -> dict[str, Attribution]:
+                     means: dict[int, torch.Tensor] | None = None, ctx: DistContext | None = None,
+                     sinks: dict[str, CleanSink] | None = None) -> dict[str, Attribution]:
     """:class:`Attribution` of every probe (target and controls), one forward and backward per batch.
 
     Under several processes (``ctx``) the batches of all probes are cut into one contiguous
     share per process; every process computes its share, the terms are exchanged, and each
     probe's terms are summed in batch order, so every process (and a lone one) gets the same
-    result to the bit.
+    result to the bit. ``sinks`` (probe -> :data:`CleanSink`; one process only: each process
+    would see only its share) receive the forwards as clean ones.
     """
     ctx = ctx or DistContext()
+    sinks = sinks or {}
+    if sinks and ctx.distributed:
+        raise CapsenseError("`sinks` take every batch of a probe, and under several processes each sees only its share")
     scorers = {name: AttributionScorer(model, p, batch_size, ablation, means) for name, p in probes.items()}
     jobs = [(name, b) for name, sc in scorers.items() for b in range(sc.n_batches)]
     mine: dict[str, list[int]] = {}
     for name, b in split(jobs, ctx)[ctx.rank]:
         mine.setdefault(name, []).append(b)
-    local = [(name, t) for name, batches in mine.items() for t in scorers[name].terms(batches)]
+    local = [(name, t) for name, batches in mine.items() for t in scorers[name].terms(batches, sink=sinks.get(name))]
     terms = [item for share in ctx.gather(local) for item in share]
     return {name: sc.combine([t for n, t in terms if n == name]) for name, sc in scorers.items()}

@@ -4,7 +4,10 @@ One forward pass over the run's documents (every probe) = 1; a backward pass = 2
 gradient attribution costs 3); a forward that starts at layer ``l`` from cached clean
 activations (prefix reuse) = the fraction of layers it runs, ``(n_layers - l) / n_layers``.
 A scorer that cannot reuse prefixes (multiple choice with a shared context, several masks per
-forward) pays 1 per mask; with several probes the cost is their token-weighted mix.
+forward) pays 1 per mask; with several probes the cost is their token-weighted mix. The clean
+model's forward costs 1, less the share of it another pass already ran (``folded``: the gradient
+attribution's forward is a clean forward, and its scores and block inputs serve as the clean
+evaluation's where the batches are the same; :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`).
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ BACKWARD = 2.0
 ATTRIBUTION = FORWARD + BACKWARD
 
 
-def mask_cost(heads: Sequence[int], n_layers: int, n_heads: int, reuse_share: float = 1.0) -> float:
+def mask_cost(heads: Sequence[int], n_layers: int, n_heads: int, reuse_share: float = 1.0, folded: float = 0.0) -> float:
     """Forward-equivalents of evaluating one knockout mask (flat head indices).
 
     ``reuse_share``: the share of the run's tokens whose scorer reuses the clean prefix (0..1).
-    The clean model (no heads) costs a full forward: it fills the prefix cache.
+    The clean model (no heads) costs a full forward (it fills the prefix cache), less ``folded``:
+    the share of the run's tokens whose clean forward an earlier pass already ran (0..1).
     """
     if not len(heads):
-        return FORWARD
+        return FORWARD * (1.0 - folded)
     first = min(int(h) for h in heads) // n_heads
     partial = (n_layers - first) / n_layers
     return (1.0 - reuse_share) * FORWARD + reuse_share * partial * FORWARD

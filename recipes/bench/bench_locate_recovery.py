@@ -12,7 +12,8 @@ no controls, the model's own layout (read from the run's manifest; no per-model 
   alone (the reference); once finished it is recorded with ``record_sweeps.py`` into
   ``recipes/results/locate_<tag>_sweeps.json`` (``<tag>``: the model name before its first ``-``);
 * ``<root>/<task>/prior`` (stage ``prior``): ``--method prior-guided --budget <budget>``; its
-  ``attribution.json`` is also the ``attribution``-alone result (3 forward-equivalents + the clean forward);
+  ``attribution.json`` is also the ``attribution``-alone result (3 forward-equivalents; until round 10 + the
+  clean forward, which the attribution's forward now stands in for);
 * ``<root>/<task>/cs`` (stage ``cs``): ``--method cs --masks <cs-masks>`` (balanced, default
   sparsity 2% of the heads per mask: 5 on SmolLM2's 270, 1 on Gemma 3's 72; lasso).
 
@@ -117,6 +118,11 @@ def reuse_share(run: Path) -> float:
     return float(json.loads((run / "manifest.json").read_text()).get("cost_model", {}).get("reuse_share", 1.0))
 
 
+def folded_share(run: Path) -> float:
+    """The share of the clean forward the run's attribution ran (0 before round 10)."""
+    return float(json.loads((run / "manifest.json").read_text()).get("cost_model", {}).get("clean_forward_folded", 0.0))
+
+
 def sweep_cost(lay: Layout, share: float) -> float:
     """Forward-equivalents of an exhaustive single-head sweep (clean forward + every head alone)."""
     return 1 + sum(mask_cost([h], lay.n_layers, lay.n_heads, share) for h in range(lay.n))
@@ -125,11 +131,11 @@ def sweep_cost(lay: Layout, share: float) -> float:
 def prior_curve(run: Path, task: str, eff: np.ndarray) -> list[dict]:
     lay = Layout.of(run)
     evals = read_evaluations(run, design_only=True)
-    share = reuse_share(run)
+    share, folded = reuse_share(run), folded_share(run)
     d = nll_damage(evals, task)
     fe, singles, out = ATTRIBUTION, {}, []
     for e, x in zip(evals, d):
-        fe += mask_cost(e.heads, lay.n_layers, lay.n_heads, share)
+        fe += mask_cost(e.heads, lay.n_layers, lay.n_heads, share, folded)
         if len(e.heads) == 1:
             singles[e.heads[0]] = x
         top = sorted(singles, key=lambda h: -singles[h])[:5]
@@ -187,7 +193,7 @@ def analyse(task: str, root: Path, eff: np.ndarray, sweep_share: float | None = 
         "hit_threshold": round(float(np.sort(eff)[::-1][4] * (1 - HIT_MARGIN)), 4),
         "exhaustive_fe": round(sweep_cost(lay, share), 1),
         "attribution": {
-            "fe": ATTRIBUTION + 1,
+            "fe": ATTRIBUTION + 1 - folded_share(root / "prior"),  # + the clean forward it did not stand in for
             "overlap": overlap(att_top, eff),
             "top5": [lay.name(h) for h in att_top],
             "spearman": round(spearman(est, eff), 3),

@@ -28,7 +28,7 @@ import numpy as np
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.tables import markdown_table
 from capsense.localize.guided import sweep_cost
-from capsense.localize.prior import PriorSettings, prior_guided
+from capsense.localize.prior import PRIOR_SCORES, PriorSettings, prior_guided
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
 
 HERE = Path(__file__).resolve().parent
@@ -41,24 +41,34 @@ def _bench():
     return mod
 
 
-def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: PriorSettings, overlap) -> dict:
-    """One replayed search: FE (attribution and clean forward included) to 4/5 and 5/5, the final overlap."""
+def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: PriorSettings, overlap,
+           folded: float = 1.0) -> dict:
+    """One replayed search: FE (attribution and clean forward included) to 4/5 and 5/5, the final overlap.
+    ``folded``: the share of the clean forward the attribution's forward stands in for (1 since round 10
+    for log-likelihood probes, as the recovery tasks are; 0 replays the earlier accounting)."""
 
     def cost(heads) -> float:
-        return mask_cost(list(heads), layout.n_layers, layout.n_heads, share)
+        return mask_cost(list(heads), layout.n_layers, layout.n_heads, share, folded)
 
     trail: list[tuple[float, int]] = []  # (FE after each knockout, overlap of the singles' top 5)
     singles: dict[int, float] = {}
     spent = [ATTRIBUTION + cost(())]
+    marks = {"last_change": None, "singles_end": None}  # FE of the top 5's last change; FE before the first group
+    top_before: set[int] = set()
 
     def measure(sets):
         out = []
         for s in sets:
             d = float(eff[list(s)].sum())
+            if len(s) > 1 and marks["singles_end"] is None:
+                marks["singles_end"] = round(spent[0], 2)
             spent[0] += cost(s)
             if len(s) == 1:
                 singles[s[0]] = d
             top = sorted(singles, key=lambda h: -singles[h])[:5]
+            if len(top) == 5 and set(top) != top_before:
+                top_before.clear(), top_before.update(top)
+                marks["last_change"] = round(spent[0], 2)
             trail.append((spent[0], overlap(top, eff) if len(top) == 5 else 0))
             out.append(d)
         return out
@@ -69,11 +79,12 @@ def replay(est: np.ndarray, eff: np.ndarray, layout, share: float, settings: Pri
                                                    already_spent=ATTRIBUTION + cost(())))
     first = {k: next((round(fe, 2) for fe, o in trail if o >= k), None) for k in (4, 5)}
     return {"fe_4of5": first[4], "fe_5of5": first[5], "final": trail[-1][1] if trail else 0,
-            "spent": round(trail[-1][0], 2) if trail else None, "budget": round(budget, 1)}
+            "spent": round(trail[-1][0], 2) if trail else None, "budget": round(budget, 1), **marks}
 
 
-def load_cases(cases: list[str], bench) -> list[dict]:
-    """Every (model, task) with both a recorded sweep and a prior run's attribution."""
+def load_cases(cases: list[str], bench, prior_score: str = "documents") -> list[dict]:
+    """Every (model, task) with both a recorded sweep and a prior run's attribution; the singles'
+    order from its ``prior_score`` (``documents``: the per-document magnitude, as the library's default)."""
     out = []
     for case in cases:
         model, _, root = case.partition(":")
@@ -86,7 +97,12 @@ def load_cases(cases: list[str], bench) -> list[dict]:
                 print(f"{model} {task}: no {prior}/attribution.json; skipped", flush=True)
                 continue
             lay = bench.Layout.of(prior)
-            est = np.asarray(json.loads((prior / "attribution.json").read_text())["estimate"][task], dtype=float)
+            att = json.loads((prior / "attribution.json").read_text())
+            key = "magnitude" if prior_score == "documents" else "estimate"
+            if key not in att:
+                raise SystemExit(f"{prior}/attribution.json has no {key!r} (prior_score {prior_score}): "
+                                 f"a run from before round 9, or use --prior-score estimate")
+            est = np.asarray(att[key][task], dtype=float)
             out.append({"model": model, "task": task, "layout": lay, "share": bench.reuse_share(prior),
                         "est": est, "eff": bench.recorded_effects(rec, lay)})
     return out
@@ -103,17 +119,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--group-size", type=ints, default=[16])
     ap.add_argument("--flag", type=lambda s: [float(x) for x in s.split(",")], default=[0.5])
     ap.add_argument("--budget", type=float, default=50.0)
+    ap.add_argument("--prior-score", choices=PRIOR_SCORES, default="documents", help="what orders the singles")
+    ap.add_argument("--folded", type=float, default=1.0,
+                    help="share of the clean forward the attribution's forward stands in for (0: before round 10)")
     ap.add_argument("--out", type=Path, default=None, help="write <out>.md and <out>.json")
     args = ap.parse_args(argv)
     bench = _bench()
-    cases = load_cases(args.case, bench)
+    cases = load_cases(args.case, bench, args.prior_score)
     if not cases:
         raise SystemExit("no (model, task) with a recorded sweep and a prior run's attribution.json")
     names = [f"{bench.tag(c['model'])} {c['task'].removeprefix('capsense_')}" for c in cases]
     rows, records = [], []
     for m, g, f in itertools.product(args.top_m, args.group_size, args.flag):
         st = PriorSettings(top_m=m, group_size=g, flag=f, budget=args.budget)
-        res = [replay(c["est"], c["eff"], c["layout"], c["share"], st, bench.overlap) for c in cases]
+        res = [replay(c["est"], c["eff"], c["layout"], c["share"], st, bench.overlap, args.folded) for c in cases]
         # a search that never reaches k/5 counts as its whole budget (the sweep would have been cheaper)
         r4 = [r["fe_4of5"] if r["fe_4of5"] is not None else r["budget"] for r in res]
         r5 = [r["fe_5of5"] if r["fe_5of5"] is not None else r["budget"] for r in res]
@@ -122,10 +141,14 @@ def main(argv: list[str] | None = None) -> None:
                      **{n: f"{r['fe_4of5']} / {r['fe_5of5']}" for n, r in zip(names, res)},
                      "worst 4/5": f"{max(r4):.1f}", "mean 4/5": f"{np.mean(r4):.1f}",
                      "worst 5/5": f"{max(r5):.1f}", "mean 5/5": f"{np.mean(r5):.1f}",
-                     "mean spent": f"{np.mean([r['spent'] or 0 for r in res]):.1f}"})
-    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent"]
+                     "mean spent": f"{np.mean([r['spent'] or 0 for r in res]):.1f}",
+                     "top 5 last changed / singles ended": ", ".join(f"{r['last_change']}/{r['singles_end']}" for r in res)})
+    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent",
+            "top 5 last changed / singles ended"]
     table = ("FE to 4/5 / FE to 5/5 of the exhaustive top 5 (None: never within the budget, counted as the "
-             "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped\n\n" + markdown_table(rows, head) + "\n")
+             "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped; "
+             "last column, per case: the FE at which the measured top 5 last changed and at which the singles "
+             "ended (a change after the singles is a head only the group knockouts found)\n\n" + markdown_table(rows, head) + "\n")
     emit(table, records, args.out)
 
 

@@ -31,9 +31,13 @@ def test_a_perfect_estimate_finds_the_top5_with_singles_alone():
     bench, lay, eff = _case()
     res = _load("replay_prior").replay(eff.copy(), eff, lay, 1.0, PriorSettings(top_m=5, group_size=4), bench.overlap)
     assert res["fe_5of5"] is not None and res["final"] == 5
-    # 4 (attribution + clean forward) + the five singles' prefix-reused costs, nothing more needed
+    # 3 (the attribution, whose forward is the clean one) + the five singles' prefix-reused costs, nothing more
     singles = sum(bench.mask_cost([h], 4, 4, 1.0) for h in (1, 6, 9, 12, 15))
-    assert res["fe_5of5"] <= 4 + singles + 1e-9
+    assert res["fe_5of5"] <= 3 + singles + 1e-9
+    assert res["last_change"] <= res["fe_5of5"] and (res["singles_end"] is None or res["singles_end"] >= res["fe_5of5"])
+    # the accounting before round 10: a separate clean forward, 1 FE more to everything
+    old = _load("replay_prior").replay(eff.copy(), eff, lay, 1.0, PriorSettings(top_m=5, group_size=4), bench.overlap, 0.0)
+    assert old["fe_5of5"] == round(res["fe_5of5"] + 1, 2)
 
 
 def test_a_head_the_estimate_misses_is_found_by_a_group_split_within_the_sweep_cap():
@@ -43,6 +47,7 @@ def test_a_head_the_estimate_misses_is_found_by_a_group_split_within_the_sweep_c
     replay = _load("replay_prior").replay
     res = replay(est, eff, lay, 1.0, PriorSettings(top_m=4, group_size=4), bench.overlap)
     assert res["final"] == 5 and res["fe_4of5"] < res["fe_5of5"]
+    assert res["last_change"] > res["singles_end"]  # found after the singles, by a group and its splits
     assert res["budget"] <= bench.sweep_cost(lay, 1.0) + 1e-9 and res["spent"] <= res["budget"] + 1e-9
     # without group knockouts big enough to reach it before the cap, it is never found
     assert replay(np.zeros(16), eff, lay, 1.0, PriorSettings(top_m=0, group_size=4), bench.overlap)["final"] < 5

@@ -29,8 +29,12 @@ def _locate(toy, out, *extra):
 
 
 def _fe(out) -> float:
-    share = json.loads((out / "manifest.json").read_text())["cost_model"]["reuse_share"]
-    return ATTRIBUTION + sum(mask_cost(e.heads, N_LAYERS, N_HEADS, share) for e in read_evaluations(out))
+    cost_model = json.loads((out / "manifest.json").read_text())["cost_model"]
+    share, folded = cost_model["reuse_share"], cost_model["clean_forward_folded"]
+    # the attribution's forward stands in for the search's clean forward, not for measure-and-choose's
+    # (in float32 after a bfloat16 search: a real forward)
+    return ATTRIBUTION + sum(mask_cost(e.heads, N_LAYERS, N_HEADS, share, folded if e.round == 0 else 0.0)
+                             for e in read_evaluations(out))
 
 
 def test_prior_guided_is_the_default_and_hands_on_measured_heads(toy, tmp_path):
@@ -59,6 +63,9 @@ def test_prior_guided_is_the_default_and_hands_on_measured_heads(toy, tmp_path):
     r2 = _locate(toy, out, "--top-m", "4", "--group-size", "3", "--top-k", "3")
     assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output
     assert load_heads_file(out / "heads.json").heads == hf.heads
+    # ... and counts what the first attempt paid: its clean evaluation came from the attribution's forward
+    assert json.loads((out / "attribution.json").read_text())["clean_forward_folded"] == 1.0
+    assert load_heads_file(out / "heads.json").meta["forward_equivalents"] == hf.meta["forward_equivalents"]
 
 
 def test_budget_caps_the_forward_equivalents(toy, tmp_path):
@@ -74,7 +81,8 @@ def test_attribution_alone_ranks_by_the_estimate(toy, tmp_path):
     est = json.loads((out / "attribution.json").read_text())["estimate"][TOY_TASK]
     ranked = [r["layer"] * N_HEADS + r["head"] for r in hf.heads]
     assert [est[h] for h in ranked] == sorted(est, reverse=True)
-    assert hf.meta["n_evaluations"] == 1 and hf.meta["forward_equivalents"] == pytest.approx(ATTRIBUTION + 1)
+    # the attribution's forward is the clean evaluation: no second forward
+    assert hf.meta["n_evaluations"] == 1 and hf.meta["forward_equivalents"] == pytest.approx(ATTRIBUTION)
 
 
 def test_selective_prior_guided_keeps_control_estimates_and_chooses_a_set(toy, tmp_path):

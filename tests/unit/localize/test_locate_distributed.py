@@ -100,11 +100,17 @@ def test_attribution_split_across_two_processes_equals_one(toy, tmp_path):
     subprocess.run(_single(_guided_args(toy, one)), env=ENV, check=True, capture_output=True)
     r = subprocess.run(_launch(2, _guided_args(toy, two)), env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (two / "attribution.json").read_bytes() == (one / "attribution.json").read_bytes()
-    assert _evaluations(two) == _evaluations(one)
-    assert json.loads((two / "heads.json").read_text()) == json.loads((one / "heads.json").read_text())
+    att_one, att_two = (json.loads((d / "attribution.json").read_text()) for d in (one, two))
+    # one process runs no second clean forward (the attribution's stands in); two processes each see only
+    # their share of its batches, so theirs runs: the one difference, and it is exactly the cost
+    assert (att_one.pop("clean_forward_folded"), att_two.pop("clean_forward_folded")) == (1.0, 0.0)
+    assert att_two == att_one
+    assert _evaluations(two) == _evaluations(one)  # the clean scores too, to the bit
+    heads_one, heads_two = (json.loads((d / "heads.json").read_text()) for d in (one, two))
+    fe_one, fe_two = heads_one.pop("forward_equivalents"), heads_two.pop("forward_equivalents")
+    assert heads_two == heads_one and fe_two == pytest.approx(fe_one + 1)
     manifest = json.loads((two / "manifest.json").read_text())
-    assert manifest["forward_equivalents"] == json.loads((one / "manifest.json").read_text())["forward_equivalents"]
+    assert manifest["forward_equivalents"] == fe_two
     stamp = (two / "attribution.json").stat().st_mtime_ns
     r = subprocess.run(_single(_guided_args(toy, two)), env=ENV, capture_output=True, text=True)  # resume, 1 process
     assert r.returncode == 0 and "masks already evaluated" in r.stderr, r.stderr[-3000:]

@@ -14,7 +14,7 @@ from capsense.core.distributed import DistContext
 from capsense.errors import CapsenseError
 from capsense.scoring.attribution import AttributionScorer, attribute_probes, check_gradient_metric
 from capsense.scoring.probe import Probe, ProbeScorer
-from conftest import N_HEADS, N_LAYERS, VOCAB, make_tiny_model
+from conftest import N_HEADS, N_LAYERS, VOCAB, choice_probe, loglik_probe, make_tiny_model
 
 # Richardson-extrapolated central differences with steps 1e-2 and 5e-3: truncation error
 # below 1e-9 (GPT-2, whose forward is all fp64, checks it). Other architectures keep attention softmax and norm statistics in
@@ -26,27 +26,6 @@ EPS = 1e-2
 def _assert_close(grad: np.ndarray, fd: np.ndarray, all_fp64: bool) -> None:
     tol = 1e-9 if all_fp64 else max(1e-4 * np.abs(fd).max(), 3e-6)
     assert np.abs(grad - fd).max() <= tol, (np.abs(grad - fd).max(), tol)
-
-
-def _probe(n: int = 5, seed: int = 0) -> Probe:
-    rng = np.random.default_rng(seed)
-    ctx = [rng.integers(4, VOCAB, rng.integers(4, 12)).tolist() for _ in range(n)]
-    cont = [rng.integers(4, VOCAB, rng.integers(1, 4)).tolist() for _ in range(n)]
-    return Probe("toy", "loglikelihood", ctx, cont, np.arange(n), list(range(n)))
-
-
-def _choice_probe(n_docs: int = 3, seed: int = 1) -> Probe:
-    rng = np.random.default_rng(seed)
-    ctx, cont, doc_of, choice_of = [], [], [], []
-    for d in range(n_docs):
-        c = rng.integers(4, VOCAB, 6).tolist()
-        for j in range(3):
-            ctx.append(c)
-            cont.append(rng.integers(4, VOCAB, rng.integers(1, 3)).tolist())
-            doc_of.append(d)
-            choice_of.append(j)
-    return Probe("mc", "multiple_choice", ctx, cont, np.array(doc_of), list(range(n_docs)),
-                 gold=rng.integers(0, 3, n_docs), choice_of=np.array(choice_of))
 
 
 def _means(model) -> dict[int, torch.Tensor]:
@@ -98,7 +77,7 @@ def _assert_gradient(scorer: AttributionScorer, grad: np.ndarray, all_fp64: bool
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_gradient_equals_finite_difference(arch, ablation):
     model = make_tiny_model(arch).double()
-    scorer = AttributionScorer(model, _probe(), batch_size=2, ablation=ablation,
+    scorer = AttributionScorer(model, loglik_probe(), batch_size=2, ablation=ablation,
                                means=_means(model) if ablation == "mean" else None)
     att = scorer.attribute()
     _assert_gradient(scorer, att.gradient, all_fp64=arch == "gpt2")
@@ -109,13 +88,13 @@ def test_gradient_equals_finite_difference(arch, ablation):
 @pytest.mark.parametrize("arch_", ["gpt2", "llama"])
 def test_every_head_gradient_equals_its_finite_difference(arch_):
     model = make_tiny_model(arch_).double()
-    scorer = AttributionScorer(model, _probe(), batch_size=2)
+    scorer = AttributionScorer(model, loglik_probe(), batch_size=2)
     _assert_gradient(scorer, scorer.attribute().gradient, all_fp64=arch_ == "gpt2", per_head=True)
 
 
 def test_multiplier_zero_is_the_knockout_and_batching_does_not_matter(arch):
     model = make_tiny_model(arch)
-    probe = _probe()
+    probe = loglik_probe()
     scorer = AttributionScorer(model, probe, batch_size=2)
     ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
     ko[0, 1, 2] = True
@@ -130,7 +109,7 @@ def test_multiplier_zero_is_the_knockout_and_batching_does_not_matter(arch):
 def test_mean_multiplier_zero_is_mean_ablation():
     model = make_tiny_model("llama")
     means = _means(model)
-    probe = _probe()
+    probe = loglik_probe()
     scorer = AttributionScorer(model, probe, ablation="mean", means=means)
     ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
     ko[0, 2, 1] = True
@@ -140,9 +119,9 @@ def test_mean_multiplier_zero_is_mean_ablation():
     assert scorer.score(scale) == pytest.approx(knocked, abs=1e-5)
 
 
-def test_multiple_choice_scores_the_gold_choice_like_the_probe():
+def test_multiple_choice_scores_the_gold_choice_like_theloglik_probe():
     model = make_tiny_model("qwen2")
-    probe = _choice_probe()
+    probe = choice_probe()
     att = attribute_probes(model, {"mc": probe}, batch_size=4)["mc"]
     assert att.nll == pytest.approx(ProbeScorer(model, probe).score()["nll"][0], abs=1e-5)
     scorer = AttributionScorer(model.double(), probe)
@@ -151,8 +130,8 @@ def test_multiple_choice_scores_the_gold_choice_like_the_probe():
 
 def test_bfloat16_gradient_is_close_to_float32():
     model = make_tiny_model("llama")
-    g32 = AttributionScorer(model, _probe()).attribute().gradient
-    g16 = AttributionScorer(model.to(torch.bfloat16), _probe()).attribute().gradient
+    g32 = AttributionScorer(model, loglik_probe()).attribute().gradient
+    g16 = AttributionScorer(model.to(torch.bfloat16), loglik_probe()).attribute().gradient
     assert np.corrcoef(g32.ravel(), g16.ravel())[0, 1] > 0.95
 
 
@@ -183,7 +162,7 @@ class _ThreadWorld(DistContext):
 @pytest.mark.parametrize("world", [2, 3])
 def test_batches_split_across_processes_give_the_same_attribution_to_the_bit(world):
     model = make_tiny_model("llama")
-    probes = {"t": _probe(7, seed=3), "mc": _choice_probe()}
+    probes = {"t": loglik_probe(7, seed=3), "mc": choice_probe()}
     alone = attribute_probes(model, probes, batch_size=2)
     slots: list = [None] * world
     barrier = threading.Barrier(world, timeout=60)
@@ -208,7 +187,7 @@ def test_batches_split_across_processes_give_the_same_attribution_to_the_bit(wor
 
 def test_batch_terms_sum_in_batch_order_whatever_order_they_come_in():
     model = make_tiny_model("gpt2")
-    scorer = AttributionScorer(model, _probe(7), batch_size=2)
+    scorer = AttributionScorer(model, loglik_probe(7), batch_size=2)
     terms = scorer.terms(range(scorer.n_batches))
     assert scorer.n_batches == 4 and len({t.gradient.tobytes() for t in terms}) == 4
     whole = scorer.attribute()
@@ -222,7 +201,7 @@ def test_magnitude_sums_each_documents_own_gradient():
     """``magnitude`` = sum over documents of |that document's gradient| (token-weighted as the nll is),
     from the same backward: checked against one attribution per one-document probe."""
     model = make_tiny_model("llama").double()
-    probe = _probe(n=5)
+    probe = loglik_probe(n=5)
     att = AttributionScorer(model, probe, batch_size=2).attribute()
     total = sum(len(c) for c in probe.continuation_ids)
     expect, summed = np.zeros((N_LAYERS, N_HEADS)), np.zeros((N_LAYERS, N_HEADS))

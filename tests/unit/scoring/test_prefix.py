@@ -45,3 +45,29 @@ def test_prefix_reuse_falls_back_with_many_masks_per_forward():
     np.testing.assert_allclose(
         scorer.score(_masks())["nll"], ProbeScorer(model, probe, batch_size=4).score(_masks())["nll"], atol=1e-5
     )
+
+
+def test_clean_forward_taken_from_the_attribution_equals_its_own(arch, monkeypatch):
+    """The attribution's forward (every multiplier 1) as the clean one: the same clean scores, and
+    knockouts replayed from its block inputs equal those from the scorer's own clean capture."""
+    import pytest
+
+    from capsense.errors import CapsenseError
+    from capsense.scoring.attribution import attribute_probes
+
+    model = make_tiny_model(arch)
+    probe = _probe()
+    own = PrefixReuseScorer(model, probe, batch_size=4)
+    expected = own.score(_masks())
+    taker = PrefixReuseScorer(model, probe, batch_size=4)
+    attribute_probes(model, {"toy": probe}, batch_size=4, sinks={"toy": taker.take_clean})
+    monkeypatch.setattr(taker, "_capture", lambda *a: pytest.fail("a second clean forward ran"))
+    clean = taker.score()
+    np.testing.assert_allclose(clean["nll"], expected["nll"][:1], atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(clean["acc"], expected["acc"][:1])
+    got = taker.score(_masks())
+    assert taker.enabled, f"the taken prefix failed the replay check on {arch}"
+    np.testing.assert_allclose(got["nll"], expected["nll"], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got["acc"], expected["acc"])
+    with pytest.raises(CapsenseError, match="does not run"):  # a batch of another size is not this scorer's
+        taker.take_clean([0, 1], None, None, np.zeros(2), np.zeros(2, dtype=bool))

@@ -266,8 +266,9 @@ def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None, grid
             true = [true.index(h) for h in sweeps[task]["top5"]]
             for label, fe, score, signed in estimators(raw, lay.n_heads):
                 r = score_row(score, signed, eff, true, bench.overlap)
-                share = float(sweeps[task].get("reuse_share", 1.0))  # 0 for multiple choice: no prefix reuse
-                rep = rp.replay(score, eff, lay, share, PriorSettings(), bench.overlap)
+                # multiple choice (share 0): no prefix reuse, and its clean forward is not folded into the attribution's
+                share = float(sweeps[task].get("reuse_share", 1.0))
+                rep = rp.replay(score, eff, lay, share, PriorSettings(), bench.overlap, share)
                 extra = fe - 3
                 r.update({"fe_4of5": None if rep["fe_4of5"] is None else round(rep["fe_4of5"] + extra, 2),
                           "fe_5of5": None if rep["fe_5of5"] is None else round(rep["fe_5of5"] + extra, 2)})
@@ -316,7 +317,7 @@ def grid(cases, raws, top_ms, group_sizes) -> list[dict]:
                         score = next(sc for lb, _, sc, _ in estimators(raw, lay.n_heads) if lb == label)
                         share = float(sweeps[task].get("reuse_share", 1.0))
                         rep = rp.replay(score, bench.recorded_effects(sweeps[task], lay), lay, share,
-                                        PriorSettings(top_m=m, group_size=gs), bench.overlap)
+                                        PriorSettings(top_m=m, group_size=gs), bench.overlap, share)
                         res.append((rep["fe_4of5"] or 50.0, rep["fe_5of5"] or 50.0))
                 r4, r5 = [x[0] for x in res], [x[1] for x in res]
                 out.append({"estimator": label, "top_m": m, "group": gs, "per task (4/5 / 5/5)": " ".join(f"{a}/{b}" for a, b in res),

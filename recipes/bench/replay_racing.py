@@ -3,13 +3,14 @@ the documents and finished on the rest only when that looks worth it.
 
     python recipes/bench/replay_racing.py --case smollm2-135m --case gemma3-270m \\
         [--raw runs/bench-estimators/raw.jsonl] [--perdoc runs/perdoc] [--k 4,6,8,12] [--promote 0.5] [--against full,subset] \\
-        [--seeds 10] [--out recipes/results/locate_racing_r10]
+        [--seeds 10] [--no-fold] [--out recipes/results/locate_racing_r10]
 
 Per (model, task) with a recorded sweep (``locate_<tag>_sweeps.json``) and round 9's per-document
 gradients (``--raw``, ``bench_attribution_estimators.py``): prior-guided replayed as
 ``replay_prior.py`` replays it (singles exactly from the sweep, groups as the sum of their heads'
 effects, the sweep's own prefix-reuse share, budget 50 capped at the sweep's cost, FE counted from
-the attribution and the clean forward) with the singles ordered by the attribution's ``estimate``
+the attribution and the clean forward, which since round 10 the attribution's forward stands in for on
+log-likelihood probes: 0 FE there, 1 on multiple choice; ``--no-fold``: 1 FE everywhere, as before) with the singles ordered by the attribution's ``estimate``
 and by ``documents`` (each document's ``|gradient|`` summed, today's default). Where a per-document
 sweep exists (``record_perdoc_sweep.py``: ``<perdoc>/<model>-<task>.jsonl``), also the racing
 variant, singles in today's order: a single is measured first on ``k`` of the ``N`` documents (a
@@ -57,12 +58,14 @@ def _load(name: str):
 class Replay:
     """One (model, task): the sweep's effects, cost model and bookkeeping of one replayed search."""
 
-    def __init__(self, eff: np.ndarray, n_layers: int, n_heads: int, share: float, overlap, budget: float = 50.0):
+    def __init__(self, eff: np.ndarray, n_layers: int, n_heads: int, share: float, overlap, budget: float = 50.0,
+                 folded: float = 0.0):
         self.eff, self.n_layers, self.n_heads, self.share, self.overlap = eff, n_layers, n_heads, share, overlap
+        self.folded = folded  # the share of the clean forward the attribution's forward stands in for
         self.budget = min(budget, sweep_cost(self.cost, len(eff)))
 
     def cost(self, heads) -> float:
-        return mask_cost(list(heads), self.n_layers, self.n_heads, self.share)
+        return mask_cost(list(heads), self.n_layers, self.n_heads, self.share, self.folded)
 
     def settings(self) -> PriorSettings:
         return PriorSettings(budget=self.budget, already_spent=ATTRIBUTION + self.cost(()))
@@ -164,7 +167,10 @@ def subset_effects(perdoc: Path, k: int, seed: int) -> tuple[np.ndarray, int]:
     return (nats[:, docs].sum(1) - base) / base, n_docs
 
 
-def load_cases(models: list[str], raw_path: Path, perdoc_dir: Path) -> list[dict]:
+def load_cases(models: list[str], raw_path: Path, perdoc_dir: Path, fold: bool = True) -> list[dict]:
+    """Every (model, task) with a recorded sweep and per-document gradients. ``fold``: the clean forward
+    costs nothing where the attribution's forward stands in for it (since round 10: log-likelihood
+    probes, i.e. the sweep's reuse share; multiple choice keeps its own clean forward)."""
     bench = _load("bench_locate_recovery")
     raws = {(r["model"], r["task"]): r for r in map(json.loads, raw_path.read_text().splitlines())}
     out = []
@@ -183,7 +189,8 @@ def load_cases(models: list[str], raw_path: Path, perdoc_dir: Path) -> list[dict
                 perdoc = None
             out.append({"model": bench.tag(model), "task": task.removeprefix("capsense_"),
                         "rp": Replay(bench.recorded_effects(rec, lay), lay.n_layers, lay.n_heads,
-                                     float(rec.get("reuse_share", 1.0)), bench.overlap),
+                                     float(rec.get("reuse_share", 1.0)), bench.overlap,
+                                     folded=float(rec.get("reuse_share", 1.0)) if fold else 0.0),
                         "estimate": -g.sum(0).reshape(-1), "documents": np.abs(g).sum(0).reshape(-1),
                         "perdoc": perdoc if perdoc is not None and perdoc.is_file() else None})
     return out
@@ -244,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--promote", type=lambda s: [float(x) for x in s.split(",")], default=[0.5])
     ap.add_argument("--against", default="full,subset", help="full, subset or both (comma-separated)")
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--no-fold", action="store_true", help="count the clean forward as before round 10 (1 FE)")
     ap.add_argument("--out", type=Path, default=None, help="write <out>.md and <out>.json")
     args = ap.parse_args(argv)
     if args.seeds < 1 or any(k < 1 for k in args.k):
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--against: full, subset or both, got {args.against!r}")
     rules = [Rule(a, p, g) for a in against for p in args.promote for g in (False, True)]
     records = []
-    for c in load_cases(args.case, args.raw, args.perdoc):
+    for c in load_cases(args.case, args.raw, args.perdoc, fold=not args.no_fold):
         for r in run_case(c, args.k, rules, args.seeds):
             records.append({"model": c["model"], "task": c["task"], **r})
     head = ["model", "task", "variant", "fe_4of5", "fe_5of5", "spent", "parked", "parked_true_top5",

@@ -68,23 +68,25 @@ def test_multiple_choice_counts_the_gold_choice_per_document(tiny_model_dir, tmp
         assert all(c in (0.0, 1.0) for c in r["correct"]) and r["fe"] == 1.0 and r["cpu_s"] > 0
 
 
-def _replay(n_heads: int = 4):
+def _replay(n_heads: int = 4, folded: float = 0.0):
     bench, racing = _load("bench_locate_recovery"), _load("replay_racing")
     eff = np.zeros(4 * n_heads)
     eff[[1, 6, 9, 12, 15]] = [2.0, 1.5, 1.2, 1.0, 0.9]
     eff[[0, 3]] = [0.3, 0.2]
-    return bench, racing, racing.Replay(eff, 4, n_heads, 1.0, bench.overlap)
+    return bench, racing, racing.Replay(eff, 4, n_heads, 1.0, bench.overlap, folded=folded)
 
 
 def test_without_racing_the_replay_is_replay_prior():
-    bench, racing, rp = _replay()
-    est = rp.eff.copy()
-    est[9] = 0.0  # a miss of the estimate, found by a group split
     from capsense.localize.prior import PriorSettings
 
-    ref = _load("replay_prior").replay(est, rp.eff, bench.Layout(4, 4), 1.0, PriorSettings(top_m=32, group_size=16), bench.overlap)
-    mine = racing.racing(rp, racing.single_order(est, rp.cost, 32), None, 1.0)
-    assert (mine["fe_4of5"], mine["fe_5of5"], mine["spent"]) == (ref["fe_4of5"], ref["fe_5of5"], ref["spent"])
+    for folded in (0.0, 1.0):  # the clean forward paid (before round 10) or folded into the attribution's
+        bench, racing, rp = _replay(folded=folded)
+        est = rp.eff.copy()
+        est[9] = 0.0  # a miss of the estimate, found by a group split
+        ref = _load("replay_prior").replay(est, rp.eff, bench.Layout(4, 4), 1.0, PriorSettings(top_m=32, group_size=16),
+                                           bench.overlap, folded)
+        mine = racing.racing(rp, racing.single_order(est, rp.cost, 32), None, 1.0)
+        assert (mine["fe_4of5"], mine["fe_5of5"], mine["spent"]) == (ref["fe_4of5"], ref["fe_5of5"], ref["spent"])
 
 
 def test_racing_parks_small_heads_at_their_subset_cost():

@@ -281,7 +281,8 @@ def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None, grid
            "by |e|": r["abs_ranks"], "prior FE to 4/5": r["fe_4of5"], "to 5/5": r["fe_5of5"]} for r in rows]
     pairs = " ".join(dict.fromkeys(f"{r['model']}/{r['task']}" for r in rows))
     text = ("Estimators of single-head knockout effects against the recorded exhaustive sweeps (FE: the "
-            "estimator's forward-equivalents plus the clean forward; prior FE: prior-guided search replayed "
+            "estimator's forward-equivalents plus the clean forward, round 9's accounting: since round 10 the attribution's "
+            "forward is the clean one on log-likelihood probes, 1 FE less; prior FE: prior-guided search replayed "
             "from the estimator with today's defaults, the extra FE included; a Spearman of an unsigned score "
             f"is against the signed effects)\n\nSummary over {pairs} (hits in that order):\n\n"
             + markdown_table(summary(rows)) + "\n\nPer task:\n\n" + markdown_table(md, head) + "\n")

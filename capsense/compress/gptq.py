@@ -19,6 +19,12 @@ of 128 columns). Frantar et al., "GPTQ" (2022) and "SparseGPT" (2023); written f
   ``w^2 / U_jj^2`` (the OBS saliency) after the previous blocks' updates: per row, cumulatively
   exact (a row keeps ``round(density * in)`` weights, like Wanda's row scope), or ``2:4`` (two of
   every four consecutive weights, density 0.5). Protected rows and columns are never pruned.
+* Pricing a guided allocation (:mod:`~capsense.compress.compensated`): :func:`gptq_output_errors`
+  and :func:`sparsegpt_output_errors` solve every level of one matrix as one stacked weight
+  (levels share ``U``; bit width or density per row). SparseGPT's column loop updates a transposed
+  copy of each block (contiguous rows, one ``addr_`` per column) and ranks saliency with one sort:
+  bit-identical to the straightforward loop, half its CPU time (8 densities of a 1536x576 matrix:
+  1.87 -> 0.92 CPU-s); stacking levels itself saves little (33 densities ~ 33 separate solves).
 """
 
 from __future__ import annotations
@@ -160,8 +166,9 @@ def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) ->
         low = torch.topk(saliency.view(n_out, width // 4, 4), 2, dim=2, largest=False).indices
         pruned = torch.zeros(n_out, width // 4, 4, dtype=torch.bool).scatter_(2, low, True)
         return pruned.view(n_out, width)
-    rank = torch.argsort(torch.argsort(saliency, dim=1), dim=1)
-    return rank < k[:, None]
+    order = torch.argsort(saliency, dim=1)
+    low = torch.arange(width)[None, :] < k[:, None]  # the first k[row] of each row's order
+    return torch.zeros(n_out, width, dtype=torch.bool).scatter_(1, order, low)
 
 
 def _guard(shape, protected_rows, protected_cols) -> torch.Tensor:
@@ -189,14 +196,15 @@ def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, patter
         k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, done, total)
         keep[:, start:end] = ~_block_mask(sal, pattern, k)
         done += (~keep[:, start:end]).sum(1)
-        err = torch.zeros(n_out, end - start, dtype=w.dtype)
-        for j in range(start, end):
-            new = torch.where(keep[:, j], w[:, j], torch.zeros((), dtype=w.dtype))
-            e = (w[:, j] - new) / u[j, j]
-            w[:, j] = new
-            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
-            err[:, j - start] = e
-        _propagate(w, err, u, start, end)
+        blk = w[:, start:end].t().contiguous()  # [columns, rows]: each column's update is contiguous
+        kept = keep[:, start:end].t().to(w.dtype)
+        err = torch.empty_like(blk)
+        for j in range(end - start):
+            err[j] = blk[j] * (1.0 - kept[j]) / u[start + j, start + j]
+            blk[j] *= kept[j]
+            blk[j + 1 :].addr_(u[start + j, start + j + 1 : end], err[j], alpha=-1.0)
+        w[:, start:end] = blk.t()
+        _propagate(w, err.t(), u, start, end)
     w[~keep] = 0.0
     return keep
 

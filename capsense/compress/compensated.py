@@ -26,8 +26,16 @@ available (:func:`rtn_level_costs`, ``Guide(pricing="rtn")``). Calibrated on the
 capability too (:func:`capsense.compress.calibration.kept_calibration`), 3 bits still favours it
 (keep code -24% vs -13%, keep math -59% vs -42% vs uniform), so the calibrating Gram is not why
 the output pricing loses there. The solved errors depend on
-the weights, Gram and level only, so they are cached (``cache``) across allocations of the same
-weights; the capability enters only through ``r``.
+the weights, Gram, level and protected block only, so they are cached (``cache``) across
+allocations of the same weights; the capability enters only through ``r``.
+
+SparseGPT's densities were priced by Wanda's weight error until round 10 (``pricing="wanda"``,
+:func:`wanda_level_costs`, still available); its own output error (the default) costs a solve of
+every density (33 in the 0.4x-2x band; ~10 min for SmolLM2 on one core). Measured at density 0.5
+with the kept-capability calibration, vs uniform at equal size: keep math -48.4% (Wanda -25.4%) on
+SmolLM2 and +26.6% (Wanda +51.1%) on Gemma 3 270M, keep code -18.2% (Wanda -31.1%) on SmolLM2:
+neither pricing is better on every row; ``output`` on two of three and on the row measured on
+both models (recipes/results/RESULTS-compress.md, round 10).
 """
 
 from __future__ import annotations

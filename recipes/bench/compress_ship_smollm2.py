@@ -78,8 +78,7 @@ def keep_settings(group: int):
 
 DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
       {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
-#: How a guided allocation priced its levels (``Guide.pricing``, capsense.compress.compensated), per
-#: method; GPTQ rows without the field priced GPTQ by RTN's weight error.
+#: How a guided allocation priced its levels (``Guide.pricing``), per method; GPTQ rows without the field: RTN's.
 PRICING = {("gptq", "output"): "gptq-output-error", ("gptq", "rtn"): "rtn-weight-error",
            ("sparsegpt", "output"): "sparsegpt-output-error", ("sparsegpt", "wanda"): "wanda-weight-error"}
 
@@ -342,8 +341,7 @@ def main() -> None:
     ap.add_argument("--keep-settings", default="0,1,2", help="Indices into keep_settings (gptq 3b, gptq 4b, sparsegpt) for the keep part.")
     ap.add_argument("--variants", default=None, help="Keep part: only the variants whose name starts with one of these.")
     ap.add_argument("--spread", default=None, help="Keep part: size band of the levels, e.g. 0.9,1.7 (default: the Guide's).")
-    ap.add_argument("--pricing", default=None, choices=["output", "rtn", "wanda"],
-                    help="Keep/keepcal parts: how levels are priced, for the methods it applies to (default: the Guide's).")
+    ap.add_argument("--pricing", default=None, choices=["output", "rtn", "wanda"], help="Keep/keepcal: how levels are priced.")
     ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
     ap.add_argument("--out", type=Path, default=None,

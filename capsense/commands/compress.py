@@ -51,10 +51,10 @@ from capsense.commands.output import echo_written, log
               help="With --keep: how levels are priced: kept (gradient Fisher of the kept capabilities), measured "
               "(their loss measured per layer attention/MLP and level in the uniformly compressed model; slower, and "
               "on SmolLM2 it did not beat kept at 3-bit RTN), generic or flat (controls).")
-@click.option("--gptq-pricing", type=click.Choice(["output", "rtn"]), default=None,
-              help="With --keep and --method gptq: price each level by GPTQ's own output error (default 'output') or "
-              "by round-to-nearest's weight error ('rtn'). On SmolLM2 'output' was within 1.3% of uniform or better "
-              "on every kept row, 'rtn' was 65% worse at 4 bits but 44.5% better on math at 3 bits.")
+@click.option("--pricing", type=click.Choice(["output", "rtn", "wanda"]), default=None,
+              help="With --keep and --method gptq or sparsegpt: price each level by the method's own solved output "
+              "error (default 'output'), or by a cheaper proxy: round-to-nearest's weight error ('rtn', gptq) or "
+              "Wanda's mask's weight error ('wanda', sparsegpt). See recipes/results/RESULTS-compress.md.")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
 @click.option("--format", "fmt", type=click.Choice(["auto", "compressed-tensors", "dense"]), default="auto",
@@ -67,7 +67,7 @@ from capsense.commands.output import echo_written, log
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
-             gptq_pricing, budget_size, fmt, device_map, parallelize, out, overwrite):
+             pricing, budget_size, fmt, device_map, parallelize, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -90,7 +90,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, r
                "damp": damp, "act_order": act_order, "ratio": ratio, "alpha": alpha}
     result = compress_request(
         model, out, setting, targets=targets, budget_file=budget_file, keep=keep, sensitivity=sensitivity,
-        protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, gptq_pricing=gptq_pricing,
+        protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
         calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
         device_map=placed, fmt=fmt, log=log,

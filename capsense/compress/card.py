@@ -75,8 +75,9 @@ def render_card(meta: dict[str, Any], family: str) -> str:
         "density (compressed matrices)": s["target_density"]}])]
     alloc = meta.get("allocation")
     if alloc:
-        pricing = {"output": ", GPTQ levels priced by GPTQ's own output error",
-                   "rtn": ", GPTQ levels priced by RTN's weight error"}.get(alloc.get("gptq_pricing"), "")
+        pricing = {"output": ", levels priced by the method's own solved output error",
+                   "rtn": ", GPTQ levels priced by RTN's weight error",
+                   "wanda": ", SparseGPT levels priced by Wanda's weight error"}.get(alloc.get("pricing", alloc.get("gptq_pricing")), "")  # gptq_pricing: before round 10
         lines += ["", f"Guided allocation keeping **{', '.join(alloc['keep'])}** (sensitivity {alloc['sensitivity']}{pricing}), "
                   "at the size of the uniform setting; protected heads: "
                   f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces it."]

@@ -4,12 +4,11 @@ They store exactly what RTN and Wanda store (same sizes, same packed checkpoint 
 choose the values with the calibration inputs' Gram matrix (:mod:`.gptq`), so they need
 calibration with ``gram``; a run without it is refused before any weight changes.
 
-Pricing levels for a guided allocation. SparseGPT's levels are priced with Wanda's scores
-(``sum F (W - W')^2`` of the Wanda mask): running the solver at every density of every matrix
-would cost ~30 solves per matrix. GPTQ's levels are priced by **GPTQ's own result**: per matrix,
-all levels are solved together (:func:`~capsense.compress.gptq.gptq_output_errors`: one column
-loop over the levels' stacked rows, about the work of the levels' separate passes but without
-their Python overhead), and a level costs
+Pricing levels for a guided allocation (``Guide.pricing``, :data:`PRICINGS`): by **the method's
+own result**. Per matrix, all levels are solved together (:func:`~capsense.compress.gptq.gptq_output_errors`,
+:func:`~capsense.compress.gptq.sparsegpt_output_errors`: one column loop over the levels' stacked
+rows, about the work of the levels' separate passes but without their Python overhead), and a
+level costs
 
     sum_i r_i (dW_i G dW_i^T),   r_i = sum_j F_ij / trace(G),
 
@@ -23,12 +22,20 @@ SmolLM2-135M, 4 bits g64, equal size (recipes/results/RESULTS-compress.md): keep
 dL is +0.015 vs uniform's +0.020 (-25%); RTN's weight error under ``F`` (the earlier pricing,
 RTN's error at 4 bits being ~8x GPTQ's) gave +0.033, worse than uniform. At 3 bits it is the other
 way round: +0.381 vs uniform's +0.393, where the RTN pricing reached +0.218; so that pricing stays
-available (:func:`rtn_level_costs`, ``Guide(gptq_pricing="rtn")``). Calibrated on the kept
+available (:func:`rtn_level_costs`, ``Guide(pricing="rtn")``). Calibrated on the kept
 capability too (:func:`capsense.compress.calibration.kept_calibration`), 3 bits still favours it
 (keep code -24% vs -13%, keep math -59% vs -42% vs uniform), so the calibrating Gram is not why
 the output pricing loses there. The solved errors depend on
-the weights, Gram and level only, so they are cached (``cache``) across allocations of the same
-weights; the capability enters only through ``r``.
+the weights, Gram, level and protected block only, so they are cached (``cache``) across
+allocations of the same weights; the capability enters only through ``r``.
+
+SparseGPT's densities were priced by Wanda's weight error until round 10 (``pricing="wanda"``,
+:func:`wanda_level_costs`, still available); its own output error (the default) costs a solve of
+every density (33 in the 0.4x-2x band; ~10 min for SmolLM2 on one core). Measured at density 0.5
+with the kept-capability calibration, vs uniform at equal size: keep math -48.4% (Wanda -25.4%) on
+SmolLM2 and +26.6% (Wanda +51.1%) on Gemma 3 270M, keep code -18.2% (Wanda -31.1%) on SmolLM2:
+neither pricing is better on every row; ``output`` on two of three and on the row measured on
+both models (recipes/results/RESULTS-compress.md, round 10).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from capsense.compress.gptq import PATTERNS, gptq_output_errors, gptq_quantize, sparsegpt_prune
+from capsense.compress.gptq import PATTERNS, gptq_output_errors, gptq_quantize, sparsegpt_output_errors, sparsegpt_prune
 from capsense.compress.prune import check_density, wanda_scores
 from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _put_block
 from capsense.errors import BudgetError
@@ -102,9 +109,7 @@ class GPTQSetting(QuantSetting):
         fr, fc = _free_block(w, prot)
         gram = _gram(name, stats, fc)
         errors = self._output_errors(levels, name, w[fr][:, fc], gram, (fr, fc), cache)
-        trace = float(torch.diag(gram).sum())
-        rows = sensitivity.float()[fr][:, fc].sum(1).double() / (trace if trace > 0 else 1.0)
-        return [(s, s.size(tuple(w.shape), prot, base_bits)[1], float((rows * errors[s]).sum())) for s in levels]
+        return _output_costs(levels, errors, sensitivity.float()[fr][:, fc], gram, tuple(w.shape), prot, base_bits)
 
     @staticmethod
     def _output_errors(levels, name, w, gram, free, cache) -> dict:
@@ -124,9 +129,11 @@ class GPTQSetting(QuantSetting):
         return {s: cache[key[s]] for s in levels}
 
 
-#: How a guided allocation prices GPTQ's levels: ``output`` (default, above) or ``rtn`` (RTN's
-#: weight error under the Fisher, the earlier pricing: measured better at 3 bits, worse at 4).
-GPTQ_PRICINGS = ("output", "rtn")
+def _output_costs(levels, errors, sensitivity, gram, shape, prot, base_bits) -> list[tuple[Setting, int, float]]:
+    """(level, exact bits, ``sum_i r_i errors[level]_i``), ``r_i = sum_j F_ij / trace(G)``."""
+    trace = float(torch.diag(gram).sum())
+    rows = sensitivity.sum(1).double() / (trace if trace > 0 else 1.0)
+    return [(s, s.size(shape, prot, base_bits)[1], float((rows * errors[s].double()).sum())) for s in levels]
 
 
 def rtn_level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
@@ -186,8 +193,72 @@ class SparseGPTSetting(PruneSetting):
         kept = int(keep.sum())
         return Applied(new.to(w.dtype), kept, kept * base_bits)
 
+    def level_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
+        """(level, exact bits, ``sum_i r_i dW_i G dW_i^T`` of SparseGPT's result): as GPTQ's, module docstring."""
+        gram = _gram(name, stats, torch.ones(w.shape[1], dtype=torch.bool))
+        rows, cols = (prot.rows, prot.cols) if prot is not None else (None, None)
+        key = {s: ("sparsegpt-output-error", name, s.density, s.scope, s.damp, _block_key(*_free_block(w, prot)))
+               for s in levels}
+        cache = {} if cache is None else cache
+        todo = [s for s in levels if key[s] not in cache]
+        for scope, damp in sorted({(s.scope, s.damp) for s in todo}):
+            batch = [s for s in todo if (s.scope, s.damp) == (scope, damp)]
+            if scope == "2:4":  # one level (density 0.5): its own solve
+                solved = [_row_errors(w, gram, s.apply(name, w, stats, prot, base_bits).weight) for s in batch]
+            else:
+                try:
+                    solved = sparsegpt_output_errors(w, gram, [s.density for s in batch], damp, rows, cols)
+                except BudgetError as e:
+                    raise BudgetError(f"{name}: {e}") from None
+            cache.update({key[s]: e.double() for s, e in zip(batch, solved)})
+        return _output_costs(levels, {s: cache[key[s]] for s in levels}, sensitivity.float(), gram, tuple(w.shape),
+                             prot, base_bits)
+
     def levels(self):
         if self.scope == "2:4":
             return [self]
         return [SparseGPTSetting(self.method, s.density, s.scope, self.damp) for s in super().levels()]
 
+
+
+def _row_errors(w: torch.Tensor, gram: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    dw = w.double() - new.double()
+    return ((dw @ gram.double()) * dw).sum(1)
+
+
+def wanda_level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
+    """SparseGPT levels priced as Wanda's mask at the same density (``sum F (W - W_wanda)^2``), no solve."""
+    return PruneSetting.level_costs(levels[0], levels, name, w, sensitivity, stats, prot, base_bits, cache)
+
+
+#: How a guided allocation prices a compensating method's levels, per method (the first: its default):
+#: ``output`` (the Fisher-weighted output error of the method's own solved weights, module docstring),
+#: ``rtn`` (GPTQ as RTN at the same bits and group) or ``wanda`` (SparseGPT as Wanda's mask at the
+#: same density): the cheaper proxies, kept as options because they were measured better on some rows.
+PRICINGS: dict[str, dict[str, Any]] = {
+    "gptq": {"output": None, "rtn": rtn_level_costs},
+    "sparsegpt": {"output": None, "wanda": wanda_level_costs},
+}
+
+
+def check_pricing(pricing: str) -> str:
+    """``pricing`` if some method has it, else one error naming the valid ones."""
+    valid = sorted({p for by in PRICINGS.values() for p in by})
+    if pricing not in valid:
+        raise BudgetError(f"`pricing` {pricing!r}: valid pricings are {', '.join(valid)}")
+    return pricing
+
+
+def level_pricer(method: str, pricing: str | None):
+    """(the pricing's name, the level-cost function for :func:`~capsense.compress.allocate.matrix_candidates`
+    or None for the setting's own); for a method without pricings, (None, None). ``pricing`` given
+    for a method it does not apply to is an error."""
+    by = PRICINGS.get(method)
+    if by is None:
+        if pricing is not None:
+            raise BudgetError(f"`pricing` applies to methods {', '.join(PRICINGS)}, not {method}")
+        return None, None
+    name = next(iter(by)) if pricing is None else pricing
+    if name not in by:
+        raise BudgetError(f"`pricing` {name!r} does not apply to {method}: valid for {method} are {', '.join(by)}")
+    return name, by[name]

@@ -19,6 +19,12 @@ of 128 columns). Frantar et al., "GPTQ" (2022) and "SparseGPT" (2023); written f
   ``w^2 / U_jj^2`` (the OBS saliency) after the previous blocks' updates: per row, cumulatively
   exact (a row keeps ``round(density * in)`` weights, like Wanda's row scope), or ``2:4`` (two of
   every four consecutive weights, density 0.5). Protected rows and columns are never pruned.
+* Pricing a guided allocation (:mod:`~capsense.compress.compensated`): :func:`gptq_output_errors`
+  and :func:`sparsegpt_output_errors` solve every level of one matrix as one stacked weight
+  (levels share ``U``; bit width or density per row). SparseGPT's column loop updates a transposed
+  copy of each block (contiguous rows, one ``addr_`` per column) and ranks saliency with one sort:
+  bit-identical to the straightforward loop, half its CPU time (8 densities of a 1536x576 matrix:
+  1.87 -> 0.92 CPU-s); stacking levels itself saves little (33 densities ~ 33 separate solves).
 """
 
 from __future__ import annotations
@@ -141,14 +147,14 @@ def gptq_output_errors(weight: torch.Tensor, gram: torch.Tensor, levels: list[tu
     return ((dw @ gp) * dw).sum(1).view(len(levels), n_out)
 
 
-def _row_prune_counts(density: float, start: int, end: int, free: torch.Tensor, done: torch.Tensor,
+def _row_prune_counts(density: torch.Tensor, start: int, end: int, free: torch.Tensor, done: torch.Tensor,
                       total: torch.Tensor) -> torch.Tensor:
     """Weights each row prunes in columns ``start:end``: the cumulative share ``c - round(density * c)``
-    through column ``end``, at least what the later columns can no longer absorb (protected ones
-    cannot be pruned), so each row prunes exactly ``total`` in all."""
+    through column ``end`` (``density`` per row), at least what the later columns can no longer absorb
+    (protected ones cannot be pruned), so each row prunes exactly ``total`` in all."""
     free_here = free[:, start:end].sum(1)
     free_after = free[:, end:].sum(1)
-    share = torch.clamp(torch.full_like(done, end - round(density * end)), max=total)
+    share = torch.minimum(end - torch.round(density * end).long(), total)
     return torch.minimum(torch.maximum(share - done, total - done - free_after).clamp(min=0), free_here)
 
 
@@ -160,8 +166,47 @@ def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) ->
         low = torch.topk(saliency.view(n_out, width // 4, 4), 2, dim=2, largest=False).indices
         pruned = torch.zeros(n_out, width // 4, 4, dtype=torch.bool).scatter_(2, low, True)
         return pruned.view(n_out, width)
-    rank = torch.argsort(torch.argsort(saliency, dim=1), dim=1)
-    return rank < k[:, None]
+    order = torch.argsort(saliency, dim=1)
+    low = torch.arange(width)[None, :] < k[:, None]  # the first k[row] of each row's order
+    return torch.zeros(n_out, width, dtype=torch.bool).scatter_(1, order, low)
+
+
+def _guard(shape, protected_rows, protected_cols) -> torch.Tensor:
+    guard = torch.zeros(shape, dtype=torch.bool)
+    if protected_rows is not None:
+        guard[protected_rows] = True
+    if protected_cols is not None:
+        guard[:, protected_cols] = True
+    return guard
+
+
+def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, pattern: str, guard: torch.Tensor) -> torch.Tensor:
+    """SparseGPT's column loop over ``w`` (updated in place, pruned entries zeroed): the keep-mask.
+    ``density`` is per row (float64), so rows of different densities can be solved together: they
+    share ``u``."""
+    n_out, n_in = w.shape
+    free = ~guard
+    total = torch.minimum(free.sum(1), n_in - torch.round(density * n_in).long())
+    done = torch.zeros(n_out, dtype=torch.long)
+    keep = torch.ones(n_out, n_in, dtype=torch.bool)
+    for start in range(0, n_in, BLOCK):
+        end = min(start + BLOCK, n_in)
+        sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
+        sal[guard[:, start:end]] = float("inf")
+        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, done, total)
+        keep[:, start:end] = ~_block_mask(sal, pattern, k)
+        done += (~keep[:, start:end]).sum(1)
+        blk = w[:, start:end].t().contiguous()  # [columns, rows]: each column's update is contiguous
+        kept = keep[:, start:end].t().to(w.dtype)
+        err = torch.empty_like(blk)
+        for j in range(end - start):
+            err[j] = blk[j] * (1.0 - kept[j]) / u[start + j, start + j]
+            blk[j] *= kept[j]
+            blk[j + 1 :].addr_(u[start + j, start + j + 1 : end], err[j], alpha=-1.0)
+        w[:, start:end] = blk.t()
+        _propagate(w, err.t(), u, start, end)
+    w[~keep] = 0.0
+    return keep
 
 
 @torch.no_grad()
@@ -176,34 +221,32 @@ def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, density: float, pa
     if pattern == "2:4" and (density != 0.5 or n_in % 4):
         raise BudgetError(f"the 2:4 pattern keeps two of every four weights: it needs density 0.5 (got {density}) "
                          f"and input columns divisible by 4 (got {n_in})")
+    guard = _guard((n_out, n_in), protected_rows, protected_cols)
+    if pattern == "2:4" and bool(guard.any()):
+        raise BudgetError("the 2:4 pattern prunes two of every four weights in every row: it cannot keep protected heads whole")
     u, dead = _inverse_factor(gram, damp)
     w = weight.detach().double().clone()
     w[:, dead] = 0.0
-    guard = torch.zeros(n_out, n_in, dtype=torch.bool)
-    if protected_rows is not None:
-        guard[protected_rows] = True
-    if protected_cols is not None:
-        guard[:, protected_cols] = True
-    if pattern == "2:4" and bool(guard.any()):
-        raise BudgetError("the 2:4 pattern prunes two of every four weights in every row: it cannot keep protected heads whole")
-    free = ~guard
-    total = torch.clamp(free.sum(1), max=n_in - round(density * n_in))
-    done = torch.zeros(n_out, dtype=torch.long)
-    keep = torch.ones(n_out, n_in, dtype=torch.bool)
-    for start in range(0, n_in, BLOCK):
-        end = min(start + BLOCK, n_in)
-        sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
-        sal[guard[:, start:end]] = float("inf")
-        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, done, total)
-        keep[:, start:end] = ~_block_mask(sal, pattern, k)
-        done += (~keep[:, start:end]).sum(1)
-        err = torch.zeros(n_out, end - start, dtype=w.dtype)
-        for j in range(start, end):
-            new = torch.where(keep[:, j], w[:, j], torch.zeros((), dtype=w.dtype))
-            e = (w[:, j] - new) / u[j, j]
-            w[:, j] = new
-            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
-            err[:, j - start] = e
-        _propagate(w, err, u, start, end)
-    w[~keep] = 0.0
+    keep = _prune_solve(w, u, torch.full((n_out,), float(density), dtype=torch.float64), pattern, guard)
     return w.float(), keep
+
+
+@torch.no_grad()
+def sparsegpt_output_errors(weight: torch.Tensor, gram: torch.Tensor, densities: list[float], damp: float = 0.01,
+                            protected_rows: torch.Tensor | None = None, protected_cols: torch.Tensor | None = None,
+                            dtype=torch.float32) -> torch.Tensor:
+    """``[levels, out]``: each row's calibration output error ``dW G dW^T`` after SparseGPT (row
+    pattern) at each density, ``dW`` the weight minus its SparseGPT result. Like
+    :func:`gptq_output_errors`, the levels share the Gram matrix's factor and are solved together as
+    one stacked weight; ``float64`` reproduces :func:`sparsegpt_prune` exactly."""
+    _check(weight, gram, damp)
+    n_out, n_in = weight.shape
+    u, dead = _inverse_factor(gram, damp)
+    w = weight.detach().to(dtype).clone()
+    w[:, dead] = 0.0
+    n = len(densities)
+    big = w.repeat(n, 1)
+    density = torch.tensor([float(d) for d in densities], dtype=torch.float64).repeat_interleave(n_out)
+    _prune_solve(big, u.to(dtype), density, "row", _guard((n_out, n_in), protected_rows, protected_cols).repeat(n, 1))
+    dw = weight.detach().to(dtype).repeat(n, 1) - big
+    return ((dw @ gram.to(dtype)) * dw).sum(1).view(n, n_out)

@@ -19,7 +19,7 @@ Design (why it is built this way):
   size.
 * **Allocation.** Each matrix takes one level of the method (density, bits or ratio) chosen by
   :func:`capsense.compress.allocate.allocate` minimising ``sum F (W - W')^2`` at the budget
-  (GPTQ: the Fisher-weighted output error of its own result, :mod:`capsense.compress.compensated`).
+  (GPTQ and SparseGPT: the Fisher-weighted output error of their own result, :mod:`capsense.compress.compensated`).
 * **Calibration.** GPTQ and SparseGPT guided by ``keep`` calibrate on the default mix plus the kept
   capabilities unless told otherwise (:func:`capsense.compress.calibration.kept_calibration`, chosen
   by :func:`capsense.compress.request.default_calibration`): on SmolLM2 most of the guided gain.
@@ -43,7 +43,7 @@ from capsense.compress.allocate import Candidate, allocate, matrix_candidates
 from capsense.compress.budget import Budget, Override, protections
 from capsense.errors import BudgetError
 from capsense.compress.capabilities import parse_capabilities
-from capsense.compress.compensated import GPTQ_PRICINGS, rtn_level_costs
+from capsense.compress.compensated import check_pricing, level_pricer
 from capsense.compress.measured_sensitivity import check_unit, measured_allocation
 from capsense.compress.methods import Setting, parse_setting
 from capsense.compress.packed import unstorable
@@ -66,8 +66,8 @@ class Guide:
     capabilities' measured loss in the uniformly compressed model, ``n_levels`` levels per unit:
     :mod:`capsense.compress.measured_sensitivity`). ``protect_top_k``: heads protected per kept capability
     (0: none; None: the method's default); ``heads`` overrides the gradient's choice with given heads.
-    ``gptq_pricing`` (GPTQ only): ``output`` (default; GPTQ's own output error) or ``rtn``
-    (RTN's weight error; measured better at 3 bits, worse at 4: :mod:`capsense.compress.compensated`).
+    ``pricing`` (GPTQ and SparseGPT only): ``output`` (default; the method's own solved output error),
+    or the cheaper proxy ``rtn`` (GPTQ) / ``wanda`` (SparseGPT) (:mod:`capsense.compress.compensated`).
     """
 
     keep: list[str]
@@ -81,7 +81,7 @@ class Guide:
     unit: str = "kind"  # measured only: "kind" (a layer's attention or MLP) or "layer"
     n_levels: int = 6  # measured only: levels per unit (one measured forward each)
     rounds: int = 1  # measured only: > 1 measures again around the previous round's allocation
-    gptq_pricing: str | None = None  # gptq only: "output" (the default) or "rtn" (capsense.compress.compensated)
+    pricing: str | None = None  # gptq/sparsegpt: "output" (the default), "rtn"/"wanda" (capsense.compress.compensated)
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)
@@ -93,8 +93,8 @@ class Guide:
             raise BudgetError(f"rounds must be at least 1, got {self.rounds}")
         if self.n_levels < 2:
             raise BudgetError(f"n_levels must be at least 2 (the uniform level and another), got {self.n_levels}")
-        if self.gptq_pricing is not None and self.gptq_pricing not in GPTQ_PRICINGS:
-            raise BudgetError(f"`gptq_pricing` {self.gptq_pricing!r}: valid pricings are {', '.join(GPTQ_PRICINGS)}")
+        if self.pricing is not None:
+            check_pricing(self.pricing)
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
             raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
 
@@ -182,9 +182,9 @@ def guided_budget(
     base = parse_setting(base_budget.default)
     if base is None or getattr(base, "scope", "row") == "global":
         raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
-    if guide.gptq_pricing is not None and (base.method != "gptq" or guide.sensitivity == "measured"):
-        raise BudgetError(f"`gptq_pricing` applies to method gptq with a Fisher or flat sensitivity, not "
-                          f"{base.method} with {guide.sensitivity}")
+    if guide.pricing is not None and guide.sensitivity == "measured":
+        raise BudgetError("`pricing` applies to a Fisher, generic or flat sensitivity, not measured (which measures the loss)")
+    pricing, price = level_pricer(base.method, guide.pricing)
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
     top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
@@ -209,7 +209,7 @@ def guided_budget(
         st = stats.get(t.name) if base.calibrated else None
         cands[t.name] = matrix_candidates(
             t.name, t.get(), fisher[t.name], levels, st, prot.get(t.name), acc.BASE_BITS, cache, dense=False,
-            price=rtn_level_costs if guide.gptq_pricing == "rtn" else None,
+            price=price,
         )
     chosen = allocate(cands, goal)
     budget.overrides = [
@@ -219,7 +219,7 @@ def guided_budget(
     ]
     info = {
         "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": base.to_dict(), "spread": list(guide.spread),
-        "gptq_pricing": (guide.gptq_pricing or "output") if base.method == "gptq" else None,
+        "pricing": pricing,
         "protected_heads": str(heads) if heads is not None else None, "target_bits": goal,
         "allocated_bits": sum(c.bits for c in chosen.values()),
         "estimated_cost": sum(c.cost for c in chosen.values()),

@@ -75,7 +75,7 @@ def compress_request(
     protect_top_k: int | None = None,
     protect_heads: str | None = None,
     budget_size: float | None = None,
-    gptq_pricing: str | None = None,
+    pricing: str | None = None,
     calibration: str | None = None,
     calibration_samples: int = 64,
     dtype: str = "float32",
@@ -93,7 +93,7 @@ def compress_request(
     defaults); without, they are the one setting of every ``targets`` matrix. ``keep``
     (comma-separated capabilities) asks for a guided allocation at the uniform setting's size
     (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept
-    capability (or ``protect_heads``) kept whole; ``gptq_pricing`` says how a guided GPTQ
+    capability (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT
     allocation prices its levels (:class:`~capsense.compress.guided.Guide`). Those guide options
     without ``keep`` are an error, not ignored. ``calibration`` None is the default sources, and
     for an error-compensating method (GPTQ, SparseGPT) guided by ``keep``, those plus the kept
@@ -103,7 +103,7 @@ def compress_request(
     from capsense.compress.pipeline import compress_checkpoint
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
-                         gptq_pricing=gptq_pricing, sensitivity=None if sensitivity == "kept" else sensitivity)
+                         pricing=pricing, sensitivity=None if sensitivity == "kept" else sensitivity)
     unknown = set(setting) - set(SETTING_PARAMETERS)
     if unknown:
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
@@ -116,7 +116,7 @@ def compress_request(
         from capsense.compress.guided import Guide
 
         guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
-                      size_ratio=budget_size, samples=calibration_samples, gptq_pricing=gptq_pricing)
+                      size_ratio=budget_size, samples=calibration_samples, pricing=pricing)
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,

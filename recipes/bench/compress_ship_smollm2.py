@@ -25,9 +25,11 @@ that pack; SparseGPT dense, as compressed-tensors has no sparse storage) to reco
 and its dL measured in memory (float32) on math, code and qa. How levels are priced:
 :mod:`capsense.compress.compensated` (GPTQ: the Fisher-weighted output error of GPTQ's own result,
 rows marked ``pricing: gptq-output-error``; earlier rows priced GPTQ by RTN's weight error;
-SparseGPT: Wanda's weight error, rows marked ``pricing: wanda-weight-error``; every row records its
-``calibration`` set). ``--reload`` also reloads the guided checkpoints with plain
-transformers and compares them with the in-memory model cast to bfloat16.
+SparseGPT: before round 10 Wanda's weight error, rows marked ``pricing: wanda-weight-error``, since
+then by default its own solved output error, ``sparsegpt-output-error``; ``--pricing`` picks; every
+row records its ``calibration`` set). ``--reload`` also reloads the guided checkpoints (packed or
+dense) with plain transformers and compares them with the in-memory model, float32 and cast to
+bfloat16.
 
 ``keepcal``: per ``--keep`` capability CAP, calibrate as ``capsense compress --keep CAP`` does for
 GPTQ and SparseGPT (the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`)
@@ -76,9 +78,14 @@ def keep_settings(group: int):
 
 DL = ({"method": "rtn", "bits": 3, "group_size": 128}, {"method": "gptq", "bits": 3, "group_size": 128},
       {"method": "rtn", "bits": 4, "group_size": 128}, {"method": "gptq", "bits": 4, "group_size": 128})
-#: How a guided allocation priced GPTQ's levels (``Guide.gptq_pricing``, capsense.compress.compensated);
-#: rows without the field priced GPTQ by RTN's weight error.
-PRICING = {"output": "gptq-output-error", "rtn": "rtn-weight-error"}
+#: How a guided allocation priced its levels (``Guide.pricing``), per method; GPTQ rows without the field: RTN's.
+PRICING = {("gptq", "output"): "gptq-output-error", ("gptq", "rtn"): "rtn-weight-error",
+           ("sparsegpt", "output"): "sparsegpt-output-error", ("sparsegpt", "wanda"): "wanda-weight-error"}
+
+
+def pricing_for(setting, pricing: str | None) -> dict:
+    """``{"pricing": pricing}`` for a Guide of ``setting``'s method when that pricing applies to it, else {}."""
+    return {"pricing": pricing} if (setting["method"], pricing) in PRICING else {}
 
 
 def peak_rss_mb() -> float:
@@ -153,12 +160,12 @@ def pack_part(model, name, tok, probes, stats, saved, base, which=(0, 1)):
         }
 
 
-def keep_variants(keep: list[str], spread, gptq_pricing=None):
+def keep_variants(keep: list[str], spread, pricing: dict):
     """(variant name, Guide or None for uniform) of one setting."""
     from capsense.compress.guided import Guide
 
     tag = "" if spread is None else f"~{spread[0]:g}-{spread[1]:g}"
-    extra = ({} if spread is None else {"spread": spread}) | ({} if gptq_pricing is None else {"gptq_pricing": gptq_pricing})
+    extra = ({} if spread is None else {"spread": spread}) | pricing
     yield "uniform", None
     yield "agnostic" + tag, Guide(keep[:1], sensitivity="generic", protect_top_k=0, **extra)
     for cap in keep:
@@ -166,17 +173,17 @@ def keep_variants(keep: list[str], spread, gptq_pricing=None):
 
 
 def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None,
-              gptq_pricing=None):
+              pricing=None):
     """Yields one row per (setting, variant), as measured (see the module docstring)."""
     fisher_cache: dict = {}
     for setting in settings:
-        for variant, guide in keep_variants(keep, spread, gptq_pricing if setting["method"] == "gptq" else None):
+        for variant, guide in keep_variants(keep, spread, pricing_for(setting, pricing)):
             if variants and not variant.startswith(tuple(variants)):
                 continue
             yield keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
 
 
-def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=False, variants=None, gptq_pricing=None):
+def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=False, variants=None, pricing=None):
     """Per kept capability CAP, calibrated as ``capsense compress --keep CAP`` calibrates a compensating
     method (:func:`~capsense.compress.calibration.kept_calibration`): ``uniform-kc:CAP`` (the uniform
     setting with that calibration: how much is calibration) and ``guided-kc:CAP`` (the guided allocation)."""
@@ -191,8 +198,7 @@ def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=F
         print(f"calibrated in {time.time() - t0:.0f} s on {spec}", flush=True)
         fisher_cache.pop("level_costs", None)  # solved errors and Wanda scores depend on the calibration
         for setting in settings:
-            pricing = {"gptq_pricing": gptq_pricing} if gptq_pricing and setting["method"] == "gptq" else {}
-            for variant, guide in ((f"uniform-kc:{cap}", None), (f"guided-kc:{cap}", Guide([cap], **pricing))):
+            for variant, guide in ((f"uniform-kc:{cap}", None), (f"guided-kc:{cap}", Guide([cap], **pricing_for(setting, pricing)))):
                 if variants and not variant.startswith(tuple(variants)):
                     continue
                 row = keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
@@ -216,7 +222,7 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
     result = compress_model(model, budget, stats)
     t2 = time.time()
     after = doc_nll(model, probes)
-    check = reload and guide is not None and guide.sensitivity == "kept" and fmt == "compressed-tensors"
+    check = reload and guide is not None and guide.sensitivity == "kept"  # packed (GPTQ) or dense (SparseGPT)
     meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
     row = {
         "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
@@ -239,11 +245,10 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
 
 
 def _pricing(setting, allocation) -> str | None:
-    """How the allocation priced its levels (None for uniform): GPTQ's ``Guide.gptq_pricing``;
-    SparseGPT's levels are priced by Wanda's weight error (capsense.compress.compensated)."""
+    """How the allocation priced its levels (None for uniform): ``Guide.pricing`` (capsense.compress.compensated)."""
     if allocation is None:
         return None
-    return PRICING.get(allocation.info.get("gptq_pricing")) if setting["method"] == "gptq" else "wanda-weight-error"
+    return PRICING.get((setting["method"], allocation.info.get("pricing")))
 
 
 def keep_table(records) -> str:
@@ -304,7 +309,7 @@ def keepcal_table(records) -> str:
 
 
 def _pricing_tag(r) -> str:
-    return f" [{r['pricing']}]" if r.get("pricing") == "gptq-output-error" else ""
+    return f" [{r['pricing']}]" if r.get("pricing") in ("gptq-output-error", "sparsegpt-output-error") else ""
 
 
 def _priced(r) -> str:
@@ -336,8 +341,7 @@ def main() -> None:
     ap.add_argument("--keep-settings", default="0,1,2", help="Indices into keep_settings (gptq 3b, gptq 4b, sparsegpt) for the keep part.")
     ap.add_argument("--variants", default=None, help="Keep part: only the variants whose name starts with one of these.")
     ap.add_argument("--spread", default=None, help="Keep part: size band of the levels, e.g. 0.9,1.7 (default: the Guide's).")
-    ap.add_argument("--gptq-pricing", default=None, choices=["output", "rtn"],
-                    help="Keep part: how GPTQ levels are priced (default: the Guide's, output).")
+    ap.add_argument("--pricing", default=None, choices=["output", "rtn", "wanda"], help="Keep/keepcal: how levels are priced.")
     ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
     ap.add_argument("--out", type=Path, default=None,
@@ -380,11 +384,11 @@ def main() -> None:
         "keep": lambda: keep_part(model, args.model, tok, probes, stats, saved, base,
                                   [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                   args.keep.split(","), spread, args.reload,
-                                  args.variants.split(",") if args.variants else None, args.gptq_pricing),
+                                  args.variants.split(",") if args.variants else None, args.pricing),
         "keepcal": lambda: keepcal_part(model, args.model, tok, probes, saved, base,
                                         [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                         args.keep.split(","), args.reload,
-                                        args.variants.split(",") if args.variants else None, args.gptq_pricing),
+                                        args.variants.split(",") if args.variants else None, args.pricing),
         "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
     }
     for part in args.parts.split(","):  # in the order given

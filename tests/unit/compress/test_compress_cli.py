@@ -121,10 +121,11 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
     (["--method", "rtn", "--bits", "4", "--damp", "0.1"], "damp does not apply to rtn"),
     (["--method", "sparsegpt", "--density", "0.6", "--scope", "2:4"], "density must be 0.5"),
     ([], "give --method"),
-    (["--method", "gptq", "--bits", "4", "--gptq-pricing", "rtn"], "--gptq-pricing shape(s) a guided allocation: give --keep"),
+    (["--method", "gptq", "--bits", "4", "--pricing", "rtn"], "--pricing shape(s) a guided allocation: give --keep"),
     (["--method", "wanda", "--density", "0.5", "--protect-top-k", "2", "--sensitivity", "flat"],
      "--protect-top-k, --sensitivity shape(s) a guided allocation"),
-    (["--method", "wanda", "--density", "0.5", "--keep", "math", "--gptq-pricing", "rtn"], "--gptq-pricing applies to method gptq"),
+    (["--method", "wanda", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing applies to methods gptq, sparsegpt, not wanda"),
+    (["--method", "sparsegpt", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing 'rtn' does not apply to sparsegpt"),
 ])
 def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_model_dir, args, message):
     out = tmp_path / "out"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from capsense.errors import BudgetError
-from capsense.compress.gptq import gptq_quantize, sparsegpt_prune
+from capsense.compress.gptq import gptq_quantize, sparsegpt_output_errors, sparsegpt_prune
 from capsense.compress.prune import apply_mask, mask_from_scores, wanda_scores
 from capsense.compress.quantize import rtn_quantize
 
@@ -209,3 +209,27 @@ def test_gptq_levels_are_priced_by_the_fisher_weighted_output_error_of_gptq():
     assert len(cache) == 3  # solved once per level; a second allocation reuses them
     again = levels[0].level_costs(levels, "m", w, 2 * fisher, stats, None, 16, cache)
     assert [c for *_, c in again] == pytest.approx([2 * c for *_, c in priced]) and len(cache) == 3
+
+
+@pytest.mark.parametrize("protect", [False, True])
+def test_sparsegpt_output_errors_match_separate_solves(protect):
+    """The stacked solve of several densities gives, in float64, each density's own SparseGPT result:
+    the per-row output error ``dW G dW^T`` of :func:`sparsegpt_prune`, protected rows and columns too."""
+    torch.manual_seed(3)
+    w, x = torch.randn(6, 32), torch.randn(80, 32)
+    gram = (x.T @ x).double()
+    gram[5, :], gram[:, 5] = 0.0, 0.0  # a dead input column
+    rows = torch.tensor([True, False, False, True, False, False]) if protect else None
+    cols = torch.zeros(32, dtype=torch.bool).index_fill_(0, torch.tensor([0, 7, 8]), True) if protect else None
+    densities = [0.25, 0.5, 0.775, 1.0]
+    solved = sparsegpt_output_errors(w, gram, densities, protected_rows=rows, protected_cols=cols, dtype=torch.float64)
+    assert solved.shape == (4, 6)
+    for d, errs in zip(densities, solved):
+        new, _ = sparsegpt_prune(w, gram, d, protected_rows=rows, protected_cols=cols)
+        dw = w.double() - new.double()
+        assert torch.allclose(errs, ((dw @ gram) * dw).sum(1), rtol=1e-5, atol=1e-6)
+    assert torch.all(solved[-1] == 0) and bool((solved[0] >= solved[1]).all())
+    if protect:
+        assert torch.all(solved[:, rows] == 0)
+    fast = sparsegpt_output_errors(w, gram, densities, protected_rows=rows, protected_cols=cols)
+    assert torch.allclose(fast.double(), solved, rtol=1e-3, atol=1e-3)

@@ -271,15 +271,42 @@ def test_guided_gptq_pricing_output_or_rtn_and_refusals():
     cache: dict = {}
     out = guided_budget(model, tok, base, stats, Guide(["math"], samples=4), fisher_cache=cache)
     solved = len(cache["level_costs"])
-    assert solved > 0 and out.info["gptq_pricing"] == "output"
-    again = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, gptq_pricing="output"), fisher_cache=cache)
+    assert solved > 0 and out.info["pricing"] == "output"
+    again = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, pricing="output"), fisher_cache=cache)
     assert len(cache["level_costs"]) == solved and again.info["estimated_cost"] == out.info["estimated_cost"]
-    rtn = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, gptq_pricing="rtn"))
-    assert rtn.info["gptq_pricing"] == "rtn" and rtn.info["estimated_cost"] != out.info["estimated_cost"]
+    rtn = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, pricing="rtn"))
+    assert rtn.info["pricing"] == "rtn" and rtn.info["estimated_cost"] != out.info["estimated_cost"]
     for al in (out, rtn):
         assert al.info["target_bits"] - 16 * 16 < al.info["allocated_bits"] <= al.info["target_bits"]
-    with pytest.raises(BudgetError, match="valid pricings are output, rtn"):
-        Guide(["math"], gptq_pricing="fisher")
-    with pytest.raises(BudgetError, match="`gptq_pricing` applies to method gptq"):
+    with pytest.raises(BudgetError, match="valid pricings are output, rtn, wanda"):
+        Guide(["math"], pricing="fisher")
+    with pytest.raises(BudgetError, match="`pricing` applies to methods gptq, sparsegpt, not rtn"):
         guided_budget(model, tok, uniform_budget({"method": "rtn", "bits": 3}), stats,
-                      Guide(["math"], samples=4, gptq_pricing="rtn"))
+                      Guide(["math"], samples=4, pricing="rtn"))
+    with pytest.raises(BudgetError, match="`pricing` 'wanda' does not apply to gptq: valid for gptq are output, rtn"):
+        guided_budget(model, tok, base, stats, Guide(["math"], samples=4, pricing="wanda"))
+
+
+def test_guided_sparsegpt_pricing_output_or_wanda():
+    """SparseGPT levels priced by SparseGPT's own output error (default) or Wanda's weight error:
+    both fill the uniform size and price differently; the solved errors are cached per protected
+    block (one head protected here), so a second allocation solves nothing."""
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    base = uniform_budget({"method": "sparsegpt", "density": 0.5})
+    stats, _ = calibrate(model, tok, base, "math", 6)
+    cache: dict = {}
+    out = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, protect_top_k=1), fisher_cache=cache)
+    solved = len(cache["level_costs"])
+    assert solved > 0 and out.info["pricing"] == "output"
+    assert all(k[0] == "sparsegpt-output-error" for k in cache["level_costs"])
+    again = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, protect_top_k=1, pricing="output"),
+                          fisher_cache=cache)
+    assert len(cache["level_costs"]) == solved and again.info["estimated_cost"] == out.info["estimated_cost"]
+    wanda = guided_budget(model, tok, base, stats, Guide(["math"], samples=4, protect_top_k=1, pricing="wanda"))
+    assert wanda.info["pricing"] == "wanda" and wanda.info["estimated_cost"] != out.info["estimated_cost"]
+    for al in (out, wanda):
+        assert al.info["allocated_bits"] <= al.info["target_bits"]
+    with pytest.raises(BudgetError, match="`pricing` 'rtn' does not apply to sparsegpt: valid for sparsegpt are output, wanda"):
+        guided_budget(model, tok, base, stats, Guide(["math"], samples=4, pricing="rtn"))
+    with pytest.raises(BudgetError, match="`pricing` applies to a Fisher, generic or flat sensitivity, not measured"):
+        guided_budget(model, tok, base, stats, Guide(["math"], samples=4, sensitivity="measured", pricing="wanda"))

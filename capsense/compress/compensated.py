@@ -46,7 +46,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from capsense.compress.gptq import PATTERNS, gptq_output_errors, gptq_quantize, sparsegpt_output_errors, sparsegpt_prune
+from capsense.compress.gptq import (PATTERNS, gptq_output_errors, gptq_quantize, row_output_errors, sparsegpt_output_errors,
+                                    sparsegpt_prune)
 from capsense.compress.prune import check_density, wanda_scores
 from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _put_block
 from capsense.errors import BudgetError
@@ -124,8 +125,7 @@ class GPTQSetting(QuantSetting):
             solved = gptq_output_errors(w, gram, [(s.bits, s.group_size) for s in batch], damp)
             cache.update({key[s]: e.double() for s, e in zip(batch, solved)})
         for s in (s for s in todo if not s.act_order):  # natural order: group scales from the updated weights
-            dw = w.double() - gptq_quantize(w, gram, s.bits, s.group_size, s.damp, False)[0].double()
-            cache[key[s]] = ((dw @ gram.double()) * dw).sum(1)
+            cache[key[s]] = row_output_errors(w.double() - gptq_quantize(w, gram, s.bits, s.group_size, s.damp, False)[0].double(), gram)
         return {s: cache[key[s]] for s in levels}
 
 
@@ -204,7 +204,8 @@ class SparseGPTSetting(PruneSetting):
         for scope, damp in sorted({(s.scope, s.damp) for s in todo}):
             batch = [s for s in todo if (s.scope, s.damp) == (scope, damp)]
             if scope == "2:4":  # one level (density 0.5): its own solve
-                solved = [_row_errors(w, gram, s.apply(name, w, stats, prot, base_bits).weight) for s in batch]
+                solved = [row_output_errors(w.double() - s.apply(name, w, stats, prot, base_bits).weight.double(), gram)
+                          for s in batch]
             else:
                 try:
                     solved = sparsegpt_output_errors(w, gram, [s.density for s in batch], damp, rows, cols)
@@ -219,11 +220,6 @@ class SparseGPTSetting(PruneSetting):
             return [self]
         return [SparseGPTSetting(self.method, s.density, s.scope, self.damp) for s in super().levels()]
 
-
-
-def _row_errors(w: torch.Tensor, gram: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    dw = w.double() - new.double()
-    return ((dw @ gram.double()) * dw).sum(1)
 
 
 def wanda_level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache=None):

@@ -143,8 +143,14 @@ def gptq_output_errors(weight: torch.Tensor, gram: torch.Tensor, levels: list[tu
     col_scale = torch.cat(cols)
     q = _solve(w.repeat(len(levels), 1), u, torch.cat(q_max), lambda j, _w: col_scale[:, j])
     dw = weight.detach().to(dtype)[:, perm].repeat(len(levels), 1) - q
-    gp = gram.to(dtype)[perm][:, perm]
-    return ((dw @ gp) * dw).sum(1).view(len(levels), n_out)
+    return row_output_errors(dw, gram[perm][:, perm]).view(len(levels), n_out)
+
+
+def row_output_errors(dw: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """Per row of a weight change ``dw`` ``[rows, in]``, its output error on the calibration inputs,
+    ``dW_i G dW_i^T`` (``G`` cast to ``dw``'s dtype): what GPTQ and SparseGPT minimise, and what prices
+    their levels (:mod:`capsense.compress.compensated`)."""
+    return ((dw @ gram.to(dw.dtype)) * dw).sum(1)
 
 
 def _row_prune_counts(density: torch.Tensor, start: int, end: int, free: torch.Tensor, done: torch.Tensor,
@@ -249,4 +255,4 @@ def sparsegpt_output_errors(weight: torch.Tensor, gram: torch.Tensor, densities:
     density = torch.tensor([float(d) for d in densities], dtype=torch.float64).repeat_interleave(n_out)
     _prune_solve(big, u.to(dtype), density, "row", _guard((n_out, n_in), protected_rows, protected_cols).repeat(n, 1))
     dw = weight.detach().to(dtype).repeat(n, 1) - big
-    return ((dw @ gram.to(dtype)) * dw).sum(1).view(n, n_out)
+    return row_output_errors(dw, gram).view(n, n_out)

@@ -18,7 +18,7 @@ from torch import nn
 
 from capsense.compress.capabilities import document_ids, parse_capabilities, task_of
 from capsense.errors import CapsenseError
-from capsense.scoring.probe import Probe, ProbeScorer
+from capsense.scoring.probe import KeepsRequestScores, Probe, ProbeScorer
 
 
 def capability_probe(capability: str, tokenizer, n: int, use: str = "probe") -> Probe:
@@ -38,14 +38,8 @@ def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 6
     return {cap: capability_probe(cap, tokenizer, n_probes) for cap in parse_capabilities(capabilities)}
 
 
-class _KeepingScorer(ProbeScorer):
+class _KeepingScorer(KeepsRequestScores, ProbeScorer):
     """A scorer that also keeps per-request log-probabilities (for per-document splits)."""
-
-    last: tuple[np.ndarray, np.ndarray] | None = None
-
-    def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
-        self.last = (logprob, greedy)
-        return super().aggregate(logprob, greedy)
 
 
 @dataclass
@@ -79,11 +73,7 @@ def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None,
     assert scorer.last is not None
     logprob = scorer.last[0][0]
     tokens = np.array([len(t) for t in scorer._targets])
-    if probe.kind == "multiple_choice":
-        assert probe.gold is not None and probe.choice_of is not None
-        keep = probe.choice_of == probe.gold[probe.doc_of]
-    else:
-        keep = np.ones(len(tokens), dtype=bool)
+    keep = probe.counted
     doc_nats = np.zeros(probe.n_docs)
     doc_tok = np.zeros(probe.n_docs, dtype=int)
     np.add.at(doc_nats, probe.doc_of[keep], -logprob[keep])

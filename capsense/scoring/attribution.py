@@ -131,16 +131,9 @@ class AttributionScorer:
         self.base = ProbeScorer(model, probe, batch_size=batch_size)  # tokenization, order, padding
         self.model, self.probe, self.layout = model, probe, self.base.layout
         self.batch_size = max(1, int(batch_size))
-        self.requests = [r for r in self.base._order if self._counted(r)]
+        counted = probe.counted
+        self.requests = [r for r in self.base._order if counted[r]]
         self.n_tokens = sum(len(self.base._targets[r]) for r in self.requests)
-
-    def _counted(self, r: int) -> bool:
-        """Requests the nll counts: all, or for multiple choice the gold choices."""
-        p = self.probe
-        if p.kind != "multiple_choice":
-            return True
-        assert p.gold is not None and p.choice_of is not None
-        return bool(p.choice_of[r] == p.gold[p.doc_of[r]])
 
     def _batch_nll(self, reqs: Sequence[int], keep: Callable[..., None] | None = None) -> torch.Tensor:
         """This batch's share of the probe's nll (its nats over the probe's token count); ``keep``

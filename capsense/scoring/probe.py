@@ -58,6 +58,14 @@ class Probe:
     def n_requests(self) -> int:
         return len(self.context_ids)
 
+    @property
+    def counted(self) -> np.ndarray:
+        """``[n_requests]`` the requests the nll counts: all, or for multiple choice the gold choices."""
+        if self.kind != "multiple_choice":
+            return np.ones(self.n_requests, dtype=bool)
+        assert self.gold is not None and self.choice_of is not None
+        return self.choice_of == self.gold[self.doc_of]
+
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def from_pairs(
@@ -323,8 +331,7 @@ class ProbeScorer:
         p = self.probe
         n_tokens = np.array([len(t) for t in self._targets])
         if p.kind == "multiple_choice":
-            assert p.gold is not None and p.choice_of is not None
-            is_gold = p.choice_of == p.gold[p.doc_of]
+            is_gold = p.counted
             nll = -logprob[:, is_gold].sum(1) / n_tokens[is_gold].sum()
             acc = np.zeros(logprob.shape[0])
             for d in range(p.n_docs):
@@ -334,6 +341,17 @@ class ProbeScorer:
             return {"nll": nll, "acc": acc / p.n_docs}
         nll = -logprob.sum(1) / n_tokens.sum()
         return {"nll": nll, "acc": greedy.mean(1)}
+
+
+class KeepsRequestScores:
+    """Mixin for a :class:`ProbeScorer` (of any kind): keeps the per-request log-probabilities and
+    greedy flags its last ``aggregate`` saw (``last``; fresh arrays each call), for per-document splits."""
+
+    last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
+        self.last = (logprob, greedy)
+        return super().aggregate(logprob, greedy)
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,37 +31,27 @@ from pathlib import Path
 
 import numpy as np
 
+from capsense.scoring.probe import KeepsRequestScores
+
 HERE = Path(__file__).resolve().parent
 
 
-class PerDocument:
-    """Mixin for a :class:`~capsense.scoring.probe.ProbeScorer`: keeps the last per-request
-    log-probabilities and greedy flags its ``aggregate`` saw, and turns them into per-document sums."""
-
-    last: tuple[np.ndarray, np.ndarray] | None = None
-
-    def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
-        self.last = (logprob.copy(), greedy.copy())
-        return super().aggregate(logprob, greedy)
-
-    def counted(self) -> np.ndarray:
-        """Requests the nll counts: all, or the gold choices of a multiple-choice probe."""
-        p = self.probe
-        if p.kind == "multiple_choice":
-            return p.choice_of == p.gold[p.doc_of]
-        return np.ones(p.n_requests, dtype=bool)
+class PerDocument(KeepsRequestScores):
+    """Mixin for a :class:`~capsense.scoring.probe.ProbeScorer`: the per-request log-probabilities and
+    greedy flags its last ``aggregate`` saw (:class:`~capsense.scoring.probe.KeepsRequestScores`) as
+    per-document sums."""
 
     def doc_tokens(self) -> np.ndarray:
         """Scored tokens per document (of the counted requests)."""
         n_tok = np.array([len(t) for t in self._targets])
-        return np.bincount(self.probe.doc_of, weights=n_tok * self.counted(), minlength=self.probe.n_docs)
+        return np.bincount(self.probe.doc_of, weights=n_tok * self.probe.counted, minlength=self.probe.n_docs)
 
     def per_document(self) -> tuple[np.ndarray, np.ndarray]:
         """Per mask of the last ``score`` call: per-document nats ``[m, docs]`` and correctness ``[m, docs]``
         (greedy exact match averaged over the document's requests; for multiple choice, gold chosen)."""
         assert self.last is not None, "score() first"
         logprob, greedy = self.last
-        p, w = self.probe, self.counted()
+        p, w = self.probe, self.probe.counted
         nats = np.stack([np.bincount(p.doc_of, weights=-lp * w, minlength=p.n_docs) for lp in logprob])
         if p.kind == "multiple_choice":
             correct = np.zeros((len(logprob), p.n_docs))
@@ -79,7 +69,7 @@ def recording_scorer(model, probe, batch_size: int = 16):
     from capsense.localize.evaluator import scorer_class
 
     base = scorer_class(probe, 1, True)
-    cls = type(f"PerDocument{base.__name__}", (PerDocument, base), {})
+    cls = type(f"PerDocument{base.__name__}", (PerDocument, base), {"base_name": base.__name__})
     return cls(model, probe, batch_size=batch_size)
 
 
@@ -99,7 +89,7 @@ def read_rows(path: Path) -> tuple[dict | None, list[dict]]:
 def header_of(args, probe, scorer, n_layers: int, n_heads: int) -> dict:
     return {"model": args.model, "task": args.task, "limit": args.limit, "seed": args.seed, "dtype": "float32",
             "batch_size": args.batch_size, "n_layers": n_layers, "n_heads": n_heads, "kind": probe.kind,
-            "scorer": type(scorer).__mro__[2].__name__, "doc_ids": [int(d) for d in probe.doc_ids],
+            "scorer": scorer.base_name, "doc_ids": [int(d) for d in probe.doc_ids],
             "tokens": [int(t) for t in scorer.doc_tokens()]}
 
 

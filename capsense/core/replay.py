@@ -46,12 +46,18 @@ class BlockCall:
     kwargs: dict[str, Any]
     positional: bool  # hidden states passed as the first positional argument (else as ``hidden_states=``)
 
-    def __call__(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """``block`` called as it was, on ``hidden``; its hidden-state output."""
+    def __call__(self, block: nn.Module, hidden: torch.Tensor, swap: tuple[Any, Any] | None = None) -> torch.Tensor:
+        """``block`` called as it was, on ``hidden``; its hidden-state output. ``swap`` = (old, new):
+        every argument that is ``old`` (positional or keyword) is passed as ``new`` (a fresh KV cache)."""
+        args, kwargs = self.args, self.kwargs
+        if swap is not None:
+            old, new = swap
+            args = tuple(new if a is old else a for a in args)
+            kwargs = {k: new if v is old else v for k, v in kwargs.items()}
         if self.positional:
-            out = block(hidden, *self.args, **self.kwargs)
+            out = block(hidden, *args, **kwargs)
         else:
-            out = block(*self.args, hidden_states=hidden, **self.kwargs)
+            out = block(*args, hidden_states=hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -91,6 +97,17 @@ class BlockReplay:
             for h in hooks:
                 h.remove()
 
+    def replace(self, old: Any, new: Any) -> int:
+        """Every recorded argument that is ``old`` becomes ``new`` (a cache the recording must not keep
+        alive becomes a placeholder); how many were replaced."""
+        n = 0
+        for calls in self.inputs:
+            for c in calls:
+                n += sum(a is old for a in c.args) + sum(v is old for v in c.kwargs.values())
+                c.args = tuple(new if a is old else a for a in c.args)
+                c.kwargs = {k: new if v is old else v for k, v in c.kwargs.items()}
+        return n
+
     def detach(self) -> BlockReplay:
         """Drop the autograd history of everything recorded (a pass recorded under a backward, as
         the gradient attribution's is, would otherwise keep its whole graph alive); ``self``."""
@@ -110,11 +127,12 @@ class BlockReplay:
         """Every block's input was recorded (false when the model bypassed a block's hooks)."""
         return all(self.inputs)
 
-    def run_from(self, start: int, call: int = 0) -> torch.Tensor:
-        """Hidden states after the last block, computing blocks ``start..`` from recorded call ``call``."""
+    def run_from(self, start: int, call: int = 0, swap: tuple[Any, Any] | None = None) -> torch.Tensor:
+        """Hidden states after the last block, computing blocks ``start..`` from recorded call ``call``
+        (``swap``: see :meth:`BlockCall.__call__`)."""
         hidden = self.inputs[start][call].hidden
         for i in range(start, len(self.blocks)):
-            hidden = self.inputs[i][call](self.blocks[i], hidden)
+            hidden = self.inputs[i][call](self.blocks[i], hidden, swap)
         return hidden
 
     @contextmanager

@@ -68,10 +68,9 @@ class MaskEvaluator:
 
     @property
     def reuse_share(self) -> float:
-        """Share of the run's tokens scored with prefix reuse (the rest pays full forwards)."""
-        from capsense.scoring.prefix import PrefixReuseScorer
-
-        return self._token_share({name for name, s in self.scorers.items() if isinstance(s, PrefixReuseScorer) and s.enabled})
+        """Share of the run's tokens scored with prefix reuse (log-likelihood and multiple choice
+        alike; the rest pays full forwards)."""
+        return self._token_share({name for name, s in self.scorers.items() if getattr(s, "reuses_prefix", False)})
 
     def cost(self, heads) -> float:
         """Forward-equivalents of evaluating one mask (flat head indices; :mod:`capsense.scoring.cost`)."""
@@ -96,15 +95,17 @@ class MaskEvaluator:
 
 
 def scorer_class(probe, masks_per_forward: int, prefix_reuse: bool) -> type:
-    """The fastest exact scorer for ``probe``: shared context for multiple choice, else prefix reuse."""
+    """The fastest exact scorer for ``probe``: shared context for multiple choice, prefix reuse on
+    top of either (a knockout starts at its first layer)."""
     from capsense.scoring.prefix import PrefixReuseScorer
     from capsense.scoring.probe import ProbeScorer
     from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
+    from capsense.scoring.shared_prefix import SharedPrefixScorer
 
     if masks_per_forward > 1:
         return ProbeScorer
     if shared_context_groups(probe) is not None:  # multiple choice: each context once per mask
-        return SharedContextScorer
+        return SharedPrefixScorer if prefix_reuse else SharedContextScorer
     return PrefixReuseScorer if prefix_reuse else ProbeScorer
 
 

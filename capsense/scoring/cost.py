@@ -3,8 +3,10 @@
 One forward pass over the run's documents (every probe) = 1; a backward pass = 2 (so a
 gradient attribution costs 3); a forward that starts at layer ``l`` from cached clean
 activations (prefix reuse) = the fraction of layers it runs, ``(n_layers - l) / n_layers``.
-A scorer that cannot reuse prefixes (multiple choice with a shared context, several masks per
-forward) pays 1 per mask; with several probes the cost is their token-weighted mix. The clean
+Log-likelihood and multiple-choice probes alike reuse prefixes (round 11: a multiple-choice
+knockout replays both of its shared-context passes from its first layer,
+:mod:`capsense.scoring.shared_prefix`); a scorer that cannot (several masks per forward, an
+architecture whose replay check fails) pays 1 per mask; with several probes the cost is their token-weighted mix. The clean
 model's forward costs 1, less the share of it another pass already ran (``folded``: the gradient
 attribution's forward is a clean forward, and its scores and block inputs serve as the clean
 evaluation's where the batches are the same; :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`).

@@ -35,7 +35,8 @@ from capsense.scoring.probe import ProbeScorer
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
 
 
-def _final_norm(model) -> torch.nn.Module | None:
+def final_norm(model) -> torch.nn.Module | None:
+    """The norm the base model applies after its last block (None where it has none under a known name)."""
     base = unwrap(model)
     parent_path = arch_spec(base).layers.rsplit(".", 1)[0]
     parent = base.get_submodule(parent_path)
@@ -51,11 +52,16 @@ class PrefixReuseScorer(ProbeScorer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.final_norm = _final_norm(self.model)
+        self.final_norm = final_norm(self.model)
         self.enabled = self.final_norm is not None and self.masks_per_forward == 1
         self._cache: dict[tuple[int, ...], tuple[BlockReplay, torch.Tensor]] = {}
         self._checked = False
         self._clean: tuple[np.ndarray, np.ndarray] | None = None  # per-request log-prob, greedy hit: taken clean scores
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Knockouts start at their first layer (off with several masks per forward or after a failed check)."""
+        return self.enabled
 
     def batch_keys(self) -> set[tuple[int, ...]]:
         """The request batches this scorer runs a mask in (its cache's keys)."""

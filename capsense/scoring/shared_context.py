@@ -13,6 +13,7 @@ differ (sliding windows, hybrid caches), it falls back to the plain path for goo
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,31 @@ import torch
 
 from capsense.scoring.logits import token_scores
 from capsense.scoring.probe import ProbeScorer, pad_right
+
+
+def _cache_argument(base) -> str:
+    """The name a base model's forward takes its KV cache under: ``cache`` since transformers 5.2x
+    (``past_key_values`` still works there, with a deprecation warning), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+@dataclass
+class SharedBatch:
+    """One batch of whole documents: each context once (right-padded), each choice once, and
+    for each choice the row of its document's context."""
+
+    ctx_ids: torch.Tensor
+    ctx_att: torch.Tensor
+    doc_idx: torch.Tensor
+    conts: list[list[int]]
+    cont_ids: torch.Tensor
+    cont_att: torch.Tensor
+    ctx_len: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ctx_len = self.ctx_att.sum(1)
 
 
 def shared_context_groups(probe) -> list[list[int]] | None:
@@ -87,35 +113,53 @@ class SharedContextScorer(ProbeScorer):
     @torch.no_grad()
     def _run_shared(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Per-request log-probability and greedy flag; ``reqs`` are whole documents' requests."""
+        b = self._shared_batch(reqs)
+        with self.ablator.apply(ko):
+            ctx_hidden, cache = self._context_pass(b)
+            hid = self._choices_pass(b, cache)
+        return self._shared_scores(b, ctx_hidden, hid)
+
+    def _shared_batch(self, reqs: list[int]) -> SharedBatch:
         p = self.probe
-        base = getattr(self.model, self.model.base_model_prefix)
         docs = list(dict.fromkeys(int(p.doc_of[r]) for r in reqs))
         first = {d: next(r for r in reqs if int(p.doc_of[r]) == d) for d in docs}
         ctx_ids, ctx_att = pad_right([p.context_ids[first[d]] for d in docs], self.pad_id)
-        doc_idx = torch.tensor([docs.index(int(p.doc_of[r])) for r in reqs])
         conts = [p.continuation_ids[r] for r in reqs]
         cont_ids, cont_att = pad_right(conts, self.pad_id)
-        wa = cont_ids.shape[1]
-        ctx_len = ctx_att.sum(1)
+        doc_idx = torch.tensor([docs.index(int(p.doc_of[r])) for r in reqs])
+        return SharedBatch(ctx_ids, ctx_att, doc_idx, conts, cont_ids, cont_att)
+
+    def _context_pass(self, b: SharedBatch):
+        """Every document's context once, with the KV cache on: (final hidden states, the cache)."""
+        base = getattr(self.model, self.model.base_model_prefix)
+        out = base(input_ids=b.ctx_ids.to(self.device), attention_mask=b.ctx_att.to(self.device), use_cache=True)
+        cache = getattr(out, "cache", None)  # transformers >= 5.2x names it so; before, ``past_key_values``
+        return out[0], cache if cache is not None else out.past_key_values
+
+    def _choices_pass(self, b: SharedBatch, cache) -> torch.Tensor:
+        """Every choice on top of its document's cached context (the cache is reordered to one row
+        per choice and extended); the final hidden states ``[n_requests, longest choice, d]``."""
+        base = getattr(self.model, self.model.base_model_prefix)
         dev = self.device
-        with self.ablator.apply(ko):
-            out = base(input_ids=ctx_ids.to(dev), attention_mask=ctx_att.to(dev), use_cache=True)
-            odev = out[0].device  # the last layer's device (another one than the input's under a device_map)
-            last = out[0][torch.arange(len(docs), device=odev), (ctx_len - 1).to(odev)]  # predicts each choice's first token
-            cache = out.past_key_values
-            cache.reorder_cache(doc_idx.to(dev))
-            att = torch.cat([ctx_att[doc_idx], cont_att], dim=1).to(dev)
-            pos = (ctx_len[doc_idx][:, None] + torch.arange(wa)[None, :]).to(dev)
-            hid = base(input_ids=cont_ids.to(dev), attention_mask=att, position_ids=pos, past_key_values=cache,
-                       use_cache=True)[0]
+        cache.reorder_cache(b.doc_idx.to(dev))
+        att = torch.cat([b.ctx_att[b.doc_idx], b.cont_att], dim=1).to(dev)
+        pos = (b.ctx_len[b.doc_idx][:, None] + torch.arange(b.cont_ids.shape[1])[None, :]).to(dev)
+        return base(input_ids=b.cont_ids.to(dev), attention_mask=att, position_ids=pos, use_cache=True,
+                    **{_cache_argument(base): cache})[0]
+
+    def _shared_scores(self, b: SharedBatch, ctx_hidden: torch.Tensor, hid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Per-request log-probability and greedy flag from the two passes' final hidden states."""
+        odev = ctx_hidden.device  # the last layer's device (another one than the input's under a device_map)
+        n_docs = ctx_hidden.shape[0]
+        last = ctx_hidden[torch.arange(n_docs, device=odev), (b.ctx_len - 1).to(odev)]  # predicts each choice's first token
         rows, cols, tgt = [], [], []
-        for i, t in enumerate(conts):
+        for i, t in enumerate(b.conts):
             rows.extend([i] * len(t))
             cols.extend(range(-1, len(t) - 1))  # -1: the context's last position
             tgt.extend(t)
         hdev = hid.device
         rows_t, cols_t = torch.tensor(rows, device=hdev), torch.tensor(cols, device=hdev)
-        h = torch.where((cols_t < 0)[:, None], last[doc_idx.to(hdev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
-        tok_lp, tok_ok = token_scores(self.model, h, torch.tensor(tgt, device=dev))
-        bounds = np.cumsum([0] + [len(t) for t in conts])
+        h = torch.where((cols_t < 0)[:, None], last.to(hdev)[b.doc_idx.to(hdev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
+        tok_lp, tok_ok = token_scores(self.model, h, torch.tensor(tgt, device=self.device))
+        bounds = np.cumsum([0] + [len(t) for t in b.conts])
         return np.add.reduceat(tok_lp, bounds[:-1]), np.logical_and.reduceat(tok_ok, bounds[:-1])

@@ -74,9 +74,7 @@ def recording_scorer(model, probe, batch_size: int = 16):
 
 
 def reuse_share(scorer) -> float:
-    from capsense.scoring.prefix import PrefixReuseScorer
-
-    return 1.0 if isinstance(scorer, PrefixReuseScorer) and scorer.enabled else 0.0
+    return 1.0 if getattr(scorer, "reuses_prefix", False) else 0.0
 
 
 def read_rows(path: Path) -> tuple[dict | None, list[dict]]:

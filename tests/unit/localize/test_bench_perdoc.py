@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from capsense.scoring.cost import mask_cost
+
 BENCH = Path(__file__).resolve().parents[3] / "recipes" / "bench"
 
 
@@ -60,12 +62,16 @@ def test_multiple_choice_counts_the_gold_choice_per_document(tiny_model_dir, tmp
     rec = _load("record_perdoc_sweep")
     out = tmp_path / "mc.jsonl"
     rec.main(["--model", str(tiny_model_dir), "--task", "capsense_antonyms", "--limit", "5", "--out", str(out),
-              "--max-masks", "2"])
+              "--max-masks", "8"])
     head, rows = _rows(out)
-    assert head["kind"] == "multiple_choice" and head["reuse_share"] == 0.0 and len(head["tokens"]) == 5
+    assert head["kind"] == "multiple_choice" and len(head["tokens"]) == 5
+    assert head["reuse_share"] == 1.0 and head["scorer"] == "SharedPrefixScorer"  # knockouts start at their layer
     for r in rows:
         assert abs(sum(r["nats"]) / sum(head["tokens"]) - r["nll"]) < 1e-6
-        assert all(c in (0.0, 1.0) for c in r["correct"]) and r["fe"] == 1.0 and r["cpu_s"] > 0
+        assert all(c in (0.0, 1.0) for c in r["correct"]) and r["cpu_s"] > 0
+        want = mask_cost(r["heads"], head["n_layers"], head["n_heads"], 1.0)
+        assert r["fe"] == pytest.approx(want)
+    assert rows[0]["fe"] == 1.0 and min(r["fe"] for r in rows) < 1.0  # the clean forward, then cheaper knockouts
 
 
 def _replay(n_heads: int = 4, folded: float = 0.0):

@@ -1,0 +1,85 @@
+"""Prefix reuse for multiple choice: knockouts replayed from their first layer equal full requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from capsense.core.arch import arch_spec, unwrap
+from capsense.scoring.probe import ProbeScorer
+from capsense.scoring.shared_context import SharedContextScorer
+from capsense.scoring.shared_prefix import SharedPrefixScorer
+from conftest import N_HEADS, N_LAYERS, make_tiny_model
+from test_shared_context import _mc_probe
+
+SHARED_ON = ("llama", "qwen2", "qwen3", "olmo2", "gpt_neox", "gpt2", "phi3")  # shared context enabled (test_shared_context)
+
+
+def _singles_and_pairs() -> torch.Tensor:
+    ko = torch.zeros(1 + N_LAYERS * N_HEADS + 1, N_LAYERS, N_HEADS, dtype=torch.bool)
+    for i in range(N_LAYERS * N_HEADS):
+        ko[1 + i].view(-1)[i] = True
+    ko[-1, 1, 2] = ko[-1, 2, 0] = True  # two layers at once
+    return ko
+
+
+def test_shared_prefix_equals_full_requests(arch):
+    model = make_tiny_model(arch)
+    probe = _mc_probe(n_docs=5, n_choices=3)
+    ko = _singles_and_pairs()
+    full = ProbeScorer(model, probe, batch_size=6).score(ko)
+    fast = SharedPrefixScorer(model, probe, batch_size=6)
+    got = fast.score(ko)
+    np.testing.assert_allclose(got["nll"], full["nll"], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got["acc"], full["acc"])
+    assert np.ptp(full["nll"]) > 1e-3  # the knockouts do change the scores
+    if arch in SHARED_ON:
+        assert fast.reuses_prefix, f"{arch}: multiple-choice prefix reuse fell back to the whole forward"
+
+
+def test_a_late_knockout_runs_only_the_late_blocks():
+    model = make_tiny_model("llama")
+    probe = _mc_probe(n_docs=4, n_choices=4, seed=2)
+    scorer = SharedPrefixScorer(model, probe, batch_size=8)
+    scorer.score()  # the clean model: records both passes
+    blocks = unwrap(model).get_submodule(arch_spec(unwrap(model)).layers)
+    calls = [0] * len(blocks)
+    hooks = [b.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1)) for i, b in enumerate(blocks)]
+    ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
+    ko[0, N_LAYERS - 1, 1] = True
+    try:
+        got = scorer.score(ko)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls[: N_LAYERS - 1] == [0] * (N_LAYERS - 1)
+    assert calls[-1] == 2 * 2  # two batches of two documents, a context pass and a choices pass each
+    full = ProbeScorer(model, probe, batch_size=8).score(ko)
+    np.testing.assert_allclose(got["nll"], full["nll"], atol=1e-5, rtol=0)
+
+
+def test_a_failed_replay_check_turns_reuse_off_and_stays_exact(monkeypatch):
+    model = make_tiny_model("llama")
+    probe = _mc_probe(n_docs=3, n_choices=2, seed=3)
+    monkeypatch.setattr(SharedPrefixScorer, "_replay_matches", lambda self, clean: False)
+    scorer = SharedPrefixScorer(model, probe, batch_size=4)
+    ko = _singles_and_pairs()
+    got = scorer.score(ko)
+    assert scorer.enabled and not scorer.reuses_prefix  # still shared context, no prefix reuse
+    want = SharedContextScorer(model, probe, batch_size=4).score(ko)
+    np.testing.assert_allclose(got["nll"], want["nll"], atol=1e-6, rtol=0)
+
+
+def test_the_evaluator_picks_it_and_prices_its_knockouts_by_layers_run():
+    from capsense.localize.evaluator import MaskEvaluator, scorer_class
+    from capsense.scoring.shared_context import SharedContextScorer as Plain
+
+    probe = _mc_probe(n_docs=3, n_choices=2)
+    assert scorer_class(probe, 1, True) is SharedPrefixScorer
+    assert scorer_class(probe, 1, False) is Plain
+    model = make_tiny_model("llama")
+    ev = MaskEvaluator(model, {"mc": probe}, batch_size=4, masks_per_forward=1, prefix_reuse=True)
+    ev(np.zeros((1, N_LAYERS * N_HEADS), dtype=bool))
+    assert ev.reuse_share == 1.0
+    last_layer_head = (N_LAYERS - 1) * N_HEADS
+    assert ev.cost([last_layer_head]) == 1.0 / N_LAYERS

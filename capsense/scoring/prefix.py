@@ -122,8 +122,3 @@ class PrefixReuseScorer(ProbeScorer):
             return final
         with self.ablator.apply(row_ko):
             return self._replay(calls, int(hit[0]))
-
-    def clear(self) -> None:
-        """Drop the cached activations (and the clean scores taken with them)."""
-        self._cache.clear()
-        self._clean = None

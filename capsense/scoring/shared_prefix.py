@@ -118,7 +118,3 @@ class SharedPrefixScorer(SharedContextScorer):
             return False
         tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
         return bool(np.allclose(lp, clean.logprob, atol=tol * max(1.0, float(np.abs(clean.logprob).max())), rtol=0))
-
-    def clear(self) -> None:
-        """Drop the recorded clean passes."""
-        self._clean.clear()

@@ -68,7 +68,7 @@ from capsense.commands.output import echo_written, log
 @click.option("--masks-per-forward", default="auto", show_default=True,
               help="Masks packed in one forward pass: auto (1 on CPUs, where packing does not pay; on a GPU the most "
                    "that fit in half its free memory) or a number.")
-@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward (prefix reuse starts at the first ablated layer); multiple-choice contexts are still shared across choices.")
+@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward. Prefix reuse starts each knockout at its first ablated layer from the clean model's block inputs, kept in memory (layers x tokens x hidden size, for log-likelihood and multiple-choice probes alike); turn it off where they do not fit. Multiple-choice contexts are still shared across choices.")
 @device_option()
 @device_map_option()
 @dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")

@@ -12,6 +12,10 @@ costs what it costs on log-likelihood probes (the mean share of layers run, abou
 every multiple-choice knockout paid a full forward before (round 10: a held-out multiple-choice
 task needed 14 FE to 4/5 of its top 5 against 7-8 on the log-likelihood tasks).
 
+Memory: the recorded block inputs of every batch stay for the run (layers x the batch's context
+and choice tokens x hidden size, as the log-likelihood prefix cache keeps its own);
+``--no-prefix-reuse`` turns both off where that does not fit.
+
 The fresh cache is built the way the models build theirs (``type(cache)(config=model.config)``,
 transformers 5's ``DynamicCache``, sliding-window layers included) and handed to each block
 where the clean cache was (by keyword or by position: GPT-2's blocks take it positionally). On

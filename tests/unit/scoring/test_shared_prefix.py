@@ -10,17 +10,10 @@ from capsense.scoring.probe import ProbeScorer
 from capsense.scoring.shared_context import SharedContextScorer
 from capsense.scoring.shared_prefix import SharedPrefixScorer
 from conftest import N_HEADS, N_LAYERS, make_tiny_model
+from test_prefix import _masks as _singles_and_pairs  # the clean model, every head alone, two layers at once
 from test_shared_context import _mc_probe
 
 SHARED_ON = ("llama", "qwen2", "qwen3", "olmo2", "gpt_neox", "gpt2", "phi3")  # shared context enabled (test_shared_context)
-
-
-def _singles_and_pairs() -> torch.Tensor:
-    ko = torch.zeros(1 + N_LAYERS * N_HEADS + 1, N_LAYERS, N_HEADS, dtype=torch.bool)
-    for i in range(N_LAYERS * N_HEADS):
-        ko[1 + i].view(-1)[i] = True
-    ko[-1, 1, 2] = ko[-1, 2, 0] = True  # two layers at once
-    return ko
 
 
 def test_shared_prefix_equals_full_requests(arch):

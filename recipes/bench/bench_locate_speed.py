@@ -8,7 +8,8 @@
 2. capsense: model loaded once, the probe tokenized once, logits only at scored positions,
    prefix reuse, float32; same documents, random 5-head masks.
 3. Exhaustive sweep with vs without prefix reuse: one head per layer (layer order, as in
-   the sweep, so the ratio is the full sweep's), scores compared (float32).
+   the sweep, so the ratio is the full sweep's), scores compared (float32); for multiple choice
+   the shared-context scorer with and without its prefix reuse.
 4. float32 vs bfloat16 on this CPU.
 5. Multiple-choice tasks (e.g. ``--task capsense_antonyms``): each context once per mask
    (shared-context scoring) vs every request in full, scores compared.
@@ -46,7 +47,7 @@ def main() -> None:
     from capsense.localize.evaluator import MaskEvaluator
     from capsense.scoring.probe import build_probe
     from capsense.core.models import load_model, resolve_pretrained
-    from capsense.scoring.prefix import PrefixReuseScorer
+    from capsense.localize.evaluator import scorer_class
     from capsense.scoring.probe import ProbeScorer
 
     rng = np.random.default_rng(0)
@@ -110,11 +111,13 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
 
-    # 3. exhaustive sweep: prefix reuse vs full forward, one head per layer
+    # 3. exhaustive sweep: prefix reuse vs full forward, one head per layer (the evaluator's scorer with
+    # and without reuse: for multiple choice both share the context, round 11's reuse replays both passes)
     ko = torch.zeros(30, 30, 9, dtype=torch.bool)
     for layer in range(30):
         ko[layer, layer, layer % 9] = True
-    full, reuse = ProbeScorer(model, probe, batch_size=16), PrefixReuseScorer(model, probe, batch_size=16)
+    full, reuse = (scorer_class(probe, 1, on)(model, probe, batch_size=16) for on in (False, True))
+    out["sweep_scorers"] = [type(full).__name__, type(reuse).__name__]
     full.score(ko[:1]), reuse.score(ko[:1])
     t0 = time.perf_counter()
     a = np.concatenate([full.score(ko[i : i + 1])["nll"] for i in range(30)])

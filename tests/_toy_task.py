@@ -12,6 +12,7 @@ TOY_TASK = "toy_copy"
 TOY_CONTROL = "toy_count"
 TOY_GEN = "toy_copy_gen"  # the copy task as generation (exact_match, char_code)
 TOY_GEN_FN = "toy_copy_gen_fn"  # the same with a metric function reporting len@chars
+TOY_MC = "toy_next"  # multiple choice: the letter after a run of letters, four choices
 
 
 def _write_task(folder: Path, name: str, docs: list[dict], body: str) -> None:
@@ -24,7 +25,8 @@ def _write_task(folder: Path, name: str, docs: list[dict], body: str) -> None:
 
 
 def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
-    """Two log-likelihood tasks (copy a letter string: target; continue a count: control) and the copy task as generation."""
+    """Two log-likelihood tasks (copy a letter string: target; continue a count: control), a
+    multiple-choice one (the next letter) and the copy task as generation."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     copy_docs, count_docs = [], []
@@ -36,6 +38,21 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
     loglik = "output_type: loglikelihood\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
     _write_task(folder, TOY_TASK, copy_docs, loglik)
     _write_task(folder, TOY_CONTROL, count_docs, loglik)
+    letters = "abcdefghijkl"
+    mc_docs = []
+    for _ in range(n_docs):
+        i = rng.randint(0, len(letters) - 5)
+        wrong = rng.sample([c for c in letters if c != letters[i + 3]], 3)
+        gold = rng.randint(0, 3)
+        choices = wrong[:gold] + [letters[i + 3]] + wrong[gold:]
+        mc_docs.append({"context": " ".join(letters[i : i + 3]), "choices": [f" {c}" for c in choices], "gold": gold})
+    (folder / f"{TOY_MC}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in mc_docs))
+    (folder / f"{TOY_MC}.yaml").write_text(
+        f"task: {TOY_MC}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / f'{TOY_MC}.jsonl'}\n"
+        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{gold}}"\ntarget_delimiter: ""\n'
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+    )
     _write_task(folder, TOY_GEN, copy_docs, (
         "output_type: generate_until\n"
         "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 3\n  do_sample: false\n"

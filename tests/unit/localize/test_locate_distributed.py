@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from capsense.cli import main
-from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+from _toy_task import TOY_CONTROL, TOY_MC, TOY_TASK, make_toy_setup
 
 MASKS = 150  # enough that a run is still going when the test kills it
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -115,6 +115,21 @@ def test_attribution_split_across_two_processes_equals_one(toy, tmp_path):
     r = subprocess.run(_single(_guided_args(toy, two)), env=ENV, capture_output=True, text=True)  # resume, 1 process
     assert r.returncode == 0 and "masks already evaluated" in r.stderr, r.stderr[-3000:]
     assert (two / "attribution.json").stat().st_mtime_ns == stamp  # read back, not computed again
+
+
+def test_multiple_choice_prefix_reuse_split_across_two_processes_equals_one(toy, tmp_path):
+    """A multiple-choice control replays its knockouts from their first layer in each process
+    (each holds its own clean record): two processes give one process's evaluations to the bit."""
+    model, tasks = toy
+    args = ["locate", str(model), "--task", TOY_TASK, "--controls", f"{TOY_CONTROL},{TOY_MC}", "--include-path",
+            str(tasks), "--limit", "16", "--method", "cs", "--heads-per-mask", "2", "--masks", "8", "--no-progress"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(_single([*args, "--out", str(one)]), env=ENV, check=True, capture_output=True)
+    r = subprocess.run(_launch(2, [*args, "--out", str(two)]), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _evaluations(two) == _evaluations(one)
+    for run in (one, two):  # both probe kinds reused their prefix
+        assert json.loads((run / "manifest.json").read_text())["cost_model"]["reuse_share"] == 1.0
 
 
 def _rank_pid(launcher: psutil.Process, rank: int) -> int:

@@ -28,9 +28,10 @@ import torch
 from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.card import render_card
-from capsense.compress.engine import CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan
+from capsense.compress.engine import CompressionResult, calibrate, check_plan, needs_calibration, plan
 from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
+from capsense.compress.select import compress_guided
 
 
 def resolve_format(fmt: str, budget: Budget) -> str:
@@ -76,7 +77,10 @@ def compress_checkpoint(
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
     With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
-    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
+    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``,
+    unless it measured worse than the uniform setting on the kept capabilities' calibration documents
+    (``guide.check_uniform``, :func:`capsense.compress.select.compress_guided`): then the uniform setting
+    is shipped, and ``capsense.json`` records both measurements (``allocation.selection``).
     ``device_map`` (:mod:`capsense.core.placement`) spreads the model over devices: calibration
     and gradients run where the layers live, each matrix is compressed on CPU and written back to
     its device, so the checkpoint equals the one compressed without a map; a map that offloads
@@ -103,10 +107,9 @@ def compress_checkpoint(
         log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
     allocation = _guided_allocation(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else None
-    budget = allocation.budget if allocation is not None else budget
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
-    result = compress_model(model, budget, stats)
+    result, budget = compress_guided(model, tokenizer, budget, allocation, stats, guide, log)
     result.calibration = calib_info
     measured = kept.after(model) if kept is not None else None
     if fmt == "dense" and save_dtype and save_dtype != "auto":
@@ -208,4 +211,4 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
         (tmp / "README.md").write_text(render_card(meta, default.family if default is not None else ""))
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         if allocation is not None:
-            write_budget_file(tmp / "budget.yaml", allocation.budget)
+            write_budget_file(tmp / "budget.yaml", budget)  # what was shipped: the allocation, or uniform if it measured better

@@ -97,12 +97,13 @@ def test_compress_guided_checks_only_at_the_uniform_size_and_when_asked(case):
 
 
 def test_guided_checkpoint_records_both_measurements_and_ships_what_budget_yaml_says(tmp_path, tiny_model_dir):
+    from capsense.compress.request import compress_request
+
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "wanda", "--density", "0.5", "--keep", "math",
-                                  "--calibration-samples", "4", "--protect-top-k", "1", "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    compress_request(str(tiny_model_dir), out, {"method": "wanda", "density": 0.5}, keep="math", protect_top_k=1,
+                     calibration_samples=4)
+    sel = json.loads((out / "capsense.json").read_text())["allocation"]["selection"]
     meta = json.loads((out / "capsense.json").read_text())
-    sel = meta["allocation"]["selection"]
     assert set(sel["dL"]) == {"guided", "uniform"} and sel["n_docs"] == 4 and sel["capabilities"] == ["math"]
     assert sel["chosen"] == min(sel["dL"], key=lambda n: (sum(sel["dL"][n].values()), n != "guided"))
     shipped = load_budget(out / "budget.yaml")

@@ -8,8 +8,9 @@ SparseGPT density 0.5, keep math, calibrated on the kept mix: uniform +0.077 nat
 held-out math probes, the guided allocation +0.108 (output-priced) or +0.128 (Wanda-priced).
 
 So a guided run compresses the model with each candidate budget from the same weights and the same
-calibration statistics (the guided allocation and the uniform setting, which has the same size or
-more), measures each kept capability's loss on its **calibration documents** (the last
+calibration statistics (the guided allocation; for GPTQ and SparseGPT at the default pricing also the
+allocation priced by the method's cheaper proxy, as neither pricing won every measured row; and the
+uniform setting, whose size every allocation matches or undercuts), measures each kept capability's loss on its **calibration documents** (the last
 ``n_docs`` documents of its task: the ones its Fisher was computed on; never the first documents,
 which are the held-out probes that report the result), and keeps the candidate with the lowest
 summed dL in the model. Ties go to the first candidate (the guided allocation). What was measured
@@ -94,23 +95,67 @@ def compress_better(
     return Selection(best[1], best[2], best[3], record)
 
 
-def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocation, stats, guide,
-                    log: Callable[[str], None] | None = None) -> tuple[CompressionResult, Budget]:
-    """Compress ``model`` as a guided run ships it: (the result, the budget left in the model).
 
-    ``allocation`` None (no guide) compresses with ``uniform``. Otherwise, when ``guide.check_uniform``
-    holds and the allocation has the uniform setting's size (no ``guide.size_ratio``), the better of the
-    allocation and ``uniform`` on the kept capabilities' calibration documents (:func:`compress_better`,
-    ``guide.samples`` documents each: those the Fisher read), with what was measured in
-    ``allocation.info["selection"]``; else the allocation as it is.
+def proxy_pricing(uniform: Budget, guide) -> str | None:
+    """The second pricing a checked guided run also allocates with: the method's cheaper proxy (``rtn``
+    for GPTQ, ``wanda`` for SparseGPT) when ``guide`` leaves the pricing at its default, checks against
+    uniform at its size and prices by a Fisher (not ``measured``); else None."""
+    from capsense.compress.compensated import PRICINGS
+    from capsense.compress.methods import parse_setting
+
+    base = parse_setting(uniform.default)
+    by = PRICINGS.get(base.method) if base is not None else None
+    if not by or guide.pricing is not None or guide.sensitivity == "measured" or not checks_uniform(guide):
+        return None
+    return list(by)[1]
+
+
+def checks_uniform(guide) -> bool:
+    """Whether a run guided by ``guide`` measures its allocations against the uniform setting."""
+    return guide is not None and guide.check_uniform and guide.size_ratio is None
+
+
+def guided_candidates(model: nn.Module, tokenizer, uniform: Budget, stats, guide, log=None, cache: dict | None = None,
+                      packed: bool = False):
+    """(name, :class:`~capsense.compress.guided.Allocation`) to measure: ``guided`` (``guide`` as given)
+    and, where :func:`proxy_pricing` names one, ``guided-PRICING`` (the same Fisher, levels priced by the
+    proxy: on SmolLM2 SparseGPT keep code the proxy's allocation was the better, -31% vs -18%, and on
+    Gemma keep math the worse, round 10). One Fisher for both: ``cache`` (:func:`guided_budget`'s
+    ``fisher_cache``; a new one when None)."""
+    from dataclasses import replace
+
+    from capsense.compress.guided import guided_budget
+
+    cache = {} if cache is None else cache
+    out = [("guided", guided_budget(model, tokenizer, uniform, stats, guide, log, cache, packed))]
+    proxy = proxy_pricing(uniform, guide)
+    if proxy is not None:
+        out.append((f"guided-{proxy}", guided_budget(model, tokenizer, uniform, stats, replace(guide, pricing=proxy),
+                                                     log, cache, packed)))
+    return out
+
+
+def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, stats, guide,
+                    log: Callable[[str], None] | None = None) -> tuple[CompressionResult, Budget, Any]:
+    """Compress ``model`` as a guided run ships it: (the result, the budget left in the model, the
+    allocation whose ``info`` describes it, or None).
+
+    ``allocations``: (name, :class:`~capsense.compress.guided.Allocation`) candidates, the first the
+    guide's own (:func:`guided_candidates`); empty (no guide) compresses with ``uniform``. When
+    :func:`checks_uniform`, the best of the candidates and ``uniform`` on the kept capabilities'
+    calibration documents (:func:`compress_better`, ``guide.samples`` documents each: those the Fisher
+    read), recorded in the returned allocation's ``info["selection"]`` (the chosen allocation's, or the
+    first's when uniform is chosen); else the first allocation as it is.
     """
     log = log or (lambda _m: None)
-    if allocation is None:
-        return compress_model(model, uniform, stats), uniform
-    if not guide.check_uniform or guide.size_ratio is not None:
-        return compress_model(model, allocation.budget, stats), allocation.budget
-    log("compressing with the guided allocation and with the uniform setting; keeping the better on calibration documents")
-    sel = compress_better(model, tokenizer, [("guided", allocation.budget), ("uniform", uniform)], stats, guide.keep,
-                          guide.samples, log)
+    if not allocations:
+        return compress_model(model, uniform, stats), uniform, None
+    if not checks_uniform(guide):
+        first = allocations[0][1]
+        return compress_model(model, first.budget, stats), first.budget, first
+    log(f"compressing with {', '.join(n for n, _ in allocations)} and uniform; keeping the best on calibration documents")
+    sel = compress_better(model, tokenizer, [(n, a.budget) for n, a in allocations] + [("uniform", uniform)], stats,
+                          guide.keep, guide.samples, log)
+    allocation = dict(allocations).get(sel.chosen, allocations[0][1])
     allocation.info["selection"] = sel.record
-    return sel.result, sel.budget
+    return sel.result, sel.budget, allocation

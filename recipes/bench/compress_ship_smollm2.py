@@ -34,7 +34,7 @@ bfloat16.
 ``keepcal``: per ``--keep`` CAP, calibrate as ``capsense compress --keep CAP`` does GPTQ and SparseGPT
 (the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`); ``uniform-kc:CAP``
 (the uniform setting so calibrated) and ``guided-kc:CAP`` (since round 11 the better of the guided
-allocation and uniform-kc on CAP's calibration documents, as ``capsense compress`` ships: row ``selection``).
+allocation(s) and uniform-kc on CAP's calibration documents, as ``capsense compress`` ships: row ``selection``).
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
@@ -208,17 +208,16 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
     """Allocate (``guide`` None: uniform), compress, measure, write (and with ``reload`` reload) one variant."""
     from collections import Counter
 
-    from capsense.compress.guided import guided_budget
     from capsense.compress.pipeline import resolve_format
-    from capsense.compress.select import compress_guided
+    from capsense.compress.select import compress_guided, guided_candidates
 
     uni = uniform_budget(setting)
     fmt = resolve_format("auto", uni)
     t0 = time.time()
-    allocation = None if guide is None else guided_budget(
+    allocs = [] if guide is None else guided_candidates(
         model, tok, uni, stats, guide, print, fisher_cache, packed=fmt == "compressed-tensors")
     t1 = time.time()
-    result, budget = compress_guided(model, tok, uni, allocation, stats, guide, print)  # guided: vs uniform, unless told
+    result, budget, allocation = compress_guided(model, tok, uni, allocs, stats, guide, print)  # the best, unless told
     t2 = time.time()
     after = doc_nll(model, probes)
     check = reload and guide is not None and guide.sensitivity == "kept"  # packed (GPTQ) or dense (SparseGPT)

@@ -14,8 +14,8 @@ from capsense.cli import main
 from capsense.compress.budget import load_budget, uniform_budget
 from capsense.compress.capability_loss import capability_probe, measure_probe
 from capsense.compress.engine import calibrate, compress_model
-from capsense.compress.guided import Guide, guided_budget
-from capsense.compress.select import compress_better, compress_guided
+from capsense.compress.guided import Guide
+from capsense.compress.select import compress_better, compress_guided, guided_candidates
 from capsense.compress.targets import find_targets
 from capsense.errors import BudgetError
 
@@ -80,9 +80,10 @@ def test_compress_guided_checks_only_at_the_uniform_size_and_when_asked(case):
                            (Guide(["math"], samples=2, protect_top_k=0, check_uniform=False), False),
                            (Guide(["math"], samples=2, protect_top_k=0, size_ratio=0.8), False)):
         model.load_state_dict(orig)
-        al = guided_budget(model, tok, uni, stats, guide)
-        result, shipped = compress_guided(model, tok, uni, al, stats, guide)
-        assert ("selection" in al.info) == checked
+        allocs = guided_candidates(model, tok, uni, stats, guide)
+        assert [n for n, _ in allocs] == ["guided"]  # wanda has no second pricing
+        result, shipped, al = compress_guided(model, tok, uni, allocs, stats, guide)
+        assert al is allocs[0][1] and ("selection" in al.info) == checked
         if checked:
             sel = al.info["selection"]
             assert shipped is (al.budget if sel["chosen"] == "guided" else uni) and set(sel["dL"]) == {"guided", "uniform"}
@@ -92,8 +93,27 @@ def test_compress_guided_checks_only_at_the_uniform_size_and_when_asked(case):
         assert sum(a.bits for a in result.accounts) == sum(a.bits for a in compress_model(
             make_tiny_model("llama"), shipped, stats).accounts)
     model.load_state_dict(orig)
-    result, shipped = compress_guided(model, tok, uni, None, stats, None)
-    assert shipped is uni and result.summary["target_density"] == pytest.approx(0.5, abs=0.01)
+    result, shipped, al = compress_guided(model, tok, uni, [], stats, None)
+    assert shipped is uni and al is None and result.summary["target_density"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_sparsegpt_at_the_default_pricing_also_measures_the_wanda_priced_allocation(case):
+    model, tok, _, orig = case
+    model.load_state_dict(orig)
+    uni = uniform_budget({"method": "sparsegpt", "density": 0.5})
+    stats, _ = calibrate(model, tok, uni, "math", 6)
+    allocs = guided_candidates(model, tok, uni, stats, Guide(["math"], samples=2, protect_top_k=0))
+    assert [(n, a.info["pricing"]) for n, a in allocs] == [("guided", "output"), ("guided-wanda", "wanda")]
+    for guide in (Guide(["math"], samples=2, protect_top_k=0, pricing="output"),  # a pricing asked for: only it
+                  Guide(["math"], samples=2, protect_top_k=0, check_uniform=False)):
+        assert [n for n, _ in guided_candidates(model, tok, uni, stats, guide)] == ["guided"]
+    guide = Guide(["math"], samples=2, protect_top_k=0)
+    result, shipped, al = compress_guided(model, tok, uni, allocs, stats, guide)
+    sel = al.info["selection"]
+    assert set(sel["dL"]) == {"guided", "guided-wanda", "uniform"}
+    assert sel["chosen"] == min(sel["dL"], key=lambda n: sum(sel["dL"][n].values()))
+    assert shipped is {"uniform": uni, **{n: a.budget for n, a in allocs}}[sel["chosen"]]
+    assert al is dict(allocs).get(sel["chosen"], allocs[0][1])
 
 
 def test_guided_checkpoint_records_both_measurements_and_ships_what_budget_yaml_says(tmp_path, tiny_model_dir):

@@ -55,6 +55,9 @@ from capsense.commands.output import echo_written, log
               help="With --keep and --method gptq or sparsegpt: price each level by the method's own solved output "
               "error (default 'output'), or by a cheaper proxy: round-to-nearest's weight error ('rtn', gptq) or "
               "Wanda's mask's weight error ('wanda', sparsegpt). See recipes/results/RESULTS-compress.md.")
+@click.option("--check-uniform/--no-check-uniform", "check_uniform", default=None,
+              help="With --keep (default on): also compress with the uniform setting and ship whichever has the lower "
+              "kept-capability loss on the kept capabilities' calibration documents (both recorded in capsense.json).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
 @click.option("--format", "fmt", type=click.Choice(["auto", "compressed-tensors", "dense"]), default="auto",
@@ -67,7 +70,7 @@ from capsense.commands.output import echo_written, log
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
-             pricing, budget_size, fmt, device_map, parallelize, out, overwrite):
+             pricing, check_uniform, budget_size, fmt, device_map, parallelize, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -91,7 +94,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, r
     result = compress_request(
         model, out, setting, targets=targets, budget_file=budget_file, keep=keep, sensitivity=sensitivity,
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
-        calibration=calibration,
+        check_uniform=check_uniform, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
         device_map=placed, fmt=fmt, log=log,
     )

@@ -54,6 +54,17 @@ def _measured_lines(measured: dict[str, Any] | None, alloc: dict[str, Any] | Non
             "before and after compressing:", "", markdown_table(rows)]
 
 
+def _selection_lines(sel: dict[str, Any] | None) -> list[str]:
+    """The guided allocation vs the uniform setting on calibration documents, and which was shipped."""
+    if not sel:
+        return []
+    rows = [{"candidate": name, **{f"dL {c}": f"{d:+.4f}" for c, d in dl.items()}} for name, dl in sel["dL"].items()]
+    shipped = "the guided allocation" if sel["chosen"] == "guided" else f"the {sel['chosen']} setting"
+    return ["", f"Both compressed from the same weights and calibration and measured on the last {sel['n_docs']} "
+            f"documents of {', '.join(sel['capabilities'])} (calibration documents, not the probes below); "
+            f"the lower summed dL is shipped: **{shipped}**.", "", markdown_table(rows)]
+
+
 def render_card(meta: dict[str, Any], family: str) -> str:
     """README.md text for a compressed checkpoint described by ``meta`` (its ``capsense.json``)."""
     base = meta["base_model"].get("model", "the base model")
@@ -79,8 +90,9 @@ def render_card(meta: dict[str, Any], family: str) -> str:
                    "rtn": ", GPTQ levels priced by RTN's weight error",
                    "wanda": ", SparseGPT levels priced by Wanda's weight error"}.get(alloc.get("pricing", alloc.get("gptq_pricing")), "")  # gptq_pricing: before round 10
         lines += ["", f"Guided allocation keeping **{', '.join(alloc['keep'])}** (sensitivity {alloc['sensitivity']}{pricing}), "
-                  "at the size of the uniform setting; protected heads: "
-                  f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces it."]
+                  "at the size of the uniform setting; the allocation's protected heads: "
+                  f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces this checkpoint."]
+        lines += _selection_lines(alloc.get("selection"))
     lines += _measured_lines(meta.get("measured"), alloc)
     lines += ["", "## Per layer", "", _layer_table(meta.get("matrices", [])), "",
               "Everything here is also in `capsense.json`; measure the capabilities you need with "

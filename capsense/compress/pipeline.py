@@ -28,9 +28,10 @@ import torch
 from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.card import render_card
-from capsense.compress.engine import CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan
+from capsense.compress.engine import CompressionResult, calibrate, check_plan, needs_calibration, plan
 from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
+from capsense.compress.select import compress_guided
 
 
 def resolve_format(fmt: str, budget: Budget) -> str:
@@ -76,7 +77,11 @@ def compress_checkpoint(
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
     With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
-    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``.
+    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``,
+    unless another candidate measured better on the kept capabilities' calibration documents
+    (``guide.check_uniform``, :func:`capsense.compress.select.compress_guided`: the allocation priced
+    by the method's proxy, and the uniform setting); ``capsense.json`` records every measurement
+    (``allocation.selection``).
     ``device_map`` (:mod:`capsense.core.placement`) spreads the model over devices: calibration
     and gradients run where the layers live, each matrix is compressed on CPU and written back to
     its device, so the checkpoint equals the one compressed without a map; a map that offloads
@@ -102,11 +107,10 @@ def compress_checkpoint(
     if needed:
         log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
-    allocation = _guided_allocation(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else None
-    budget = allocation.budget if allocation is not None else budget
+    allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else []
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
-    result = compress_model(model, budget, stats)
+    result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log)
     result.calibration = calib_info
     measured = kept.after(model) if kept is not None else None
     if fmt == "dense" and save_dtype and save_dtype != "auto":
@@ -116,15 +120,17 @@ def compress_checkpoint(
     return result
 
 
-def _guided_allocation(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str):
-    """The guided allocation that replaces ``budget`` (its setting names the size and the method),
-    checked against the output format like the budget it replaces."""
-    from capsense.compress.guided import guided_budget  # the Fisher and measured sensitivities: only when guided
+def _guided_allocations(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str):
+    """The guided allocations that may replace ``budget`` (its setting names the size and the method;
+    :func:`capsense.compress.select.guided_candidates`), each checked against the output format like the
+    budget it replaces."""
+    from capsense.compress.select import guided_candidates  # the Fisher and measured sensitivities: only when guided
 
-    allocation = guided_budget(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
-    planned = plan(model, allocation.budget)
-    _check_format(model, allocation.budget, planned, check_plan(model, allocation.budget, planned), fmt)
-    return allocation
+    allocations = guided_candidates(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
+    for _, allocation in allocations:
+        planned = plan(model, allocation.budget)
+        _check_format(model, allocation.budget, planned, check_plan(model, allocation.budget, planned), fmt)
+    return allocations
 
 
 class _KeptLoss:
@@ -208,4 +214,4 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
         (tmp / "README.md").write_text(render_card(meta, default.family if default is not None else ""))
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         if allocation is not None:
-            write_budget_file(tmp / "budget.yaml", allocation.budget)
+            write_budget_file(tmp / "budget.yaml", budget)  # what was shipped: the allocation, or uniform if it measured better

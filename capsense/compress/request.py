@@ -51,6 +51,18 @@ def _check_guide_options(keep: str | None, **options: Any) -> None:
                             "(the capabilities to keep) or leave them out")
 
 
+def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform):
+    """The :class:`~capsense.compress.guided.Guide` of a request that keeps ``keep``; ``check_uniform`` None is on
+    at the uniform setting's size, and asked for with ``budget_size`` (another size) an error."""
+    from capsense.compress.guided import Guide
+
+    if check_uniform and budget_size is not None:
+        raise CapsenseError("`check_uniform` compares the allocation with the uniform setting of the same size; with "
+                            "`budget_size` the sizes differ: leave one out")
+    return Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
+                 size_ratio=budget_size, samples=samples, pricing=pricing, check_uniform=check_uniform is not False)
+
+
 def default_calibration(budget, guide) -> str:
     """The calibration when the caller gives none: the default sources, plus the kept capabilities
     when ``guide`` keeps some and the budget's method compensates errors on calibration inputs."""
@@ -76,6 +88,7 @@ def compress_request(
     protect_heads: str | None = None,
     budget_size: float | None = None,
     pricing: str | None = None,
+    check_uniform: bool | None = None,
     calibration: str | None = None,
     calibration_samples: int = 64,
     dtype: str = "float32",
@@ -94,7 +107,8 @@ def compress_request(
     (comma-separated capabilities) asks for a guided allocation at the uniform setting's size
     (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept
     capability (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT
-    allocation prices its levels (:class:`~capsense.compress.guided.Guide`). Those guide options
+    allocation prices its levels and ``check_uniform`` (None: on) whether the uniform setting is shipped
+    when it measures better on calibration documents (:class:`~capsense.compress.guided.Guide`). Those guide options
     without ``keep`` are an error, not ignored. ``calibration`` None is the default sources, and
     for an error-compensating method (GPTQ, SparseGPT) guided by ``keep``, those plus the kept
     capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
@@ -103,7 +117,7 @@ def compress_request(
     from capsense.compress.pipeline import compress_checkpoint
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
-                         pricing=pricing, sensitivity=None if sensitivity == "kept" else sensitivity)
+                         pricing=pricing, check_uniform=check_uniform, sensitivity=None if sensitivity == "kept" else sensitivity)
     unknown = set(setting) - set(SETTING_PARAMETERS)
     if unknown:
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
@@ -111,12 +125,8 @@ def compress_request(
         budget = load_budget(budget_file, setting, targets)
     else:
         budget = uniform_budget({k: v for k, v in setting.items() if v is not None}, targets)
-    guide = None
-    if keep:
-        from capsense.compress.guided import Guide
-
-        guide = Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
-                      size_ratio=budget_size, samples=calibration_samples, pricing=pricing)
+    guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
+                   check_uniform) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,

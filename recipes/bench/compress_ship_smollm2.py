@@ -31,11 +31,10 @@ row records its ``calibration`` set). ``--reload`` also reloads the guided check
 dense) with plain transformers and compares them with the in-memory model, float32 and cast to
 bfloat16.
 
-``keepcal``: per ``--keep`` capability CAP, calibrate as ``capsense compress --keep CAP`` does for
-GPTQ and SparseGPT (the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`)
-and measure ``uniform-kc:CAP`` (the uniform setting with that calibration) and ``guided-kc:CAP``
-(the guided allocation), to set against the keep part's ``uniform`` and ``agnostic`` rows (default
-calibration): how much of the gain is the calibration and how much the allocation.
+``keepcal``: per ``--keep`` CAP, calibrate as ``capsense compress --keep CAP`` does GPTQ and SparseGPT
+(the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`); ``uniform-kc:CAP``
+(the uniform setting so calibrated) and ``guided-kc:CAP`` (since round 11 the better of the guided
+allocation(s) and uniform-kc on CAP's calibration documents, as ``capsense compress`` ships: row ``selection``).
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
@@ -167,7 +166,7 @@ def keep_variants(keep: list[str], spread, pricing: dict):
     tag = "" if spread is None else f"~{spread[0]:g}-{spread[1]:g}"
     extra = ({} if spread is None else {"spread": spread}) | pricing
     yield "uniform", None
-    yield "agnostic" + tag, Guide(keep[:1], sensitivity="generic", protect_top_k=0, **extra)
+    yield "agnostic" + tag, Guide(keep[:1], sensitivity="generic", protect_top_k=0, check_uniform=False, **extra)
     for cap in keep:
         yield f"guided{tag}:{cap}", Guide([cap], **extra)
 
@@ -209,17 +208,16 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
     """Allocate (``guide`` None: uniform), compress, measure, write (and with ``reload`` reload) one variant."""
     from collections import Counter
 
-    from capsense.compress.guided import guided_budget
     from capsense.compress.pipeline import resolve_format
+    from capsense.compress.select import compress_guided, guided_candidates
 
     uni = uniform_budget(setting)
     fmt = resolve_format("auto", uni)
     t0 = time.time()
-    allocation = None if guide is None else guided_budget(
+    allocs = [] if guide is None else guided_candidates(
         model, tok, uni, stats, guide, print, fisher_cache, packed=fmt == "compressed-tensors")
-    budget = uni if allocation is None else allocation.budget
     t1 = time.time()
-    result = compress_model(model, budget, stats)
+    result, budget, allocation = compress_guided(model, tok, uni, allocs, stats, guide, print)  # the best, unless told
     t2 = time.time()
     after = doc_nll(model, probes)
     check = reload and guide is not None and guide.sensitivity == "kept"  # packed (GPTQ) or dense (SparseGPT)
@@ -230,7 +228,8 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
         "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
         "spread": list(guide.spread) if guide is not None else None,
         "protected_heads": allocation.info.get("protected_heads") if allocation else None,
-        "levels": dict(Counter(allocation.info["per_matrix"].values())) if allocation else None,
+        "levels": dict(Counter(allocation.info["per_matrix"].values())) if allocation else None,  # the allocation's
+        "selection": allocation.info.get("selection") if allocation else None,  # and what was shipped
         "groups": meta["format"].get("groups"), "size_ratio": result.summary["size_ratio"],
         "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
         "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},

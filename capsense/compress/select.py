@@ -95,7 +95,6 @@ def compress_better(
     return Selection(best[1], best[2], best[3], record)
 
 
-
 def proxy_pricing(uniform: Budget, guide) -> str | None:
     """The second pricing a checked guided run also allocates with: the method's cheaper proxy (``rtn``
     for GPTQ, ``wanda`` for SparseGPT) when ``guide`` leaves the pricing at its default, checks against

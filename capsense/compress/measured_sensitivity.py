@@ -52,7 +52,7 @@ from capsense.compress.budget import Override
 from capsense.errors import BudgetError, CapsenseError
 from capsense.compress.engine import stats_for
 from capsense.compress.methods import Setting
-from capsense.compress.targets import Target
+from capsense.compress.targets import Target, restore, snapshot
 from capsense.core.registry import Registry
 from capsense.core.replay import BlockReplay
 
@@ -161,7 +161,7 @@ def measure_costs(
     With ``replay``, blocks before a unit's layer are not recomputed.
     """
     held = held or {}
-    uniform = {t.name: t.get().clone() for u in units for t in u.targets}
+    uniform = snapshot(t for u in units for t in u.targets)
     l_u = replay.record(loss, inputs=False, outputs=True) if replay is not None else loss()
     cands: dict[str, list[Candidate]] = {}
     for u in units:
@@ -181,8 +181,7 @@ def measure_costs(
                         t.set(a.weight)
                     with replay.skip_before(u.layer) if replay is not None else nullcontext():
                         out.append(Candidate(s, bits, loss() - l_u))
-                    for t in u.targets:
-                        t.set(uniform[t.name])
+                    restore(u.targets, uniform)
             if progress and s != now:
                 progress(1)
         cands[u.name] = out
@@ -239,7 +238,7 @@ def measured_allocation(
     sample = [] if base.calibrated else [t.get() for t in targets[:: max(1, len(targets) // 8)]]
     ladder_ = ladder(base, levels, n_levels, sample)
     probes = allocation_probes(tokenizer, keep, samples)
-    original = {t.name: t.get().clone() for t in targets}
+    original = snapshot(targets)
     log(f"measured sensitivity: {len(units)} units x {len(ladder_) - 1} levels x {rounds} round(s) "
         f"({', '.join(s.label for s in ladder_)}) on {samples} documents of {', '.join(keep)}")
     bar = tqdm(total=rounds * len(units) * (len(ladder_) - 1), desc="sensitivity", unit="fwd", disable=not progress)
@@ -255,8 +254,7 @@ def measured_allocation(
             choice = {k: c.setting for k, c in chosen.items()}
     finally:
         bar.close()
-        for t in targets:
-            t.set(original[t.name])
+        restore(targets, original)
     by_name = {u.name: u for u in units}
     overrides = [by_name[k].override(c.setting) for k, c in chosen.items() if c.setting != base]
     info = {

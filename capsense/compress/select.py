@@ -26,12 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from capsense.compress.budget import Budget
 from capsense.compress.engine import CompressionResult, compress_model
-from capsense.compress.targets import find_targets
+from capsense.compress.targets import find_targets, restore, snapshot
 from capsense.errors import BudgetError
 
 
@@ -43,16 +42,6 @@ class Selection:
     budget: Budget
     result: CompressionResult
     record: dict[str, Any]
-
-
-def _snapshot(targets) -> dict[str, torch.Tensor]:
-    return {t.name: t.get().detach().clone() for t in targets}
-
-
-def _load(targets, weights: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for t in targets:
-            t.set(weights[t.name])
 
 
 def compress_better(
@@ -75,22 +64,22 @@ def compress_better(
     sets = {cap: capability_probe(cap, tokenizer, n_docs, use="calibration") for cap in keep}
     before = {cap: m.nll for cap, m in measure(model, sets).items()}
     targets = find_targets(model, candidates[0][1].targets)
-    original, best_weights = _snapshot(targets), None
+    original, best_weights = snapshot(targets), None
     dls: dict[str, dict[str, float]] = {}
     best: tuple[float, str, Budget, CompressionResult] | None = None
     for i, (name, budget) in enumerate(candidates):
         if i:
-            _load(targets, original)
+            restore(targets, original)
         result = compress_model(model, budget, stats)
         dls[name] = {cap: m.nll - before[cap] for cap, m in measure(model, sets).items()}
         score = sum(dls[name].values())
         log(f"{name}: dL on {n_docs} calibration documents of {', '.join(keep)}: {score:+.4f}")
         if best is None or score < best[0]:
             best = (score, name, budget, result)
-            best_weights = _snapshot(targets) if i < len(candidates) - 1 else None
+            best_weights = snapshot(targets) if i < len(candidates) - 1 else None
     assert best is not None
     if best_weights is not None:  # the best was not the last one compressed
-        _load(targets, best_weights)
+        restore(targets, best_weights)
     record = {"documents": "last", "n_docs": n_docs, "capabilities": list(keep), "dL": dls, "chosen": best[1]}
     return Selection(best[1], best[2], best[3], record)
 

@@ -100,6 +100,18 @@ def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> 
     return out
 
 
+def snapshot(targets: Iterable[Target]) -> dict[str, torch.Tensor]:
+    """A copy of every target's weight, by name: what :func:`restore` puts back."""
+    return {t.name: t.get().detach().clone() for t in targets}
+
+
+def restore(targets: Iterable[Target], weights: dict[str, torch.Tensor]) -> None:
+    """Set every target's weight to its copy in ``weights`` (from :func:`snapshot`)."""
+    with torch.no_grad():
+        for t in targets:
+            t.set(weights[t.name])
+
+
 def out_projection_name(model: nn.Module, layer: int) -> str:
     """Full module name of layer ``layer``'s attention output projection."""
     spec = arch_spec(model)

@@ -37,6 +37,13 @@ T = TypeVar("T")
 _MISSING = object()
 
 
+def swapped(args: tuple, kwargs: dict[str, Any], old: Any, new: Any) -> tuple[tuple, dict[str, Any], int]:
+    """``args`` and ``kwargs`` with every value that is ``old`` (by identity) replaced by ``new``, and
+    how many were replaced: how a recorded call is handed a fresh KV cache, or stops keeping one alive."""
+    n = sum(a is old for a in args) + sum(v is old for v in kwargs.values())
+    return (tuple(new if a is old else a for a in args), {k: new if v is old else v for k, v in kwargs.items()}, n)
+
+
 @dataclass
 class BlockCall:
     """One call of one block: its hidden-state input, the other arguments, and how they were passed."""
@@ -51,9 +58,7 @@ class BlockCall:
         every argument that is ``old`` (positional or keyword) is passed as ``new`` (a fresh KV cache)."""
         args, kwargs = self.args, self.kwargs
         if swap is not None:
-            old, new = swap
-            args = tuple(new if a is old else a for a in args)
-            kwargs = {k: new if v is old else v for k, v in kwargs.items()}
+            args, kwargs, _ = swapped(args, kwargs, *swap)
         if self.positional:
             out = block(hidden, *args, **kwargs)
         else:
@@ -103,9 +108,8 @@ class BlockReplay:
         n = 0
         for calls in self.inputs:
             for c in calls:
-                n += sum(a is old for a in c.args) + sum(v is old for v in c.kwargs.values())
-                c.args = tuple(new if a is old else a for a in c.args)
-                c.kwargs = {k: new if v is old else v for k, v in c.kwargs.items()}
+                c.args, c.kwargs, k = swapped(c.args, c.kwargs, old, new)
+                n += k
         return n
 
     def detach(self) -> BlockReplay:

@@ -1,9 +1,10 @@
-"""Shipping the better of a guided allocation and the uniform setting, measured on calibration documents."""
+"""Shipping the guided allocation unless a candidate (uniform, another pricing) measures better beyond noise."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -12,13 +13,13 @@ from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.cli import main
 from capsense.compress.budget import load_budget, uniform_budget
-from capsense.compress.capability_loss import capability_probe, measure_probe
+from capsense.compress.capability_loss import CapabilityLoss, capability_probe, measure_probe, paired_difference
 from capsense.compress.engine import calibrate, compress_model
 from capsense.compress.guided import Guide
 from capsense.compress import select
 from capsense.compress.select import MARGIN_SE, compress_better, compress_guided, guided_candidates
 from capsense.compress.targets import find_targets
-from capsense.errors import BudgetError
+from capsense.errors import BudgetError, CapsenseError
 
 MILD, HARSH = {"method": "wanda", "density": 0.9}, {"method": "wanda", "density": 0.1}
 
@@ -217,3 +218,24 @@ def test_check_uniform_needs_keep_and_the_uniform_size(tmp_path, tiny_model_dir)
                                       "--out", str(out)])
         assert r.exit_code == 1 and message in r.output and r.output.count("Error") == 1, r.output
         assert not out.exists()
+
+
+def _loss(nats, tokens, task="math"):
+    return CapabilityLoss(task, task, sum(nats) / sum(tokens), 0.0, len(nats), sum(tokens), list(nats), list(tokens))
+
+
+def test_paired_difference_is_the_sample_se_with_equal_tokens_and_refuses_other_documents():
+    a = _loss([10.0, 12.0, 9.0, 11.0], [5, 5, 5, 5])
+    b = _loss([9.0, 11.5, 9.5, 9.0], [5, 5, 5, 5])
+    per_token = np.array([-1.0, -0.5, 0.5, -2.0]) / 5
+    diff, se = paired_difference(a, b)
+    assert diff == pytest.approx(per_token.mean()) and diff == pytest.approx(b.nll - a.nll)
+    assert se == pytest.approx(per_token.std(ddof=1) / 2)  # s / sqrt(n), n = 4
+    c = _loss([10.0, 30.0], [2, 6])  # unequal tokens: D weights documents by tokens
+    diff, se = paired_difference(c, _loss([11.0, 30.0], [2, 6]))
+    assert diff == pytest.approx(1 / 8) and se == pytest.approx((2 * ((1 - 2 / 8) ** 2 + (6 / 8) ** 2)) ** 0.5 / 8)
+    assert paired_difference(_loss([3.0], [2]), _loss([4.0], [2])) == (0.5, None)
+    with pytest.raises(CapsenseError, match="same documents"):
+        paired_difference(a, _loss([1.0, 2.0], [5, 5]))
+    with pytest.raises(CapsenseError, match="same documents"):
+        paired_difference(a, _loss([10.0, 12.0, 9.0, 11.0], [5, 5, 5, 5], task="code"))

@@ -23,7 +23,10 @@ bits keep math (32 documents) the three candidates differed by 0.001-0.014 nats/
 calibration documents ranked the allocation last (+0.022 vs uniform +0.008), the held-out probes
 first (+0.0148 vs +0.0157), and shipping uniform turned a met row (-25.6% vs uniform) into a miss
 (-21.2%). Where the candidates differed by 0.04-0.10 (GPTQ 3 bits, SparseGPT keep code) both
-document sets agreed. Each candidate's dL, its paired difference to the allocation with the
+document sets agreed. What the margin costs (round 12): on Gemma 3 270M SparseGPT 0.5 keep math
+uniform was lower by 0.011 (1.1 SE) on the calibration documents and by 0.031 on the probes, and the
+allocation, worse than uniform there, ships; 32 documents per capability cannot resolve 0.01
+nats/token either way. Each candidate's dL, its paired difference to the allocation with the
 standard error, and the reason are returned as a record for ``capsense.json`` and the card.
 
 Cost: one more compression pass and one forward over the kept capabilities' calibration documents

@@ -72,9 +72,10 @@ def _selection_lines(sel: dict[str, Any] | None) -> list[str]:
             f"documents of {', '.join(sel['capabilities'])} (calibration documents, not the probes below); ")
     if paired is None:  # a record written before the noise margin (round 11)
         return ["", head + f"the lower summed dL is shipped: **{shipped}**.", "", markdown_table(rows)]
-    return ["", head + f"{first} is shipped unless another candidate's summed dL is lower by more than "
-            f"{sel['margin_se']:g} standard errors (SE) of the paired per-document difference: **{shipped}** is "
-            f"shipped ({sel['reason']}).", "", markdown_table(rows)]
+    rule = (f"{first} is shipped unless another candidate's summed dL is lower by more than {sel['margin_se']:g} "
+            f"standard errors (SE) of the paired per-document difference" if sel.get("margin_se") else
+            f"the lowest summed dL is shipped (SE: of the paired per-document difference to {first})")
+    return ["", head + f"{rule}: **{shipped}** ({sel['reason']}).", "", markdown_table(rows)]
 
 
 def render_card(meta: dict[str, Any], family: str) -> str:

@@ -1,4 +1,4 @@
-"""Ship a guided allocation, or a candidate (uniform, another pricing) measured better beyond noise.
+"""Ship the guided allocation or a candidate (uniform, another pricing) measured better on calibration documents.
 
 A guided allocation (:mod:`capsense.compress.guided`) is chosen by a second-order estimate of the kept
 capabilities' loss (the Fisher diagonal times the squared weight or output error). That estimate can
@@ -13,21 +13,20 @@ allocation priced by the method's cheaper proxy, as neither pricing won every me
 uniform setting, whose size every allocation matches or undercuts), measures each kept capability's
 loss on its **calibration documents** (the last ``n_docs`` documents of its task: the ones its
 Fisher was computed on; never the first documents, which are the held-out probes that report the
-result), and ships the guided allocation (the first
-candidate, the method's own answer) unless another candidate beats it by more than the noise of that
-measurement: its summed dL must be lower by more than ``MARGIN_SE`` (2) standard errors of the
-paired per-document difference (each kept capability's token-weighted difference over the same
-documents, errors added in quadrature across capabilities); of the candidates that clear the margin,
-the lowest summed dL. Why the margin: round 11 shipped the lowest dL outright, and on SmolLM2 GPTQ 4
-bits keep math (32 documents) the three candidates differed by 0.001-0.014 nats/token; the
-calibration documents ranked the allocation last (+0.022 vs uniform +0.008), the held-out probes
-first (+0.0148 vs +0.0157), and shipping uniform turned a met row (-25.6% vs uniform) into a miss
-(-21.2%). Where the candidates differed by 0.04-0.10 (GPTQ 3 bits, SparseGPT keep code) both
-document sets agreed. What the margin costs (round 12): on Gemma 3 270M SparseGPT 0.5 keep math
-uniform was lower by 0.011 (1.1 SE) on the calibration documents and by 0.031 on the probes, and the
-allocation, worse than uniform there, ships; 32 documents per capability cannot resolve 0.01
-nats/token either way. Each candidate's dL, its paired difference to the allocation with the
-standard error, and the reason are returned as a record for ``capsense.json`` and the card.
+result), and ships the lowest summed dL (ties: the allocation, the first candidate). With each
+challenger the record keeps its paired per-document difference to the allocation and that
+difference's standard error (each kept capability's token-weighted difference over the same
+documents, errors added in quadrature across capabilities), and whether the documents resolve it at
+``RESOLVED_SE`` (2) standard errors, so a reader sees when the choice was a coin toss.
+
+A noise margin was built and measured (round 12: the allocation kept unless a challenger is lower by
+more than 2 standard errors; ``MARGIN_SE`` holds it, 0 = off) and is off: on SmolLM2 GPTQ 4 bits keep
+math it kept the allocation where the lowest dL had shipped uniform, and the held-out probes could not
+tell the two apart either (math +0.0148 vs +0.0157); on Gemma 3 270M SparseGPT 0.5 keep math it shipped
+the allocation where uniform was lower by 0.011 (1.1 SE) on the calibration documents and by 0.031 on
+the probes (kept math dL +26.6% vs uniform instead of -9.0%). Taking the lower measurement costs
+nothing in expectation where the candidates are within noise and wins where they are not; more
+calibration documents (the SE falls as 1/sqrt(n)) are the way to resolve close candidates.
 
 Cost: one more compression pass and one forward over the kept capabilities' calibration documents
 per candidate; memory: a copy of the target matrices (the original) and of the chosen candidate's.
@@ -47,7 +46,8 @@ from capsense.compress.engine import CompressionResult, compress_model
 from capsense.compress.targets import find_targets, restore, snapshot
 from capsense.errors import BudgetError
 
-MARGIN_SE = 2.0  # a challenger displaces the allocation only when lower by more than this many standard errors
+MARGIN_SE = 0.0  # a challenger displaces the allocation when lower by more than this many standard errors (0: lower at all)
+RESOLVED_SE = 2.0  # a paired difference beyond this many standard errors is recorded as resolved
 
 
 @dataclass
@@ -66,8 +66,9 @@ def compress_better(
 ) -> Selection:
     """Compress ``model`` with each of ``candidates`` (name, budget) from its current weights, measure
     ``keep``'s loss on their last ``n_docs`` documents (calibration documents, not the probes) and leave
-    the chosen one in the model: the first candidate (the allocation) unless another beats it by more
-    than the noise margin (:func:`paired_vs_allocation`); of those that do, the lowest summed dL.
+    the chosen one in the model: the first candidate (the allocation) unless another's summed dL is lower
+    by more than ``MARGIN_SE`` standard errors (:func:`paired_vs_allocation`; 0: lower at all); of
+    those, the lowest summed dL.
 
     The record: ``{"documents": "last", "n_docs", "capabilities", "dL": {name: {cap: dL}}, "allocation",
     "margin_se", "paired": {challenger: ...}, "chosen", "reason"}``.
@@ -118,31 +119,34 @@ def compress_better(
 def paired_vs_allocation(allocation: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
     """``other``'s summed dL minus the allocation's, from each kept capability's per-document paired
     difference (:func:`~capsense.compress.capability_loss.paired_difference`), with its standard error
-    (capabilities' documents are distinct, so their errors add in quadrature; None with one document)
-    and whether it ``clears`` the margin: lower by more than ``MARGIN_SE`` standard errors."""
+    (capabilities' documents are distinct, so their errors add in quadrature; None with one document),
+    whether it ``clears`` the margin (lower by more than ``MARGIN_SE`` standard errors; with a margin of
+    0, lower at all, standard error or not) and whether it is ``resolved`` (beyond ``RESOLVED_SE``)."""
     from capsense.compress.capability_loss import paired_difference
 
     by_cap = {cap: dict(zip(("dL_diff", "se"), paired_difference(a, other[cap]))) for cap, a in allocation.items()}
     diff = sum(d["dL_diff"] for d in by_cap.values())
     ses = [d["se"] for d in by_cap.values()]
     se = None if None in ses else math.sqrt(sum(x * x for x in ses))
-    margin = None if se is None else MARGIN_SE * se
+    margin = 0.0 if MARGIN_SE == 0 else None if se is None else MARGIN_SE * se
     return {"dL_diff": diff, "se": se, "margin": margin, "clears": margin is not None and diff < -margin,
-            "by_capability": by_cap}
+            "resolved": se is not None and abs(diff) > RESOLVED_SE * se, "by_capability": by_cap}
 
 
 def _reason(allocation: str, chosen: str, paired: Mapping[str, Mapping[str, Any]]) -> str:
     """Why ``chosen`` was shipped, in words, for the record and the card."""
-    rule = f"{MARGIN_SE:g} standard errors of the paired per-document difference"
     if not paired:
         return f"{allocation} is the only candidate"
+    rule = f"{MARGIN_SE:g} standard errors of the paired per-document difference" if MARGIN_SE else "at all"
+    within = [n for n, p in paired.items() if not p["resolved"]]
+    noise = (f"; within {RESOLVED_SE:g} standard errors of {allocation}: {', '.join(within)} (not resolved by "
+             f"these documents)" if within else f"; every difference beyond {RESOLVED_SE:g} standard errors")
     if chosen == allocation:
-        if any(p["se"] is None for p in paired.values()):
+        if MARGIN_SE and any(p["se"] is None for p in paired.values()):
             return f"one document per capability gives no standard error: {allocation} kept"
-        return f"no other candidate's summed dL is lower than {allocation}'s by more than {rule}: {allocation} kept"
-    p, n = paired[chosen], sum(q["clears"] for q in paired.values())
-    return (f"{chosen}'s summed dL is lower than {allocation}'s by {-p['dL_diff']:.4f}, more than {rule} "
-            f"({p['margin']:.4f}); the lowest of the {n} candidate(s) that clear the margin")
+        return f"no other candidate's summed dL is lower than {allocation}'s by more than {rule}: {allocation} kept{noise}"
+    p = paired[chosen]
+    return f"{chosen}'s summed dL is the lowest, {-p['dL_diff']:.4f} below {allocation}'s{noise}"
 
 
 def proxy_pricing(uniform: Budget, guide) -> str | None:
@@ -192,8 +196,8 @@ def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, s
     ``allocations``: (name, :class:`~capsense.compress.guided.Allocation`) candidates, the first the
     guide's own (:func:`guided_candidates`); empty (no guide) compresses with ``uniform``. When
     :func:`checks_uniform`, the one of the candidates and ``uniform`` that :func:`compress_better`
-    ships (the first allocation unless another candidate is better beyond noise on the kept
-    capabilities' calibration documents, ``guide.samples`` each: those the Fisher read), recorded in
+    ships (the lowest dL on the kept capabilities' calibration documents, ``guide.samples`` each: those
+    the Fisher read; ties keep the first allocation), recorded in
     the returned allocation's ``info["selection"]`` (the chosen allocation's, or the first's when
     uniform is chosen); else the first allocation as it is.
     """
@@ -203,8 +207,8 @@ def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, s
     if not checks_uniform(guide):
         first = allocations[0][1]
         return compress_model(model, first.budget, stats), first.budget, first
-    log(f"compressing with {', '.join(n for n, _ in allocations)} and uniform; {allocations[0][0]} is kept unless "
-        "another is better beyond noise on calibration documents")
+    log(f"compressing with {', '.join(n for n, _ in allocations)} and uniform; the lowest dL on calibration "
+        "documents ships")
     sel = compress_better(model, tokenizer, [(n, a.budget) for n, a in allocations] + [("uniform", uniform)], stats,
                           guide.keep, guide.samples, log)
     allocation = dict(allocations).get(sel.chosen, allocations[0][1])

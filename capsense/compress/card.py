@@ -91,7 +91,9 @@ def render_card(meta: dict[str, Any], family: str) -> str:
                    "wanda": ", SparseGPT levels priced by Wanda's weight error"}.get(alloc.get("pricing", alloc.get("gptq_pricing")), "")  # gptq_pricing: before round 10
         lines += ["", f"Guided allocation keeping **{', '.join(alloc['keep'])}** (sensitivity {alloc['sensitivity']}{pricing}), "
                   "at the size of the uniform setting; the allocation's protected heads: "
-                  f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces this checkpoint."]
+                  f"{alloc.get('protected_heads') or 'none'}" + (" (kept dense and at full precision on top of each matrix's "
+                  "setting, so those matrices store more than it; the other weights pay for them)" if alloc.get("protected_heads")
+                  else "") + ". `budget.yaml` reproduces this checkpoint."]
         lines += _selection_lines(alloc.get("selection"))
     lines += _measured_lines(meta.get("measured"), alloc)
     lines += ["", "## Per layer", "", _layer_table(meta.get("matrices", [])), "",

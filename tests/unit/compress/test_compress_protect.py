@@ -202,3 +202,40 @@ def test_the_card_says_protected_heads_come_on_top():
     assert "| d0.62 |" in card  # the o_proj's real density, its protected columns included
     meta["allocation"]["protected_heads"] = None
     assert "protected heads: none. `budget.yaml`" in render_card(meta, "prune")
+
+
+@pytest.mark.parametrize("setting", [{"method": "sparsegpt", "density": 0.5, "scope": "2:4"},
+                                     {"method": "sparsegpt", "density": 0.4}, {"method": "wanda", "density": 0.4}],
+                         ids=lambda s: "/".join(str(v) for v in s.values()))
+def test_a_model_with_whole_heads_protected_stores_what_it_accounts(setting):
+    """Tiny llama (4 query heads of 16, 2 KV heads): L1H3 whole. Every matrix's account is its
+    setting's size with the protection and its nonzeros; protected weights are on top."""
+    from conftest import make_char_tokenizer, make_tiny_model
+
+    from capsense.compress.budget import protections, uniform_budget
+    from capsense.compress.engine import calibrate, compress_model
+    from capsense.compress.targets import find_targets
+    from capsense.core.heads import HeadSet
+
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    budget = uniform_budget(setting)
+    stats, _ = calibrate(model, tok, budget, "math", 4)
+    budget.protect_heads, budget.whole_heads = HeadSet.parse("L1H3"), True
+    targets = find_targets(model)
+    prot = protections(model, budget, targets)
+    res = compress_model(model, budget, stats)
+    s = parse_setting(setting)
+    by = {a.name: a for a in res.accounts}
+    for t in targets:
+        a, w, p = by[t.name], t.get(), prot.get(t.name)
+        assert a.stored_params == int((w != 0).sum()) == s.size(t.shape, p, 16)[0]
+        if p is None:
+            continue
+        assert a.stored_params > s.size(t.shape, None, 16)[0]  # protection costs extra
+        assert bool((w[p.entries(t.shape)] != 0).all())
+        free = (w != 0)[p.free_rows(t.shape[0])][:, p.free_cols(t.shape[1])]
+        if s.scope == "2:4":
+            assert (free.reshape(free.shape[0], -1, 4).sum(2) == 2).all()
+        else:
+            assert (free.sum(1) == round(s.density * free.shape[1])).all()
+    assert set(prot) == {f"model.layers.1.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")}

@@ -46,8 +46,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from capsense.compress.gptq import (PATTERNS, check_pattern, gptq_output_errors, gptq_quantize, row_output_errors, sparsegpt_output_errors,
-                                    sparsegpt_prune)
+from capsense.compress.gptq import (PATTERNS, check_pattern, gptq_output_errors, gptq_quantize, row_output_errors,
+                                    sparsegpt_output_errors, sparsegpt_prune)
 from capsense.compress.prune import check_density, wanda_scores
 from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _put_block
 from capsense.errors import BudgetError

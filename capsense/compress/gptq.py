@@ -233,7 +233,8 @@ def check_pattern(pattern: str, density: float, n_in: int, protected_cols: torch
     if density != 0.5 or n_in % 4:
         raise BudgetError(f"the 2:4 pattern keeps two of every four weights: it needs density 0.5 (got {density}) "
                           f"and input columns divisible by 4 (got {n_in})")
-    if protected_cols is not None and bool((protected_cols.view(-1, 4).any(1) != protected_cols.view(-1, 4).all(1)).any()):
+    groups = protected_cols.view(-1, 4) if protected_cols is not None else None
+    if groups is not None and bool((groups.any(1) != groups.all(1)).any()):
         raise BudgetError("the 2:4 pattern prunes two of every four consecutive weights: protected columns must be "
                           "whole groups of four (a head's columns are, when its dimension is a multiple of 4)")
 

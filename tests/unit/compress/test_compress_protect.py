@@ -43,9 +43,10 @@ def _protections(n_out, n_in):
             "both": Protection(rows=_span(n_out, (4, 8)), cols=_span(n_in, (16, 32), (48, 52)))}
 
 
-SETTINGS = [{"method": "magnitude", "density": d, "scope": sc} for d in (0.1, 0.3, 0.5, 0.77) for sc in ("row", "matrix")] + \
-           [{"method": "wanda", "density": d} for d in (0.25, 0.5)] + \
-           [{"method": "sparsegpt", "density": d} for d in (0.1, 0.5, 0.77)] + [{"method": "sparsegpt", "density": 0.5, "scope": "2:4"}]
+SETTINGS = ([{"method": "magnitude", "density": d, "scope": sc} for d in (0.1, 0.3, 0.5, 0.77) for sc in ("row", "matrix")]
+            + [{"method": "wanda", "density": d} for d in (0.25, 0.5)]
+            + [{"method": "sparsegpt", "density": d} for d in (0.1, 0.5, 0.77)]
+            + [{"method": "sparsegpt", "density": 0.5, "scope": "2:4"}])
 
 
 @pytest.mark.parametrize("kind", ["cols", "rows", "both"])
@@ -60,7 +61,8 @@ def test_unprotected_weights_keep_the_density_and_the_size_is_what_is_stored(set
     fr, fc = prot.free_rows(n_out), prot.free_cols(n_in)
     assert bool(keep[prot.entries((n_out, n_in))].all())  # protected: dense
     # unchanged, except that SparseGPT's compensation also updates protected columns (not protected rows)
-    same = prot.entries((n_out, n_in)) if s.method != "sparsegpt" else ~prot.free_rows(n_out)[:, None].expand(n_out, n_in)
+    rows_only = ~prot.free_rows(n_out)[:, None].expand(n_out, n_in)
+    same = prot.entries((n_out, n_in)) if s.method != "sparsegpt" else rows_only
     assert torch.equal(out.weight[same], w[same])
     free = keep[fr][:, fc]
     if s.scope == "2:4":  # two of every four free weights, in the original column groups
@@ -103,7 +105,8 @@ def test_nothing_protected_gives_the_masks_and_sizes_of_before(density):
     x = torch.randn(300, 200, generator=g)
     gram = x.t() @ x
     pruned, keep = sparsegpt_prune(w, gram, density)
-    got = (_h(mask_from_scores(magnitude_scores(w), density, "row")), _h(mask_from_scores(magnitude_scores(w), density, "matrix")),
+    scores = magnitude_scores(w)
+    got = (_h(mask_from_scores(scores, density, "row")), _h(mask_from_scores(scores, density, "matrix")),
            _h(torch.cat([m.reshape(-1) for m in global_masks([w.abs(), w[:10, :50].abs()], density)])),
            _h(keep), _h(pruned), PruneSetting("wanda", density).size((24, 200), None, 16)[0])
     assert got == BEFORE[density]

@@ -66,6 +66,26 @@ class CapabilityLoss:
         return d
 
 
+def paired_difference(a: CapabilityLoss, b: CapabilityLoss) -> tuple[float, float | None]:
+    """``b``'s loss minus ``a``'s (nats/token) on the same documents, and its standard error over documents.
+
+    The loss is token-weighted (total nats over total tokens), so the difference is the ratio
+    ``D = sum e_i / sum t_i`` of each document's nats difference ``e_i`` to its tokens ``t_i``; its
+    standard error is the ratio estimator's, ``sqrt(n / (n - 1) * sum (e_i - D t_i)^2) / sum t_i``
+    (with equal token counts: the sample standard deviation of the per-document differences over
+    ``sqrt(n)``). None with one document (no spread to estimate). Both must have measured the same documents.
+    """
+    t = np.asarray(a.doc_tokens, dtype=float)
+    if a.task != b.task or list(a.doc_tokens) != list(b.doc_tokens):
+        raise CapsenseError(f"paired difference needs the same documents; got {a.task} ({a.n_docs} documents) "
+                            f"and {b.task} ({b.n_docs})")
+    e = np.asarray(b.doc_nats) - np.asarray(a.doc_nats)
+    diff = float(e.sum() / t.sum())
+    if len(e) < 2:
+        return diff, None
+    return diff, float(np.sqrt(len(e) / (len(e) - 1) * ((e - diff * t) ** 2).sum()) / t.sum())
+
+
 def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None, batch_size: int = 16) -> CapabilityLoss:
     """Score one probe with the model as it is (no knockouts)."""
     scorer = _KeepingScorer(model, probe, batch_size=batch_size)

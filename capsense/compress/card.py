@@ -55,14 +55,26 @@ def _measured_lines(measured: dict[str, Any] | None, alloc: dict[str, Any] | Non
 
 
 def _selection_lines(sel: dict[str, Any] | None) -> list[str]:
-    """The guided allocation vs the uniform setting on calibration documents, and which was shipped."""
+    """The candidates (guided allocation, other pricing, uniform) on calibration documents, and which was shipped."""
     if not sel:
         return []
-    rows = [{"candidate": name, **{f"dL {c}": f"{d:+.4f}" for c, d in dl.items()}} for name, dl in sel["dL"].items()]
+    paired, first = sel.get("paired"), sel.get("allocation", "guided")
+    rows = []
+    for name, dl in sel["dL"].items():
+        row = {"candidate": name, **{f"dL {c}": f"{d:+.4f}" for c, d in dl.items()}}
+        if paired is not None:
+            p = paired.get(name)
+            row["vs " + first] = "" if p is None else f"{p['dL_diff']:+.4f}"
+            row["SE"] = "" if p is None or p["se"] is None else f"{p['se']:.4f}"
+        rows.append(row)
     shipped = "the guided allocation" if sel["chosen"] == "guided" else f"the {sel['chosen']} setting"
-    return ["", f"Both compressed from the same weights and calibration and measured on the last {sel['n_docs']} "
-            f"documents of {', '.join(sel['capabilities'])} (calibration documents, not the probes below); "
-            f"the lower summed dL is shipped: **{shipped}**.", "", markdown_table(rows)]
+    head = (f"Each compressed from the same weights and calibration and measured on the last {sel['n_docs']} "
+            f"documents of {', '.join(sel['capabilities'])} (calibration documents, not the probes below); ")
+    if paired is None:  # a record written before the noise margin (round 11)
+        return ["", head + f"the lower summed dL is shipped: **{shipped}**.", "", markdown_table(rows)]
+    return ["", head + f"{first} is shipped unless another candidate's summed dL is lower by more than "
+            f"{sel['margin_se']:g} standard errors (SE) of the paired per-document difference: **{shipped}** is "
+            f"shipped ({sel['reason']}).", "", markdown_table(rows)]
 
 
 def render_card(meta: dict[str, Any], family: str) -> str:

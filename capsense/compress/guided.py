@@ -24,9 +24,10 @@ Design (why it is built this way):
   capabilities unless told otherwise (:func:`capsense.compress.calibration.kept_calibration`, chosen
   by :func:`capsense.compress.request.default_calibration`): on SmolLM2 most of the guided gain.
 * **Checked against uniform.** The pipeline compresses with the allocation and with the uniform
-  setting and ships the one with the lower kept-capability loss on calibration documents
-  (:mod:`capsense.compress.select`, ``Guide.check_uniform``): on Gemma 3 270M the Fisher-priced
-  SparseGPT allocation measured worse on math than the uniform setting it was meant to beat.
+  setting and ships the allocation unless uniform (or the other pricing's allocation) has a lower
+  kept-capability loss on calibration documents by more than 2 standard errors of the paired
+  per-document difference (:mod:`capsense.compress.select`, ``Guide.check_uniform``): on Gemma 3 270M
+  the Fisher-priced SparseGPT allocation measured worse on math than the uniform setting it was meant to beat.
 
 The result is an ordinary :class:`~capsense.compress.budget.Budget` (per-matrix overrides plus
 whole-head protection), written as a budget file that reproduces it.
@@ -73,8 +74,9 @@ class Guide:
     ``pricing`` (GPTQ and SparseGPT only): ``output`` (default; the method's own solved output error),
     or the cheaper proxy ``rtn`` (GPTQ) / ``wanda`` (SparseGPT) (:mod:`capsense.compress.compensated`).
     ``check_uniform`` (a run at the uniform setting's size): compress with the allocation and with the
-    uniform setting, keep the one with the lower kept-capability loss on the calibration documents
-    (:mod:`capsense.compress.select`; the Fisher estimate picked allocations worse than uniform).
+    uniform setting, keep the allocation unless another candidate's kept-capability loss on the
+    calibration documents is lower beyond noise (:mod:`capsense.compress.select`; the Fisher estimate
+    picked allocations worse than uniform).
     """
 
     keep: list[str]
@@ -89,7 +91,7 @@ class Guide:
     n_levels: int = 6  # measured only: levels per unit (one measured forward each)
     rounds: int = 1  # measured only: > 1 measures again around the previous round's allocation
     pricing: str | None = None  # gptq/sparsegpt: "output" (the default), "rtn"/"wanda" (capsense.compress.compensated)
-    check_uniform: bool = True  # ship the uniform setting when it measures better (capsense.compress.select)
+    check_uniform: bool = True  # ship uniform when it measures better beyond noise (capsense.compress.select)
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)

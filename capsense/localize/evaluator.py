@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -41,16 +40,15 @@ class MaskEvaluator:
 
     def clean_sinks(self) -> dict:
         """Per probe whose clean forward the gradient attribution can stand in for, the sink that
-        takes it (:data:`capsense.scoring.attribution.CleanSink`): prefix-reuse scorers of
-        log-likelihood probes, whose batches are the attribution's (multiple-choice probes'
-        attribution counts only the gold choices, so their clean forward still runs). Sets
-        :attr:`folded_share` to those probes' share of the tokens."""
-        from capsense.scoring.prefix import PrefixReuseScorer
+        takes it (:data:`capsense.scoring.attribution.CleanSink`): the prefix-reuse scorers of
+        log-likelihood probes, and of multiple-choice probes on the shared context (since round 12
+        the attribution runs their shared-context passes, every choice included, with their batches).
+        Sets :attr:`folded_share` to those probes' share of the tokens."""
+        from capsense.scoring.prefix import TakesClean
 
         if self.extra:  # a task's own metric needs its own clean run
             return {}
-        sinks = {name: s.take_clean for name, s in self.scorers.items()
-                 if isinstance(s, PrefixReuseScorer) and s.enabled and self.probes[name].kind != "multiple_choice"}
+        sinks = {name: s.take_clean for name, s in self.scorers.items() if isinstance(s, TakesClean) and s.can_take_clean()}
         self.folded_share = self._token_share(set(sinks))
         return sinks
 

@@ -15,6 +15,13 @@ changing a bit of the result. The estimate is linear: saturated attention and ca
 miss heads (false negatives, even wrong signs), so capsense uses it to decide where to spend
 real knockouts, never as the answer (:mod:`capsense.localize.prior`).
 
+A multiple-choice probe is attributed on the shared context where its scorer's check lets it
+(:class:`~capsense.scoring.shared_context.SharedContextScorer`: the same batches of whole
+documents, each context once, then every choice on top of the cached keys and values, the
+gradient flowing back through the cache): its nll is still the gold choices', and the other
+choices cost a few tokens more, so that the forward is the clean shared-context evaluation and
+stands in for it (round 12; before, only the gold requests ran and the clean forward ran again).
+
 Each document gets its own multiplier (``scale_heads`` with one row per document), so the same
 backward also gives :attr:`Attribution.magnitude`, each document's ``|gradient|`` summed: a head
 whose documents pull both ways keeps a large magnitude where the summed estimate cancels
@@ -47,6 +54,7 @@ from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
 from capsense.scoring.logits import output_logits, scored_hidden
 from capsense.scoring.probe import Probe, ProbeScorer, pad_right
+from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
 
 if TYPE_CHECKING:
     from torch import nn
@@ -54,10 +62,12 @@ if TYPE_CHECKING:
 GRADIENT_METRICS = ("nll",)
 
 #: Takes one batch of the attribution's forward, which is a clean forward (every multiplier is 1):
-#: ``(requests, recorded block inputs, final hidden states, per-request log-probability of the
-#: reference, per-request greedy hit)``. :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`
+#: log-likelihood probes ``(requests, recorded block inputs, final hidden states, per-request
+#: log-probability of the reference, per-request greedy hit)``; multiple-choice probes on the shared
+#: context ``(requests, SharedBatch, the context pass's block inputs, the choices pass's, their KV
+#: cache, log-probability, greedy hit)`` for every choice. :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`
 #: hands the prefix-reuse scorers' sinks, so the clean evaluation and its prefix cache cost no second forward.
-CleanSink = Callable[[list[int], BlockReplay, torch.Tensor, np.ndarray, np.ndarray], None]
+CleanSink = Callable[..., None]
 KNOCKOUT_METHODS = ("cs", "exhaustive", "greedy", "thompson")
 
 
@@ -134,6 +144,9 @@ class AttributionScorer:
         counted = probe.counted
         self.requests = [r for r in self.base._order if counted[r]]
         self.n_tokens = sum(len(self.base._targets[r]) for r in self.requests)
+        self._counted = counted
+        # multiple choice: the shared-context scorer's passes and batches (whole documents), where valid
+        self.shared = SharedContextScorer(model, probe, batch_size=batch_size) if shared_context_groups(probe) else None
 
     def _batch_nll(self, reqs: Sequence[int], keep: Callable[..., None] | None = None) -> torch.Tensor:
         """This batch's share of the probe's nll (its nats over the probe's token count); ``keep``
@@ -159,22 +172,30 @@ class AttributionScorer:
         return -logp.sum() / self.n_tokens
 
     @property
+    def on_shared_context(self) -> bool:
+        """Batches are whole multiple-choice documents on the shared context (the shared-context
+        scorer's own batches and passes, after its first-batch check against the plain path)."""
+        return self.shared is not None and self.shared.checked()
+
+    @property
     def n_batches(self) -> int:
-        """Forward-and-backward passes one attribution takes (batches of counted requests)."""
-        return -(-len(self.requests) // self.batch_size)
+        """Forward-and-backward passes one attribution takes."""
+        return len(self._all_batches())
+
+    def _all_batches(self) -> list[list[int]]:
+        if self.on_shared_context:
+            return [reqs for _, _, reqs in self.shared._batches(torch.zeros(1, 1, 1, dtype=torch.bool))]
+        return list(self._batches())
 
     def _batches(self):
+        """Batches of the counted requests (each document's reference, or its gold choice)."""
         for b0 in range(0, len(self.requests), self.batch_size):
             yield self.requests[b0 : b0 + self.batch_size]
 
     @torch.no_grad()
     def score(self, scale: torch.Tensor) -> float:
         """The probe's nll with every head's slice scaled by ``scale`` [n_layers, n_heads]."""
-        total = 0.0
-        with scale_heads(self.model, scale.detach(), self.means):
-            for reqs in self._batches():
-                total += float(self._batch_nll(reqs))
-        return total
+        return sum(float(self._forward(reqs, scale.detach(), None)) for reqs in self._all_batches())
 
     def _multipliers(self, scale: torch.Tensor | None) -> torch.Tensor:
         dtype = torch.float64 if next(self.model.parameters()).dtype == torch.float64 else torch.float32
@@ -187,28 +208,56 @@ class AttributionScorer:
         ``sink`` (clean model and zero ablation only) receives each batch's forward as a clean one."""
         if sink is not None and (scale is not None or self.means is not None):
             raise CapsenseError("only the clean model's attribution under zero ablation is a clean forward (`sink`)")
-        every = list(self._batches())
+        if sink is not None and self.shared is not None and not self.on_shared_context:
+            raise CapsenseError(f"{self.probe.name!r}: a multiple-choice clean forward is handed on (`sink`) only on "
+                                f"the shared context, which failed its check here")
+        every = self._all_batches()
         xi = self._multipliers(scale).detach()
         out = []
         with _frozen(self.model), torch.enable_grad():
             for b in batches:
-                rows = xi[None].repeat(len(every[b]), 1, 1).requires_grad_(True)  # one multiplier per document
-                with scale_heads(self.model, rows, self.means):
-                    loss = self._forward(every[b], sink)
+                rows = xi[None].repeat(self._n_docs(every[b]), 1, 1).requires_grad_(True)  # one multiplier per document
+                loss = self._forward(every[b], rows, sink)
                 (grad,) = torch.autograd.grad(loss, rows)
                 g = grad.detach().cpu().double()
                 out.append(BatchTerm(b, float(loss.detach()), g.sum(0).numpy(), g.abs().sum(0).numpy()))
         return out
 
-    def _forward(self, reqs: list[int], sink: CleanSink | None) -> torch.Tensor:
-        """:meth:`_batch_nll`, its block inputs recorded for ``sink`` when there is one."""
-        if sink is None:
-            return self._batch_nll(reqs)
-        kept: list = []
-        replay = BlockReplay(self.model)
-        loss = replay.record(lambda: self._batch_nll(reqs, lambda *x: kept.extend(x)))
+    def _n_docs(self, reqs: list[int]) -> int:
+        return len({int(self.probe.doc_of[r]) for r in reqs}) if self.on_shared_context else len(reqs)
+
+    def _forward(self, reqs: list[int], scale: torch.Tensor, sink: CleanSink | None) -> torch.Tensor:
+        """This batch's share of the nll under ``scale`` (one row per document, or one for all), its
+        clean forward handed to ``sink`` when there is one."""
+        if self.on_shared_context:
+            return self._shared_nll(reqs, scale, sink)
+        replay, kept = BlockReplay(self.model), []
+        with scale_heads(self.model, scale, self.means):
+            if sink is None:
+                return self._batch_nll(reqs)
+            loss = replay.record(lambda: self._batch_nll(reqs, lambda *x: kept.extend(x)))
         sink(list(reqs), replay.detach(), *kept)
         return loss
+
+    def _shared_nll(self, reqs: list[int], scale: torch.Tensor, sink: CleanSink | None) -> torch.Tensor:
+        """:meth:`_forward` on the shared context: each document's context once (its multiplier row),
+        then all its choices on top of the cached keys and values (the same row); the gold choices'
+        nats count, as in :meth:`_batch_nll`, and the gradient flows back through the cache."""
+        sh = self.shared
+        b = sh._shared_batch(reqs)
+        context, choices = BlockReplay(self.model), BlockReplay(self.model)
+        with scale_heads(self.model, scale, self.means):
+            ctx_hidden, cache = context.record(lambda: sh._context_pass(b))
+        with scale_heads(self.model, scale if scale.dim() == 2 else scale[b.doc_idx], self.means):
+            hid = choices.record(lambda: sh._choices_pass(b, cache))
+        h, tgt = sh._scored_states(b, ctx_hidden, hid)
+        logits = output_logits(self.model, h)
+        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, tgt[:, None])[:, 0]
+        gold = torch.tensor([bool(self._counted[r]) for r, t in zip(reqs, b.conts) for _ in t], device=logp.device)
+        if sink is not None:
+            lp, ok = sh.per_request(b, logp.detach().cpu().double().numpy(), (logits.detach().argmax(-1) == tgt).cpu().numpy())
+            sink(list(reqs), b, context.detach(), choices.detach(), cache, lp, ok)
+        return -logp[gold].sum() / self.n_tokens
 
     def combine(self, terms: Sequence[BatchTerm]) -> Attribution:
         """The probe's :class:`Attribution` from all of its batch terms, summed in batch order

@@ -9,7 +9,7 @@ knockout replays both of its shared-context passes from its first layer,
 architecture whose replay check fails) pays 1 per mask; with several probes the cost is their token-weighted mix. The clean
 model's forward costs 1, less the share of it another pass already ran (``folded``: the gradient
 attribution's forward is a clean forward, and its scores and block inputs serve as the clean
-evaluation's where the batches are the same; :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`).
+evaluation's where the batches are the same, log-likelihood and (round 12) multiple-choice probes alike; :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`).
 """
 
 from __future__ import annotations

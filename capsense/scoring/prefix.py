@@ -47,7 +47,44 @@ def final_norm(model) -> torch.nn.Module | None:
     return None
 
 
-class PrefixReuseScorer(ProbeScorer):
+class TakesClean:
+    """A scorer whose clean evaluation may come from a forward that ran elsewhere: the gradient
+    attribution's, every multiplier at 1 (:data:`capsense.scoring.attribution.CleanSink`). Each
+    taken batch fills the scorer's clean cache (its ``take_clean``) and its scores become the clean
+    model's (:meth:`clean_scores`), so no second clean forward runs."""
+
+    _taken: tuple[np.ndarray, np.ndarray] | None = None  # per-request log-prob, greedy hit of the taken batches
+
+    def batch_keys(self) -> set[tuple[int, ...]]:
+        """The request batches this scorer runs a mask in (its cache's keys)."""
+        return {tuple(reqs) for _, _, reqs in self._batches(torch.zeros(1, 1, 1, dtype=torch.bool))}
+
+    def can_take_clean(self) -> bool:
+        """Whether a clean forward that ran elsewhere can stand in for this scorer's (its prefix reuse is on)."""
+        return self.reuses_prefix
+
+    def _take_scores(self, reqs: list[int], logprob: np.ndarray, greedy: np.ndarray) -> None:
+        if not self.reuses_prefix or tuple(reqs) not in self.batch_keys():
+            raise CapsenseError("a clean batch this scorer does not run (or reuses no prefix): "
+                                "MaskEvaluator.clean_sinks hands sinks only where the batches are the same")
+        if self._taken is None:
+            self._taken = (np.full(self.probe.n_requests, np.nan), np.zeros(self.probe.n_requests, dtype=bool))
+        self._taken[0][reqs], self._taken[1][reqs] = logprob, greedy
+
+    def clean_scores(self) -> dict[str, np.ndarray] | None:
+        """The clean model's scores from taken batches (one mask), once every request has one; else None."""
+        if self._taken is None or np.isnan(self._taken[0]).any():
+            return None
+        return self.aggregate(self._taken[0][None], self._taken[1][None])
+
+    def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+        clean = self.clean_scores()
+        if clean is not None and (knockouts is None or (knockouts.shape[0] == 1 and not knockouts.any())):
+            return clean
+        return super().score(knockouts)
+
+
+class PrefixReuseScorer(TakesClean, ProbeScorer):
     """A :class:`~capsense.scoring.probe.ProbeScorer` that skips the clean prefix of each forward."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -56,40 +93,18 @@ class PrefixReuseScorer(ProbeScorer):
         self.enabled = self.final_norm is not None and self.masks_per_forward == 1
         self._cache: dict[tuple[int, ...], tuple[BlockReplay, torch.Tensor]] = {}
         self._checked = False
-        self._clean: tuple[np.ndarray, np.ndarray] | None = None  # per-request log-prob, greedy hit: taken clean scores
 
     @property
     def reuses_prefix(self) -> bool:
         """Knockouts start at their first layer (off with several masks per forward or after a failed check)."""
         return self.enabled
 
-    def batch_keys(self) -> set[tuple[int, ...]]:
-        """The request batches this scorer runs a mask in (its cache's keys)."""
-        return {tuple(reqs) for _, _, reqs in self._batches(torch.zeros(1, 1, 1, dtype=torch.bool))}
-
     def take_clean(self, reqs: list[int], replay: BlockReplay, final: torch.Tensor, logprob: np.ndarray,
                    greedy: np.ndarray) -> None:
-        """One batch of a clean forward that ran elsewhere (a :data:`capsense.scoring.attribution.CleanSink`):
-        its block inputs fill the cache, its scores become the clean model's (:meth:`clean_scores`)."""
-        if not self.enabled or tuple(reqs) not in self.batch_keys():
-            raise CapsenseError("a clean batch this scorer does not run (or reuses no prefix): "
-                                "MaskEvaluator.clean_sinks hands sinks only where the batches are the same")
+        """One batch of a clean forward that ran elsewhere (a log-likelihood
+        :data:`capsense.scoring.attribution.CleanSink`): its block inputs fill the cache."""
+        self._take_scores(reqs, logprob, greedy)
         self._cache[tuple(reqs)] = (replay, final)
-        if self._clean is None:
-            self._clean = (np.full(self.probe.n_requests, np.nan), np.zeros(self.probe.n_requests, dtype=bool))
-        self._clean[0][reqs], self._clean[1][reqs] = logprob, greedy
-
-    def clean_scores(self) -> dict[str, np.ndarray] | None:
-        """The clean model's scores from taken batches (one mask), once every request has one; else None."""
-        if self._clean is None or np.isnan(self._clean[0]).any():
-            return None
-        return self.aggregate(self._clean[0][None], self._clean[1][None])
-
-    def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-        clean = self.clean_scores()
-        if clean is not None and (knockouts is None or (knockouts.shape[0] == 1 and not knockouts.any())):
-            return clean
-        return super().score(knockouts)
 
     @torch.no_grad()
     def _capture(self, ids: torch.Tensor, att: torch.Tensor) -> tuple[BlockReplay, torch.Tensor]:

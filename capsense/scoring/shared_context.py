@@ -76,9 +76,14 @@ class SharedContextScorer(ProbeScorer):
             self.groups.sort(key=lambda g: -max(len(self._inputs[r]) for r in g))
 
     def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+        self.checked()
+        return super().score(knockouts)
+
+    def checked(self) -> bool:
+        """Whether the shared context is on, after the first-batch check (run now if it has not run)."""
         if self.enabled and not self._checked:
             self._check()
-        return super().score(knockouts)
+        return self.enabled
 
     def _batches(self, knockouts: torch.Tensor):
         if not self.enabled:
@@ -149,6 +154,13 @@ class SharedContextScorer(ProbeScorer):
 
     def _shared_scores(self, b: SharedBatch, ctx_hidden: torch.Tensor, hid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Per-request log-probability and greedy flag from the two passes' final hidden states."""
+        h, tgt = self._scored_states(b, ctx_hidden, hid)
+        tok_lp, tok_ok = token_scores(self.model, h, tgt)
+        return self.per_request(b, tok_lp, tok_ok)
+
+    def _scored_states(self, b: SharedBatch, ctx_hidden: torch.Tensor, hid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final hidden state that predicts each choice token, in request order (``[n_tokens, d]``),
+        and the tokens (the first one is predicted from the context's last position)."""
         odev = ctx_hidden.device  # the last layer's device (another one than the input's under a device_map)
         n_docs = ctx_hidden.shape[0]
         last = ctx_hidden[torch.arange(n_docs, device=odev), (b.ctx_len - 1).to(odev)]  # predicts each choice's first token
@@ -160,6 +172,10 @@ class SharedContextScorer(ProbeScorer):
         hdev = hid.device
         rows_t, cols_t = torch.tensor(rows, device=hdev), torch.tensor(cols, device=hdev)
         h = torch.where((cols_t < 0)[:, None], last.to(hdev)[b.doc_idx.to(hdev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
-        tok_lp, tok_ok = token_scores(self.model, h, torch.tensor(tgt, device=self.device))
+        return h, torch.tensor(tgt, device=self.device)
+
+    @staticmethod
+    def per_request(b: SharedBatch, tok_lp: np.ndarray, tok_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token log-probabilities and greedy flags summed (all-of) per request."""
         bounds = np.cumsum([0] + [len(t) for t in b.conts])
         return np.add.reduceat(tok_lp, bounds[:-1]), np.logical_and.reduceat(tok_ok, bounds[:-1])

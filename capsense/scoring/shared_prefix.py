@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from capsense.core.replay import BlockReplay
-from capsense.scoring.prefix import final_norm
+from capsense.scoring.prefix import TakesClean, final_norm
 from capsense.scoring.shared_context import SharedBatch, SharedContextScorer
 
 
@@ -53,7 +53,7 @@ class _CleanBatch:
     greedy: np.ndarray
 
 
-class SharedPrefixScorer(SharedContextScorer):
+class SharedPrefixScorer(TakesClean, SharedContextScorer):
     """A shared-context scorer whose knockouts skip the blocks before their earliest head."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -67,6 +67,10 @@ class SharedPrefixScorer(SharedContextScorer):
     def reuses_prefix(self) -> bool:
         """Knockouts start at their first layer (the shared context is on and the replay check passed)."""
         return self.enabled and self.reuse
+
+    def can_take_clean(self) -> bool:
+        """Prefix reuse is on and the shared context passed its first-batch check (run now if it has not)."""
+        return self.checked() and self.reuses_prefix
 
     def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
         if not self.reuses_prefix:
@@ -88,16 +92,29 @@ class SharedPrefixScorer(SharedContextScorer):
             lp, gr = self._shared_scores(clean.batch, *self._replay(clean, int(hit[0])))
         return lp[None], gr[None]
 
+    def take_clean(self, reqs: list[int], batch: SharedBatch, context: BlockReplay, choices: BlockReplay, cache: Any,
+                   logprob: np.ndarray, greedy: np.ndarray) -> None:
+        """One batch of a clean shared-context forward that ran elsewhere (a multiple-choice
+        :data:`capsense.scoring.attribution.CleanSink`): both passes' block inputs and their cache."""
+        self._take_scores(reqs, logprob, greedy)
+        self._clean[tuple(reqs)] = self._recorded(batch, context, choices, cache, logprob, greedy)
+
     @torch.no_grad()
     def _capture(self, reqs: list[int]) -> _CleanBatch:
         """The clean model's two passes on one batch, recorded block by block."""
-        from transformers.cache_utils import Cache
-
         b = self._shared_batch(reqs)
         context, choices = BlockReplay(self.model), BlockReplay(self.model)
         ctx_hidden, cache = context.record(lambda: self._context_pass(b))
         hid = choices.record(lambda: self._choices_pass(b, cache))
-        lp, gr = self._shared_scores(b, ctx_hidden, hid)
+        return self._recorded(b, context, choices, cache, *self._shared_scores(b, ctx_hidden, hid))
+
+    @staticmethod
+    def _recorded(b: SharedBatch, context: BlockReplay, choices: BlockReplay, cache: Any, lp: np.ndarray,
+                  gr: np.ndarray) -> _CleanBatch:
+        """The clean batch of two recorded passes; the cache they received becomes a placeholder (each
+        replay builds a fresh one), and the replay is off (no cache type) unless every block received it."""
+        from transformers.cache_utils import Cache
+
         n_blocks = len(context.blocks)
         received = [r.replace(cache, _CACHE) for r in (context, choices)] if isinstance(cache, Cache) else [0, 0]
         every = context.complete and choices.complete and received == [n_blocks, n_blocks]

@@ -266,7 +266,8 @@ def tables(cases: list[tuple[str, dict]], raw_path: Path, out: Path | None, grid
             true = [true.index(h) for h in sweeps[task]["top5"]]
             for label, fe, score, signed in estimators(raw, lay.n_heads):
                 r = score_row(score, signed, eff, true, bench.overlap)
-                # multiple choice (share 0): no prefix reuse, and its clean forward is not folded into the attribution's
+                # the clean forward is folded into the attribution's wherever the prefix is reused (since round 12
+                # multiple choice too; a sweep recorded without reuse, share 0, pays it)
                 share = float(sweeps[task].get("reuse_share", 1.0))
                 rep = rp.replay(score, eff, lay, share, PriorSettings(), bench.overlap, share)
                 extra = fe - 3

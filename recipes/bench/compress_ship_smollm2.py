@@ -33,8 +33,9 @@ bfloat16.
 
 ``keepcal``: per ``--keep`` CAP, calibrate as ``capsense compress --keep CAP`` does GPTQ and SparseGPT
 (the default mix plus CAP: :func:`capsense.compress.calibration.kept_calibration`); ``uniform-kc:CAP``
-(the uniform setting so calibrated) and ``guided-kc:CAP`` (since round 11 the better of the guided
-allocation(s) and uniform-kc on CAP's calibration documents, as ``capsense compress`` ships: row ``selection``).
+(the uniform setting so calibrated) and ``guided-kc:CAP`` (since round 11 what ``capsense compress``
+ships of the guided allocation(s) and uniform-kc measured on CAP's calibration documents; since round
+12 the allocation unless another beats it by more than 2 standard errors: row ``selection``).
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default

@@ -108,6 +108,12 @@ def load_cases(cases: list[str], bench, prior_score: str = "documents") -> list[
     return out
 
 
+def single_costs(layout) -> np.ndarray:
+    """Each head's single-knockout cost with full prefix reuse: the share of layers from its own on."""
+    layer = np.arange(layout.n) // layout.n_heads
+    return (layout.n_layers - layer) / layout.n_layers
+
+
 def ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",")]
 
@@ -122,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prior-score", choices=PRIOR_SCORES, default="documents", help="what orders the singles")
     ap.add_argument("--folded", type=float, default=1.0,
                     help="share of the clean forward the attribution's forward stands in for (0: before round 10)")
+    ap.add_argument("--cost-power", type=lambda s: [float(x) for x in s.split(",")], default=[0.0],
+                    help="order the singles by score / (a single's cost in FE) ** P (0: the library's order; round 12: "
+                         "1 and 0.5 measured worse on all eight pairs)")
     ap.add_argument("--out", type=Path, default=None, help="write <out>.md and <out>.json")
     args = ap.parse_args(argv)
     bench = _bench()
@@ -130,20 +139,21 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no (model, task) with a recorded sweep and a prior run's attribution.json")
     names = [f"{bench.tag(c['model'])} {c['task'].removeprefix('capsense_')}" for c in cases]
     rows, records = [], []
-    for m, g, f in itertools.product(args.top_m, args.group_size, args.flag):
+    for m, g, f, p in itertools.product(args.top_m, args.group_size, args.flag, args.cost_power):
         st = PriorSettings(top_m=m, group_size=g, flag=f, budget=args.budget)
-        res = [replay(c["est"], c["eff"], c["layout"], c["share"], st, bench.overlap, args.folded) for c in cases]
+        res = [replay(c["est"] / single_costs(c["layout"]) ** p, c["eff"], c["layout"], c["share"], st, bench.overlap,
+                      args.folded) for c in cases]
         # a search that never reaches k/5 counts as its whole budget (the sweep would have been cheaper)
         r4 = [r["fe_4of5"] if r["fe_4of5"] is not None else r["budget"] for r in res]
         r5 = [r["fe_5of5"] if r["fe_5of5"] is not None else r["budget"] for r in res]
-        records.append({"top_m": m, "group_size": g, "flag": f, "cases": dict(zip(names, res))})
-        rows.append({"top_m": m, "group": g, "flag": f,
+        records.append({"top_m": m, "group_size": g, "flag": f, "cost_power": p, "cases": dict(zip(names, res))})
+        rows.append({"top_m": m, "group": g, "flag": f, "cost power": p,
                      **{n: f"{r['fe_4of5']} / {r['fe_5of5']}" for n, r in zip(names, res)},
                      "worst 4/5": f"{max(r4):.1f}", "mean 4/5": f"{np.mean(r4):.1f}",
                      "worst 5/5": f"{max(r5):.1f}", "mean 5/5": f"{np.mean(r5):.1f}",
                      "mean spent": f"{np.mean([r['spent'] or 0 for r in res]):.1f}",
                      "top 5 last changed / singles ended": ", ".join(f"{r['last_change']}/{r['singles_end']}" for r in res)})
-    head = ["top_m", "group", "flag", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent",
+    head = ["top_m", "group", "flag", "cost power", *names, "worst 4/5", "mean 4/5", "worst 5/5", "mean 5/5", "mean spent",
             "top 5 last changed / singles ended"]
     table = ("FE to 4/5 / FE to 5/5 of the exhaustive top 5 (None: never within the budget, counted as the "
              "budget in worst/mean), replayed on the recorded sweeps; mean spent: where the searches stopped; "

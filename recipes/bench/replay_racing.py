@@ -10,7 +10,7 @@ gradients (``--raw``, ``bench_attribution_estimators.py``): prior-guided replaye
 ``replay_prior.py`` replays it (singles exactly from the sweep, groups as the sum of their heads'
 effects, the sweep's own prefix-reuse share, budget 50 capped at the sweep's cost, FE counted from
 the attribution and the clean forward, which since round 10 the attribution's forward stands in for on
-log-likelihood probes: 0 FE there, 1 on multiple choice; ``--no-fold``: 1 FE everywhere, as before) with the singles ordered by the attribution's ``estimate``
+log-likelihood probes (since round 12 on multiple choice too: the sweep's reuse share is the folded share); ``--no-fold``: 1 FE everywhere, as before) with the singles ordered by the attribution's ``estimate``
 and by ``documents`` (each document's ``|gradient|`` summed, today's default). Where a per-document
 sweep exists (``record_perdoc_sweep.py``: ``<perdoc>/<model>-<task>.jsonl``), also the racing
 variant, singles in today's order: a single is measured first on ``k`` of the ``N`` documents (a

@@ -51,3 +51,11 @@ def test_a_head_the_estimate_misses_is_found_by_a_group_split_within_the_sweep_c
     assert res["budget"] <= bench.sweep_cost(lay, 1.0) + 1e-9 and res["spent"] <= res["budget"] + 1e-9
     # without group knockouts big enough to reach it before the cap, it is never found
     assert replay(np.zeros(16), eff, lay, 1.0, PriorSettings(top_m=0, group_size=4), bench.overlap)["final"] < 5
+
+
+def test_single_costs_are_each_heads_share_of_layers_run():
+    """``--cost-power`` divides the order's score by these: a head in layer l costs (L - l) / L with reuse."""
+    bench, lay, _ = _case()
+    costs = _load("replay_prior").single_costs(lay)
+    np.testing.assert_allclose(costs, [bench.mask_cost([h], 4, 4, 1.0) for h in range(16)])
+    assert costs[0] == 1.0 and costs[-1] == 0.25

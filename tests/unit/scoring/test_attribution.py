@@ -128,6 +128,25 @@ def test_multiple_choice_scores_the_gold_choice_like_theloglik_probe():
     _assert_gradient(scorer, scorer.attribute().gradient, all_fp64=False)
 
 
+def test_multiple_choice_on_the_shared_context_equals_the_gold_requests_alone(arch):
+    """A multiple-choice attribution runs the shared-context passes (every choice: the clean forward it
+    hands on) where their check passes; nll, gradient and magnitude equal attributing the gold requests
+    alone, the gradient flowing back through the KV cache."""
+    from test_shared_prefix import SHARED_ON
+
+    model = make_tiny_model(arch)
+    probe = choice_probe(n_docs=5)
+    shared = AttributionScorer(model, probe, batch_size=6)
+    gold = AttributionScorer(model, probe, batch_size=6)
+    gold.shared = None  # the gold requests alone, as before round 12
+    assert shared.on_shared_context or arch not in SHARED_ON  # (sliding windows: on where these short documents fit)
+    a, b = shared.attribute(), gold.attribute()
+    assert a.nll == pytest.approx(b.nll, abs=1e-5)
+    np.testing.assert_allclose(a.gradient, b.gradient, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(a.magnitude, b.magnitude, atol=1e-5, rtol=0)
+    assert np.abs(b.gradient).max() > 1e-3
+
+
 def test_bfloat16_gradient_is_close_to_float32():
     model = make_tiny_model("llama")
     g32 = AttributionScorer(model, loglik_probe()).attribute().gradient
@@ -178,7 +197,8 @@ def test_batches_split_across_processes_give_the_same_attribution_to_the_bit(wor
     for t in threads:
         t.join()
     shares = [[(name, term.batch) for name, term in share] for share in slots]
-    assert all(shares) and sum(map(len, shares)) == len({x for s in shares for x in s}) == 4 + 2  # each batch once
+    assert all(shares) and sum(map(len, shares)) == len({x for s in shares for x in s}) == 4 + 3  # each batch once
+    # (multiple choice: whole documents on the shared context, 3 choices > batch size 2: one document per batch)
     for rank in range(world):
         for name, att in alone.items():
             assert results[rank][name].nll == att.nll

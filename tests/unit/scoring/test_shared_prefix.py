@@ -76,3 +76,32 @@ def test_the_evaluator_picks_it_and_prices_its_knockouts_by_layers_run():
     assert ev.reuse_share == 1.0
     last_layer_head = (N_LAYERS - 1) * N_HEADS
     assert ev.cost([last_layer_head]) == 1.0 / N_LAYERS
+
+
+def test_the_attributions_forward_is_the_clean_one(arch, monkeypatch):
+    """Where the shared context is on, the attribution's forward fills the clean cache: the same clean
+    scores as the scorer's own, no second clean capture, and knockouts equal full requests."""
+    import pytest
+
+    from capsense.errors import CapsenseError
+    from capsense.scoring.attribution import attribute_probes
+
+    model = make_tiny_model(arch)
+    probe = _mc_probe(n_docs=5, n_choices=3)
+    ko = _singles_and_pairs()
+    taker = SharedPrefixScorer(model, probe, batch_size=6)
+    if not taker.can_take_clean():
+        assert arch not in SHARED_ON
+        with pytest.raises(CapsenseError, match="failed its check"):  # no sink where the shared context is off
+            attribute_probes(model, {"mc": probe}, batch_size=6, sinks={"mc": taker.take_clean})
+        return
+    attribute_probes(model, {"mc": probe}, batch_size=6, sinks={"mc": taker.take_clean})
+    monkeypatch.setattr(taker, "_capture", lambda *a: pytest.fail("a second clean forward ran"))
+    full = ProbeScorer(model, probe, batch_size=6).score(ko)
+    clean = taker.score()
+    np.testing.assert_allclose(clean["nll"], full["nll"][:1], atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(clean["acc"], full["acc"][:1])
+    got = taker.score(ko)
+    assert taker.reuses_prefix, f"{arch}: the taken passes failed the replay check"
+    np.testing.assert_allclose(got["nll"], full["nll"], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got["acc"], full["acc"])

@@ -2,7 +2,8 @@
 
 Reference: every parameter stored at ``base_bits`` (16: fp16/bf16). Per targeted matrix:
 
-* pruned: ``stored = nonzero`` weights at ``base_bits`` (index overhead not counted);
+* pruned: ``stored = nonzero`` weights at ``base_bits`` (index overhead not counted): the protected
+  weights, all kept, plus the setting's density of the others (protection comes on top);
 * RTN: ``bits = B * quantized + 16 * groups + base_bits * protected``; ``stored = numel``;
 * low-rank: ``stored = r (m + n_free) + m * n_protected`` at ``base_bits``;
 * untouched: ``stored = numel`` at ``base_bits``.

@@ -102,9 +102,12 @@ def render_card(meta: dict[str, Any], family: str) -> str:
         pricing = {"output": ", levels priced by the method's own solved output error",
                    "rtn": ", GPTQ levels priced by RTN's weight error",
                    "wanda": ", SparseGPT levels priced by Wanda's weight error"}.get(alloc.get("pricing", alloc.get("gptq_pricing")), "")  # gptq_pricing: before round 10
+        heads = alloc.get("protected_heads")
+        on_top = (" (kept dense and at full precision on top of each matrix's setting, so those matrices store more "
+                  "than it; the other weights pay for them)") if heads else ""
         lines += ["", f"Guided allocation keeping **{', '.join(alloc['keep'])}** (sensitivity {alloc['sensitivity']}{pricing}), "
-                  "at the size of the uniform setting; the allocation's protected heads: "
-                  f"{alloc.get('protected_heads') or 'none'}. `budget.yaml` reproduces this checkpoint."]
+                  f"at the size of the uniform setting; the allocation's protected heads: {heads or 'none'}{on_top}. "
+                  "`budget.yaml` reproduces this checkpoint."]
         lines += _selection_lines(alloc.get("selection"))
     lines += _measured_lines(meta.get("measured"), alloc)
     lines += ["", "## Per layer", "", _layer_table(meta.get("matrices", [])), "",

@@ -46,8 +46,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from capsense.compress.gptq import (PATTERNS, gptq_output_errors, gptq_quantize, row_output_errors, sparsegpt_output_errors,
-                                    sparsegpt_prune)
+from capsense.compress.gptq import (PATTERNS, check_pattern, gptq_output_errors, gptq_quantize, row_output_errors,
+                                    sparsegpt_output_errors, sparsegpt_prune)
 from capsense.compress.prune import check_density, wanda_scores
 from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _put_block
 from capsense.errors import BudgetError
@@ -177,8 +177,10 @@ class SparseGPTSetting(PruneSetting):
         return wanda_scores(w, stats.input_norm)  # pricing only (see the module docstring)
 
     def size(self, shape, prot, base_bits):
-        if self.scope == "2:4":
-            kept = shape[0] * shape[1] // 2
+        if self.scope == "2:4":  # two of every four free weights; protected ones dense, on top
+            check_pattern(self.scope, self.density, shape[1], prot.cols if prot is not None else None)
+            fr, fc = prot.free_shape(shape) if prot is not None else shape
+            kept = fr * fc // 2 + shape[0] * shape[1] - fr * fc
             return kept, kept * base_bits
         return super().size(shape, prot, base_bits)
 

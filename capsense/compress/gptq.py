@@ -18,7 +18,13 @@ of 128 columns). Frantar et al., "GPTQ" (2022) and "SparseGPT" (2023); written f
 * SparseGPT picks its mask block by block (128 columns), pruning the weights of least
   ``w^2 / U_jj^2`` (the OBS saliency) after the previous blocks' updates: per row, cumulatively
   exact (a row keeps ``round(density * in)`` weights, like Wanda's row scope), or ``2:4`` (two of
-  every four consecutive weights, density 0.5). Protected rows and columns are never pruned.
+  every four consecutive weights, density 0.5). Protected rows and columns are never pruned and
+  come on top of the density: a row keeps its protected columns and ``round(density * free)`` of its
+  ``free`` (unprotected) columns. Under ``2:4`` protected columns must be whole groups of four (head
+  spans are): the free columns are 2:4, the protected ones dense, so such a matrix is 2:4 only outside
+  the protected heads (what a 2:4 kernel needs holds for its free block, not for the whole matrix).
+  Protected columns still absorb the compensation of the others' pruning (their values change, unlike
+  under GPTQ, which solves the free block alone); protected rows prune nothing and stay unchanged.
 * Pricing a guided allocation (:mod:`~capsense.compress.compensated`): :func:`gptq_output_errors`
   and :func:`sparsegpt_output_errors` solve every level of one matrix as one stacked weight
   (levels share ``U``; bit width or density per row). SparseGPT's column loop updates a transposed
@@ -153,14 +159,15 @@ def row_output_errors(dw: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     return ((dw @ gram.to(dw.dtype)) * dw).sum(1)
 
 
-def _row_prune_counts(density: torch.Tensor, start: int, end: int, free: torch.Tensor, done: torch.Tensor,
-                      total: torch.Tensor) -> torch.Tensor:
+def _row_prune_counts(density: torch.Tensor, start: int, end: int, free: torch.Tensor, n_free: torch.Tensor,
+                      done: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     """Weights each row prunes in columns ``start:end``: the cumulative share ``c - round(density * c)``
-    through column ``end`` (``density`` per row), at least what the later columns can no longer absorb
-    (protected ones cannot be pruned), so each row prunes exactly ``total`` in all."""
+    of the ``c`` free (unprotected) columns through column ``end`` (``density`` per row), at least what
+    the later free columns can no longer absorb, so each row prunes exactly ``total`` in all."""
     free_here = free[:, start:end].sum(1)
     free_after = free[:, end:].sum(1)
-    share = torch.minimum(end - torch.round(density * end).long(), total)
+    seen = n_free - free_after
+    share = torch.minimum(seen - torch.round(density * seen).long(), total)
     return torch.minimum(torch.maximum(share - done, total - done - free_after).clamp(min=0), free_here)
 
 
@@ -192,15 +199,16 @@ def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, patter
     share ``u``."""
     n_out, n_in = w.shape
     free = ~guard
-    total = torch.minimum(free.sum(1), n_in - torch.round(density * n_in).long())
+    n_free = free.sum(1)
+    total = n_free - torch.round(density * n_free).long()  # pruned per row: protected weights come on top
     done = torch.zeros(n_out, dtype=torch.long)
     keep = torch.ones(n_out, n_in, dtype=torch.bool)
     for start in range(0, n_in, BLOCK):
         end = min(start + BLOCK, n_in)
         sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
         sal[guard[:, start:end]] = float("inf")
-        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, done, total)
-        keep[:, start:end] = ~_block_mask(sal, pattern, k)
+        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, n_free, done, total)
+        keep[:, start:end] = ~(_block_mask(sal, pattern, k) & free[:, start:end])  # 2:4: protected groups stay
         done += (~keep[:, start:end]).sum(1)
         blk = w[:, start:end].t().contiguous()  # [columns, rows]: each column's update is contiguous
         kept = keep[:, start:end].t().to(w.dtype)
@@ -215,21 +223,31 @@ def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, patter
     return keep
 
 
+def check_pattern(pattern: str, density: float, n_in: int, protected_cols: torch.Tensor | None = None) -> None:
+    """A pattern SparseGPT can prune ``n_in`` columns with: ``2:4`` needs density 0.5, columns in groups
+    of four and protected columns in whole groups (so the free ones stay 2:4 in their own groups)."""
+    if pattern not in PATTERNS:
+        raise BudgetError(f"unknown sparsity pattern {pattern!r}: valid patterns are {', '.join(PATTERNS)}")
+    if pattern != "2:4":
+        return
+    if density != 0.5 or n_in % 4:
+        raise BudgetError(f"the 2:4 pattern keeps two of every four weights: it needs density 0.5 (got {density}) "
+                          f"and input columns divisible by 4 (got {n_in})")
+    groups = protected_cols.view(-1, 4) if protected_cols is not None else None
+    if groups is not None and bool((groups.any(1) != groups.all(1)).any()):
+        raise BudgetError("the 2:4 pattern prunes two of every four consecutive weights: protected columns must be "
+                          "whole groups of four (a head's columns are, when its dimension is a multiple of 4)")
+
+
 @torch.no_grad()
 def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, density: float, pattern: str = "row",
                     damp: float = 0.01, protected_rows: torch.Tensor | None = None,
                     protected_cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseGPT of an ``[out, in]`` weight: (pruned, compensated weight in float32, keep-mask)."""
     _check(weight, gram, damp)
-    if pattern not in PATTERNS:
-        raise BudgetError(f"unknown sparsity pattern {pattern!r}: valid patterns are {', '.join(PATTERNS)}")
     n_out, n_in = weight.shape
-    if pattern == "2:4" and (density != 0.5 or n_in % 4):
-        raise BudgetError(f"the 2:4 pattern keeps two of every four weights: it needs density 0.5 (got {density}) "
-                         f"and input columns divisible by 4 (got {n_in})")
+    check_pattern(pattern, density, n_in, protected_cols)
     guard = _guard((n_out, n_in), protected_rows, protected_cols)
-    if pattern == "2:4" and bool(guard.any()):
-        raise BudgetError("the 2:4 pattern prunes two of every four weights in every row: it cannot keep protected heads whole")
     u, dead = _inverse_factor(gram, damp)
     w = weight.detach().double().clone()
     w[:, dead] = 0.0

@@ -20,7 +20,10 @@ What the format cannot store is refused before anything is written (:func:`check
 * pruned and low-rank matrices: compressed-tensors has had no sparse storage since 0.15 (its
   bitmask and 2:4 compressors were removed and transformers loads quantized checkpoints only),
   and no factored one. Those are written with ``fmt`` dense (zeros stored, products multiplied
-  out), as before, and their sizes stay accounted (:mod:`~capsense.compress.accounting`).
+  out), as before, and their sizes stay accounted (:mod:`~capsense.compress.accounting`): the
+  kept weights, protected heads' rows and columns included (dense on top of the density; a 2:4
+  matrix holding protected heads is 2:4 outside their columns only, so the accounted size is what a
+  2:4 store of its free block plus the dense protected columns holds, not a 2:4 store of the whole).
 """
 
 from __future__ import annotations

@@ -9,9 +9,15 @@ A mask keeps the ``k`` highest-scoring weights of each comparison group:
 
 Magnitude scores are ``|W|``; Wanda scores are ``|W_ij| * ||X_j||_2``, the weight times
 the L2 norm of input feature ``j`` over the calibration tokens, compared per output row.
-Protected columns score ``+inf``: they are kept first and count toward the budget, so the
-requested density is still the achieved density (unless the protected weights alone
-exceed it; then they are all kept and the achieved density is higher).
+Protected rows and columns (:class:`~capsense.compress.protect.Protection`) are kept dense
+**on top of** the density: they score ``+inf`` and the unprotected weights of each comparison
+group keep ``round(density * unprotected)`` among themselves, so a matrix holding protected
+weights stores more than ``density`` of it, and its size says so
+(:meth:`~capsense.compress.settings.PruneSetting.size`). Until round 12 protected columns
+counted toward each row's ``round(density * in_features)``, which on a model with few wide heads
+crowded the others out (Gemma 3 270M, 4 heads of 256, density 0.5: one protected head left the
+other three 33% of their columns, two left them none). With nothing protected the masks are
+unchanged.
 """
 
 from __future__ import annotations
@@ -73,19 +79,20 @@ def mask_from_scores(
     scores: torch.Tensor, density: float, scope: str = "row", protected_cols: torch.Tensor | None = None,
     protected_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Keep-mask of one matrix at ``density`` for scope ``row`` or ``matrix``; protected rows are kept whole."""
+    """Keep-mask of one matrix at ``density`` for scope ``row`` or ``matrix``: protected rows and
+    columns kept whole, the unprotected weights of each row (or of the matrix) at ``density``."""
     density = check_density(density)
     check_scope(scope)
     if scope == "global":
         raise ValueError("global scope spans several matrices: use global_masks()")
     n_out, n_in = scores.shape
-    n_prot = int(protected_cols.sum()) if protected_cols is not None else 0
+    n_cols = int(protected_cols.sum()) if protected_cols is not None else 0
     n_rows = int(protected_rows.sum()) if protected_rows is not None else 0
     scores = _protect(scores, protected_cols, protected_rows)
     if scope == "matrix":
-        k = max(round(density * scores.numel()), n_prot * (n_out - n_rows) + n_rows * n_in)
-        return topk_mask(scores, k)
-    k = max(round(density * n_in), n_prot)
+        n_free = (n_out - n_rows) * (n_in - n_cols)
+        return topk_mask(scores, round(density * n_free) + n_out * n_in - n_free)
+    k = round(density * (n_in - n_cols)) + n_cols
     mask = torch.zeros_like(scores, dtype=torch.bool)
     if k > 0:
         mask.scatter_(1, torch.topk(scores, k, dim=1, sorted=False).indices, True)
@@ -98,15 +105,16 @@ def global_masks(
     scores: Sequence[torch.Tensor], density: float, protected_cols: Sequence[torch.Tensor | None] | None = None,
     protected_rows: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor]:
-    """Keep-masks for several matrices ranked together (one threshold for all)."""
+    """Keep-masks for several matrices ranked together (one threshold for all): every protected
+    weight and ``round(density * unprotected)`` of the others."""
     density = check_density(density)
     cols = list(protected_cols) if protected_cols is not None else [None] * len(scores)
     rows = list(protected_rows) if protected_rows is not None else [None] * len(scores)
     scored = [_protect(s, c, r) for s, c, r in zip(scores, cols, rows)]
     n_prot = sum(int(torch.isinf(p).sum()) for p, s in zip(scored, scores) if p is not s)
-    total = sum(s.numel() for s in scores)
+    n_free = sum(s.numel() for s in scores) - n_prot
     flat = torch.cat([s.reshape(-1) for s in scored])
-    mask = topk_mask(flat, max(round(density * total), n_prot))
+    mask = topk_mask(flat, round(density * n_free) + n_prot)
     out, start = [], 0
     for s in scores:
         out.append(mask[start : start + s.numel()].view(s.shape))

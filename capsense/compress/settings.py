@@ -148,14 +148,17 @@ class PruneSetting(Setting):
         return wanda_scores(w, stats.input_norm) if self.calibrated else magnitude_scores(w)
 
     def size(self, shape, prot, base_bits):
+        """Every protected weight (dense, at ``base_bits``) plus the unprotected ones kept at ``density``
+        among themselves: per free row (``row``) or over the free block (``matrix``)."""
         n_out, n_in = shape
         fr, fc = (prot.free_shape(shape) if prot is not None else (n_out, n_in))
         if self.scope == "row":
-            kept = fr * max(round(self.density * n_in), n_in - fc) + (n_out - fr) * n_in
+            free_kept = fr * round(self.density * fc)
         elif self.scope == "matrix":
-            kept = max(round(self.density * n_out * n_in), _n_protected(shape, prot))
+            free_kept = round(self.density * fr * fc)
         else:
             raise BudgetError("the size of global-scope pruning depends on every matrix: use scope row or matrix")
+        kept = free_kept + _n_protected(shape, prot)
         return kept, kept * base_bits
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
@@ -178,13 +181,13 @@ class PruneSetting(Setting):
         contrib = (sensitivity.float() * w.float().pow(2)).gather(1, order)
         cum = torch.cat([torch.zeros(n_out, 1), contrib.cumsum(1)], 1).double()
         free_rows = p.free_rows(n_out)
-        n_prot_cols = int(p.cols.sum()) if p.cols is not None else 0
+        n_free_cols = int(p.free_cols(n_in).sum())
         out = []
         for s in levels:
-            k = max(round(s.density * n_in), n_prot_cols)
+            n_pruned = n_free_cols - round(s.density * n_free_cols)  # per free row, as apply() prunes
             # protected columns score +inf in apply(), so they are never among the pruned lowest
-            cost = float(cum[free_rows, n_in - k].sum()) if p.cols is None else self._cost_cols(
-                scores, sensitivity, w, p, n_in - k, free_rows)
+            cost = float(cum[free_rows, n_pruned].sum()) if p.cols is None else self._cost_cols(
+                scores, sensitivity, w, p, n_pruned, free_rows)
             out.append((s, s.size(tuple(w.shape), prot, base_bits)[1], cost))
         return out
 

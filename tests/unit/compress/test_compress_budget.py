@@ -165,8 +165,8 @@ def test_protected_heads_keep_their_output_projection_columns(tmp_path, method_l
     assert not torch.equal(w0[:, 3 * HEAD_DIM :], before["model.layers.0.self_attn.o_proj"][:, 3 * HEAD_DIM :])
     assert res.summary["protected_heads"] == "L1H2+L2H0"
     if method_lines == "method: magnitude\ndensity: 0.3\n":
-        # row scope: the protected 16 of 64 columns count toward the 30% per row
-        assert by["model.layers.1.self_attn.o_proj"].nonzero == 64 * round(0.3 * 64)
+        # row scope: the protected 16 of 64 columns come on top of the 30% of the other 48, per row
+        assert by["model.layers.1.self_attn.o_proj"].nonzero == 64 * (HEAD_DIM + round(0.3 * (64 - HEAD_DIM)))
 
 
 def test_protected_head_out_of_range_is_an_error(tmp_path):

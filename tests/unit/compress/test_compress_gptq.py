@@ -86,7 +86,7 @@ def test_sparsegpt_never_prunes_protected_rows_or_columns():
     pruned, keep = sparsegpt_prune(w, gram, 0.25, protected_rows=rows, protected_cols=cols)
     assert bool(keep[rows].all()) and bool(keep[:, cols].all())
     assert torch.allclose(pruned[rows], w[rows])  # nothing pruned in a row: nothing to compensate
-    assert (keep[~rows].sum(1) == 16).all()  # the protected columns count toward the row's 16
+    assert (keep[~rows][:, ~cols].sum(1) == 15).all()  # the 60 free columns keep 25%; the 4 protected on top
 
 
 def test_bad_gram_and_damp_are_refused():
@@ -97,13 +97,13 @@ def test_bad_gram_and_damp_are_refused():
         sparsegpt_prune(w, gram, 0.5, damp=0)
 
 
-def test_sparsegpt_rows_keep_the_protected_columns_when_they_exceed_the_budget():
+def test_sparsegpt_rows_keep_the_protected_columns_above_the_density():
     w, _, gram = _data(n_in=200)
     cols = torch.zeros(200, dtype=torch.bool)
     cols[150:] = True  # 50 protected columns, all in the last block, above round(0.1 * 200) = 20
     _, keep = sparsegpt_prune(w, gram, 0.1, protected_cols=cols)
-    assert (keep.sum(1) == 50).all() and bool(keep[:, cols].all())
-    with pytest.raises(BudgetError, match="cannot keep protected heads whole"):
+    assert (keep.sum(1) == 50 + 15).all() and bool(keep[:, cols].all())  # 10% of the 150 free, on top
+    with pytest.raises(BudgetError, match="whole groups of four"):  # 150:200 splits the group 148:152
         sparsegpt_prune(w, gram, 0.5, "2:4", protected_cols=cols)
 
 

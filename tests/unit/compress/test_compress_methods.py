@@ -56,17 +56,16 @@ def test_magnitude_matrix_and_global_keep_largest(density):
     assert masks[0].float().mean() > masks[1].float().mean()
 
 
-def test_protected_columns_are_kept_and_count_toward_the_budget():
+def test_protected_columns_are_kept_on_top_of_the_density():
     w = _w(4, 20) * 10
     prot = torch.zeros(20, dtype=torch.bool)
     prot[:4] = True
     w[:, :4] = 1e-6  # the smallest weights: magnitude alone would drop them
     mask = mask_from_scores(magnitude_scores(w), 0.5, "row", prot)
     assert bool(mask[:, :4].all())
-    assert (mask.sum(1) == 10).all()  # still exactly 50% per row
-    # protected weights beyond the budget are all kept; the density rises
+    assert (mask[:, 4:].sum(1) == 8).all()  # the 16 free columns keep exactly 50% among themselves
     mask = mask_from_scores(magnitude_scores(w), 0.1, "row", prot)
-    assert bool(mask[:, :4].all()) and (mask.sum(1) == 4).all()
+    assert bool(mask[:, :4].all()) and (mask[:, 4:].sum(1) == round(0.1 * 16)).all()
 
 
 # -- Wanda ----------------------------------------------------------------------------------

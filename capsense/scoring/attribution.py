@@ -53,7 +53,7 @@ from capsense.core.distributed import DistContext, split
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
 from capsense.scoring.logits import output_logits, scored_hidden
-from capsense.scoring.probe import Probe, ProbeScorer, pad_right
+from capsense.scoring.probe import Probe, ProbeScorer, pad_right, per_request
 from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
 
 if TYPE_CHECKING:
@@ -161,15 +161,19 @@ class AttributionScorer:
             pos.extend(range(len(s) - len(t), len(s)))
             tgt.extend(t)
         hidden = scored_hidden(self.model, ids.to(device), att.to(device))
-        logits = output_logits(self.model, hidden[torch.tensor(rows, device=device), torch.tensor(pos, device=device)])
-        tgt_t = torch.tensor(tgt, device=device)
-        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, tgt_t[:, None])
+        logp, hit = self._token_logp(hidden[torch.tensor(rows, device=device), torch.tensor(pos, device=device)],
+                                     torch.tensor(tgt, device=device))
         if keep is not None:
-            bounds = np.cumsum([0] + [len(self.base._targets[r]) for r in reqs])[:-1]
-            tok_lp = logp.detach()[:, 0].cpu().double().numpy()
-            tok_ok = (logits.detach().argmax(-1) == tgt_t).cpu().numpy()
-            keep(hidden.detach(), np.add.reduceat(tok_lp, bounds), np.logical_and.reduceat(tok_ok, bounds))
+            lengths = [len(self.base._targets[r]) for r in reqs]
+            keep(hidden.detach(), *per_request(lengths, logp.detach().cpu().double().numpy(), hit.cpu().numpy()))
         return -logp.sum() / self.n_tokens
+
+    def _token_logp(self, h: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each target token's log-probability from the final hidden state predicting it (differentiable,
+        at least float32) and whether it is the greedy choice."""
+        logits = output_logits(self.model, h)
+        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, tgt[:, None])
+        return logp[:, 0], logits.detach().argmax(-1) == tgt
 
     @property
     def on_shared_context(self) -> bool:
@@ -231,10 +235,10 @@ class AttributionScorer:
         clean forward handed to ``sink`` when there is one."""
         if self.on_shared_context:
             return self._shared_nll(reqs, scale, sink)
-        replay, kept = BlockReplay(self.model), []
         with scale_heads(self.model, scale, self.means):
             if sink is None:
                 return self._batch_nll(reqs)
+            replay, kept = BlockReplay(self.model), []
             loss = replay.record(lambda: self._batch_nll(reqs, lambda *x: kept.extend(x)))
         sink(list(reqs), replay.detach(), *kept)
         return loss
@@ -245,18 +249,20 @@ class AttributionScorer:
         nats count, as in :meth:`_batch_nll`, and the gradient flows back through the cache."""
         sh = self.shared
         b = sh._shared_batch(reqs)
-        context, choices = BlockReplay(self.model), BlockReplay(self.model)
+        replays = None if sink is None else (BlockReplay(self.model), BlockReplay(self.model))  # only a sink keeps them
+
+        def run(i: int, fn):
+            return fn() if replays is None else replays[i].record(fn)
+
         with scale_heads(self.model, scale, self.means):
-            ctx_hidden, cache = context.record(lambda: sh._context_pass(b))
+            ctx_hidden, cache = run(0, lambda: sh._context_pass(b))
         with scale_heads(self.model, scale if scale.dim() == 2 else scale[b.doc_idx], self.means):
-            hid = choices.record(lambda: sh._choices_pass(b, cache))
-        h, tgt = sh._scored_states(b, ctx_hidden, hid)
-        logits = output_logits(self.model, h)
-        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).gather(1, tgt[:, None])[:, 0]
+            hid = run(1, lambda: sh._choices_pass(b, cache))
+        logp, hit = self._token_logp(*sh._scored_states(b, ctx_hidden, hid))
         gold = torch.tensor([bool(self._counted[r]) for r, t in zip(reqs, b.conts) for _ in t], device=logp.device)
-        if sink is not None:
-            lp, ok = sh.per_request(b, logp.detach().cpu().double().numpy(), (logits.detach().argmax(-1) == tgt).cpu().numpy())
-            sink(list(reqs), b, context.detach(), choices.detach(), cache, lp, ok)
+        if replays is not None:
+            lp, ok = per_request([len(t) for t in b.conts], logp.detach().cpu().double().numpy(), hit.cpu().numpy())
+            sink(list(reqs), b, replays[0].detach(), replays[1].detach(), cache, lp, ok)
         return -logp[gold].sum() / self.n_tokens
 
     def combine(self, terms: Sequence[BatchTerm]) -> Attribution:

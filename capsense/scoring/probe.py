@@ -316,10 +316,9 @@ class ProbeScorer:
         hidden = self._hidden(ids, att, row_ko, reqs)
         tok_lp, tok_ok = token_scores(self.model, hidden[rows_t.to(hidden.device), pos_t.to(hidden.device)], tgt_t)
         tok_lp, tok_ok = tok_lp.reshape(k, n_tok), tok_ok.reshape(k, n_tok)
-        bounds = np.cumsum([0] + [len(self._targets[r]) for r in reqs])
-        lp = np.stack([np.add.reduceat(tok_lp[j], bounds[:-1]) for j in range(k)])
-        gr = np.stack([np.logical_and.reduceat(tok_ok[j], bounds[:-1]) for j in range(k)])
-        return lp, gr
+        lengths = [len(self._targets[r]) for r in reqs]
+        lp, gr = zip(*(per_request(lengths, tok_lp[j], tok_ok[j]) for j in range(k)))
+        return np.stack(lp), np.stack(gr)
 
     def _hidden(self, ids: torch.Tensor, att: torch.Tensor, row_ko: torch.Tensor, reqs: list[int]) -> torch.Tensor:
         """Final hidden states of one batch under ``row_ko`` (subclasses may reuse a clean prefix)."""
@@ -352,6 +351,13 @@ class KeepsRequestScores:
     def aggregate(self, logprob: np.ndarray, greedy: np.ndarray) -> dict[str, np.ndarray]:
         self.last = (logprob, greedy)
         return super().aggregate(logprob, greedy)
+
+
+def per_request(lengths: Sequence[int], tok_lp: np.ndarray, tok_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token log-probabilities summed and greedy hits and-ed per request (``lengths``: each
+    request's scored tokens, in order)."""
+    bounds = np.cumsum([0, *lengths])[:-1]
+    return np.add.reduceat(tok_lp, bounds), np.logical_and.reduceat(tok_ok, bounds)
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from capsense.scoring.logits import token_scores
-from capsense.scoring.probe import ProbeScorer, pad_right
+from capsense.scoring.probe import ProbeScorer, pad_right, per_request
 
 
 def _cache_argument(base) -> str:
@@ -156,7 +156,7 @@ class SharedContextScorer(ProbeScorer):
         """Per-request log-probability and greedy flag from the two passes' final hidden states."""
         h, tgt = self._scored_states(b, ctx_hidden, hid)
         tok_lp, tok_ok = token_scores(self.model, h, tgt)
-        return self.per_request(b, tok_lp, tok_ok)
+        return per_request([len(t) for t in b.conts], tok_lp, tok_ok)
 
     def _scored_states(self, b: SharedBatch, ctx_hidden: torch.Tensor, hid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The final hidden state that predicts each choice token, in request order (``[n_tokens, d]``),
@@ -173,9 +173,3 @@ class SharedContextScorer(ProbeScorer):
         rows_t, cols_t = torch.tensor(rows, device=hdev), torch.tensor(cols, device=hdev)
         h = torch.where((cols_t < 0)[:, None], last.to(hdev)[b.doc_idx.to(hdev)[rows_t]], hid[rows_t, cols_t.clamp(min=0)])
         return h, torch.tensor(tgt, device=self.device)
-
-    @staticmethod
-    def per_request(b: SharedBatch, tok_lp: np.ndarray, tok_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-token log-probabilities and greedy flags summed (all-of) per request."""
-        bounds = np.cumsum([0] + [len(t) for t in b.conts])
-        return np.add.reduceat(tok_lp, bounds[:-1]), np.logical_and.reduceat(tok_ok, bounds[:-1])

@@ -79,6 +79,84 @@ class InputStats:
         return stats
 
 
+#: Bytes per entry of a Gram matrix: its running sum is float64 (:meth:`InputStats.add`).
+GRAM_BYTES = 8
+
+
+class _DistinctInputs:
+    """Forward pre-hooks on ``targets`` that hand each distinct input tensor of a forward to
+    ``on_input(name, x)`` once: q/k/v (and gate/up) read the same tensor, so only the first target
+    reading it (its owner) gets it and the others are recorded in :attr:`alias` (name -> owner).
+    Holding each input until the forward ends keeps its memory from being reused by a later tensor
+    of the same shape, so equal keys really are the same tensor."""
+
+    def __init__(self, targets: Sequence[Target], on_input: Callable[[str, torch.Tensor], None]) -> None:
+        self.seen: dict[tuple, tuple[str, torch.Tensor]] = {}
+        self.alias: dict[str, str] = {}
+        self.on_input = on_input
+        self.handles = [t.module.register_forward_pre_hook(self._hook(t)) for t in targets]
+
+    def _hook(self, t: Target):
+        def hook(_module, args):
+            x = args[0]
+            key = (t.layer, x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+            owner = self.seen.setdefault(key, (t.name, x))[0]
+            if owner != t.name:
+                self.alias[t.name] = owner
+            else:
+                self.on_input(t.name, x)
+
+        return hook
+
+    def run(self, model: nn.Module, ids: Sequence[int]) -> None:
+        self.seen.clear()
+        model(input_ids=torch.tensor([list(ids)], device=input_device(model)), use_cache=False)
+        self.seen.clear()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int]) -> dict[str, int]:
+    """Bytes the calibration Gram matrices of ``targets`` take, per kind (attn, mlp): one float64
+    ``in x in`` sum per distinct matrix input, the sharing found by one forward of ``ids``."""
+    kind = {t.name: t.kind for t in targets}
+    out: dict[str, int] = {}
+
+    def on_input(name: str, x: torch.Tensor) -> None:
+        out[kind[name]] = out.get(kind[name], 0) + GRAM_BYTES * x.shape[-1] ** 2
+
+    inputs = _DistinctInputs(targets, on_input)
+    try:
+        inputs.run(model, ids)
+    finally:
+        inputs.remove()
+    return out
+
+
+def check_gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int],
+                      available: int | None = None) -> int:
+    """The Gram matrices' bytes (:func:`gram_memory`), refused before calibration starts when they
+    exceed ``available`` (default: :func:`~capsense.core.placement.available_cpu_memory`): on
+    Llama-3.1-70B they would take ~655 GB, and running out of memory an hour into calibration
+    loses the hour."""
+    from capsense.core.placement import available_cpu_memory
+
+    need = gram_memory(model, targets, ids)
+    total = sum(need.values())
+    have = available_cpu_memory() if available is None else available
+    if total > have:
+        kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(need.items()))
+        raise CapsenseError(
+            f"calibrating {len(targets)} matrices for gptq, sparsegpt or svd-llm keeps one float64 Gram matrix per "
+            f"distinct matrix input in CPU memory: {total / 2**30:.1f} GiB ({kinds}), but {have / 2**30:.1f} GiB "
+            f"is available; compress fewer matrices (`targets` attn or mlp) or use a method without it "
+            f"(rtn, wanda, magnitude, svd, asvd)")
+    return total
+
+
 @torch.no_grad()
 def collect_stats(
     model: nn.Module,
@@ -87,38 +165,22 @@ def collect_stats(
     gram: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, InputStats]:
-    """Run ``samples`` (token id lists) through ``model``; statistics of each target's input."""
+    """Run ``samples`` (token id lists) through ``model``; statistics of each target's input. With
+    ``gram`` the Gram matrices' memory is checked first (:func:`check_gram_memory`)."""
     if not samples:
         raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
+    if gram:
+        check_gram_memory(model, targets, samples[0])
     stats = {t.name: InputStats(t.shape[1]) for t in targets}
-    # q/k/v (and gate/up) read the same input tensor: accumulate it once and share the stats.
-    # Holding each input until the sample ends keeps its memory from being reused by a
-    # later tensor of the same shape, so equal keys really are the same tensor.
-    seen: dict[tuple, tuple[str, torch.Tensor]] = {}
-    alias: dict[str, str] = {}
-    handles = []
-    for t in targets:
-        def hook(_module, args, _name=t.name, _layer=t.layer):
-            x = args[0]
-            key = (_layer, x.data_ptr(), tuple(x.shape), tuple(x.stride()))
-            owner = seen.setdefault(key, (_name, x))[0]
-            if owner != _name:
-                alias[_name] = owner
-                return
-            stats[_name].add(x, gram)
-
-        handles.append(t.module.register_forward_pre_hook(hook))
-    device = input_device(model)
+    inputs = _DistinctInputs(targets, lambda name, x: stats[name].add(x, gram))
     try:
         for ids in samples:
-            seen.clear()
-            model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False)
+            inputs.run(model, ids)
             if progress:
                 progress(1)
     finally:
-        for h in handles:
-            h.remove()
-    for name, owner in alias.items():
+        inputs.remove()
+    for name, owner in inputs.alias.items():
         stats[name] = stats[owner]
     return stats
 

@@ -115,13 +115,14 @@ def placement_kwargs(device_map: str | dict[str, Any]) -> dict[str, Any]:
         gpus = _process_gpus()
         if len(gpus) < torch.cuda.device_count():
             kwargs["max_memory"] = {g: torch.cuda.mem_get_info(g)[0] for g in gpus}
-            kwargs["max_memory"]["cpu"] = _cpu_memory()
+            kwargs["max_memory"]["cpu"] = available_cpu_memory()
     if isinstance(dm, str) or "disk" in dm.values():
         kwargs["offload_folder"] = _offload_folder()
     return kwargs
 
 
-def _cpu_memory() -> int:
+def available_cpu_memory() -> int:
+    """Bytes of CPU memory a run may plan to use: 90% of what the system reports available now."""
     import psutil
 
     return int(psutil.virtual_memory().available * 0.9)

@@ -83,10 +83,13 @@ class MaskEvaluator:
         return torch.from_numpy(np.asarray(masks, dtype=bool).reshape(-1, self.layout.n_layers, self.layout.n_heads).copy())
 
     def __call__(self, masks: np.ndarray) -> list[MaskScores]:
+        from capsense.scoring.logits import float32_head
+
         ko = self.knockouts(masks)
-        per_task = {name: s.score(ko) for name, s in self.scorers.items()}
-        for name, s in self.extra.items():
-            per_task[name] = {**per_task.get(name, {}), **s.score(ko)}
+        with float32_head(self.model):  # one float32 copy of a CPU bf16 LM head per call, not per batch
+            per_task = {name: s.score(ko) for name, s in self.scorers.items()}
+            for name, s in self.extra.items():
+                per_task[name] = {**per_task.get(name, {}), **s.score(ko)}
         return [
             {name: {k: float(v[i]) for k, v in r.items()} for name, r in per_task.items()} for i in range(len(masks))
         ]

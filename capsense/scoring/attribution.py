@@ -52,7 +52,7 @@ from capsense.core.ablation import check_ablation_mode, scale_heads
 from capsense.core.distributed import DistContext, split
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
-from capsense.scoring.logits import output_logits, scored_hidden
+from capsense.scoring.logits import float32_head, output_logits, scored_hidden
 from capsense.scoring.probe import Probe, ProbeScorer, pad_right, per_request
 from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
 
@@ -305,6 +305,7 @@ def attribute_probes(model: nn.Module, probes: dict[str, Probe], batch_size: int
     mine: dict[str, list[int]] = {}
     for name, b in split(jobs, ctx)[ctx.rank]:
         mine.setdefault(name, []).append(b)
-    local = [(name, t) for name, batches in mine.items() for t in scorers[name].terms(batches, sink=sinks.get(name))]
+    with float32_head(model):  # the parameters are frozen in the passes, so the kept float32 head serves them
+        local = [(name, t) for name, batches in mine.items() for t in scorers[name].terms(batches, sink=sinks.get(name))]
     terms = [item for share in ctx.gather(local) for item in share]
     return {name: sc.combine([t for n, t in terms if n == name]) for name, sc in scorers.items()}

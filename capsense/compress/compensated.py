@@ -2,7 +2,9 @@
 
 They store exactly what RTN and Wanda store (same sizes, same packed checkpoint for GPTQ), but
 choose the values with the calibration inputs' Gram matrix (:mod:`.gptq`), so they need
-calibration with ``gram``; a run without it is refused before any weight changes.
+calibration with ``gram``; a run without it is refused before any weight changes. Both solve the
+free block alone (rows and columns not protected) with the Gram matrix's free block and put it back,
+so protected weights stay bit-identical; :func:`_free_block_costs` prices that same solve.
 
 Pricing levels for a guided allocation (``Guide.pricing``, :data:`PRICINGS`): by **the method's
 own result**. Per matrix, all levels are solved together (:func:`~capsense.compress.gptq.gptq_output_errors`,
@@ -49,7 +51,8 @@ import torch
 from capsense.compress.gptq import (PATTERNS, check_pattern, gptq_output_errors, gptq_quantize, row_output_errors,
                                     sparsegpt_output_errors, sparsegpt_prune)
 from capsense.compress.prune import check_density, wanda_scores
-from capsense.compress.settings import Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _put_block
+from capsense.compress.settings import (Applied, PruneSetting, QuantSetting, Setting, _block_key, _free_block, _n_protected,
+                                       _put_block)
 from capsense.errors import BudgetError
 
 DAMP = 0.01
@@ -107,10 +110,7 @@ class GPTQSetting(QuantSetting):
 
     def level_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
         """(level, exact bits, ``sum_i r_i dW_i G dW_i^T`` of GPTQ's result): see the module docstring."""
-        fr, fc = _free_block(w, prot)
-        gram = _gram(name, stats, fc)
-        errors = self._output_errors(levels, name, w[fr][:, fc], gram, (fr, fc), cache)
-        return _output_costs(levels, errors, sensitivity.float()[fr][:, fc], gram, tuple(w.shape), prot, base_bits)
+        return _free_block_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache)
 
     @staticmethod
     def _output_errors(levels, name, w, gram, free, cache) -> dict:
@@ -127,6 +127,16 @@ class GPTQSetting(QuantSetting):
         for s in (s for s in todo if not s.act_order):  # natural order: group scales from the updated weights
             cache[key[s]] = row_output_errors(w.double() - gptq_quantize(w, gram, s.bits, s.group_size, s.damp, False)[0].double(), gram)
         return {s: cache[key[s]] for s in levels}
+
+
+def _free_block_costs(setting, levels, name, w, sensitivity, stats, prot, base_bits, cache):
+    """Both methods' pricing: ``setting._output_errors`` of the free block (rows and columns not
+    protected, solved with the Gram matrix's free block, as :meth:`apply` solves it), weighted by
+    :func:`_output_costs`."""
+    fr, fc = _free_block(w, prot)
+    gram = _gram(name, stats, fc)
+    errors = setting._output_errors(levels, name, w[fr][:, fc], gram, (fr, fc), cache)
+    return _output_costs(levels, errors, sensitivity.float()[fr][:, fc], gram, tuple(w.shape), prot, base_bits)
 
 
 def _output_costs(levels, errors, sensitivity, gram, shape, prot, base_bits) -> list[tuple[Setting, int, float]]:
@@ -184,38 +194,43 @@ class SparseGPTSetting(PruneSetting):
             return kept, kept * base_bits
         return super().size(shape, prot, base_bits)
 
-    def apply(self, name, w, stats, prot, base_bits, cache=None):
-        n_in = w.shape[1]
-        gram = _gram(name, stats, torch.ones(n_in, dtype=torch.bool))
-        rows, cols = (prot.rows, prot.cols) if prot is not None else (None, None)
+    def _check_pattern(self, name, shape, prot) -> None:
+        """2:4 needs protected columns in whole groups of four (so the free ones are whole groups too)."""
         try:
-            new, keep = sparsegpt_prune(w, gram, self.density, self.scope, self.damp, rows, cols)
+            check_pattern(self.scope, self.density, shape[1], prot.cols if prot is not None else None)
         except BudgetError as e:
             raise BudgetError(f"{name}: {e}") from None
-        kept = int(keep.sum())
-        return Applied(new.to(w.dtype), kept, kept * base_bits)
+
+    def apply(self, name, w, stats, prot, base_bits, cache=None):
+        """SparseGPT of the free block with its Gram block, put back: protected weights bit-identical."""
+        self._check_pattern(name, tuple(w.shape), prot)
+        fr, fc = _free_block(w, prot)
+        new, keep = sparsegpt_prune(w[fr][:, fc], _gram(name, stats, fc), self.density, self.scope, self.damp)
+        kept = int(keep.sum()) + _n_protected(tuple(w.shape), prot)
+        return Applied(_put_block(w, fr, fc, new), kept, kept * base_bits)
 
     def level_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
         """(level, exact bits, ``sum_i r_i dW_i G dW_i^T`` of SparseGPT's result): as GPTQ's, module docstring."""
-        gram = _gram(name, stats, torch.ones(w.shape[1], dtype=torch.bool))
-        rows, cols = (prot.rows, prot.cols) if prot is not None else (None, None)
-        key = {s: ("sparsegpt-output-error", name, s.density, s.scope, s.damp, _block_key(*_free_block(w, prot)))
-               for s in levels}
+        for s in {s for s in levels if s.scope == "2:4"}:
+            s._check_pattern(name, tuple(w.shape), prot)
+        return _free_block_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache)
+
+    @staticmethod
+    def _output_errors(levels, name, w, gram, free, cache) -> dict:
+        """``{level: [rows] dW G dW^T}`` of the free block ``w``, solved once per (matrix, free block,
+        level) per ``cache``; the row-pattern densities of one damping together."""
+        where = _block_key(*free)
+        key = {s: ("sparsegpt-output-error", name, s.density, s.scope, s.damp, where) for s in levels}
         cache = {} if cache is None else cache
         todo = [s for s in levels if key[s] not in cache]
         for scope, damp in sorted({(s.scope, s.damp) for s in todo}):
             batch = [s for s in todo if (s.scope, s.damp) == (scope, damp)]
             if scope == "2:4":  # one level (density 0.5): its own solve
-                solved = [row_output_errors(w.double() - s.apply(name, w, stats, prot, base_bits).weight.double(), gram)
-                          for s in batch]
+                solved = [row_output_errors(w.double() - sparsegpt_prune(w, gram, 0.5, scope, damp)[0].double(), gram)]
             else:
-                try:
-                    solved = sparsegpt_output_errors(w, gram, [s.density for s in batch], damp, rows, cols)
-                except BudgetError as e:
-                    raise BudgetError(f"{name}: {e}") from None
+                solved = sparsegpt_output_errors(w, gram, [s.density for s in batch], damp)
             cache.update({key[s]: e.double() for s, e in zip(batch, solved)})
-        return _output_costs(levels, {s: cache[key[s]] for s in levels}, sensitivity.float(), gram, tuple(w.shape),
-                             prot, base_bits)
+        return {s: cache[key[s]] for s in levels}
 
     def levels(self):
         if self.scope == "2:4":

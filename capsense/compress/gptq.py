@@ -18,13 +18,16 @@ of 128 columns). Frantar et al., "GPTQ" (2022) and "SparseGPT" (2023); written f
 * SparseGPT picks its mask block by block (128 columns), pruning the weights of least
   ``w^2 / U_jj^2`` (the OBS saliency) after the previous blocks' updates: per row, cumulatively
   exact (a row keeps ``round(density * in)`` weights, like Wanda's row scope), or ``2:4`` (two of
-  every four consecutive weights, density 0.5). Protected rows and columns are never pruned and
-  come on top of the density: a row keeps its protected columns and ``round(density * free)`` of its
-  ``free`` (unprotected) columns. Under ``2:4`` protected columns must be whole groups of four (head
-  spans are): the free columns are 2:4, the protected ones dense, so such a matrix is 2:4 only outside
-  the protected heads (what a 2:4 kernel needs holds for its free block, not for the whole matrix).
-  Protected columns still absorb the compensation of the others' pruning (their values change, unlike
-  under GPTQ, which solves the free block alone); protected rows prune nothing and stay unchanged.
+  every four consecutive weights, density 0.5). Protection is the caller's
+  (:class:`~capsense.compress.compensated.SparseGPTSetting`, as for GPTQ): it solves the free block
+  alone, the free columns with the Gram matrix's free block ``G[free][:, free]`` (the exact
+  OBS/least-squares problem with the protected weights held fixed: their error is zero, so the free
+  columns' Hessian is that block), and puts it back, so protected rows and columns stay bit-identical
+  and come on top of the density. Under ``2:4`` protected columns must be whole groups of four (head
+  spans are, :func:`check_pattern`): the free columns left are then whole groups too, 2:4 in their
+  own groups, the protected ones dense (what a 2:4 kernel needs holds for the free block, not for the
+  whole matrix). Until round 13 the protected columns were guarded inside the solve instead and still
+  took the compensation of the others' pruning (their values changed, unlike under GPTQ).
 * Pricing a guided allocation (:mod:`~capsense.compress.compensated`): :func:`gptq_output_errors`
   and :func:`sparsegpt_output_errors` solve every level of one matrix as one stacked weight
   (levels share ``U``; bit width or density per row). SparseGPT's column loop updates a transposed
@@ -159,21 +162,18 @@ def row_output_errors(dw: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     return ((dw @ gram.to(dw.dtype)) * dw).sum(1)
 
 
-def _row_prune_counts(density: torch.Tensor, start: int, end: int, free: torch.Tensor, n_free: torch.Tensor,
-                      done: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+def _row_prune_counts(density: torch.Tensor, start: int, end: int, n_in: int, done: torch.Tensor,
+                      total: torch.Tensor) -> torch.Tensor:
     """Weights each row prunes in columns ``start:end``: the cumulative share ``c - round(density * c)``
-    of the ``c`` free (unprotected) columns through column ``end`` (``density`` per row), at least what
-    the later free columns can no longer absorb, so each row prunes exactly ``total`` in all."""
-    free_here = free[:, start:end].sum(1)
-    free_after = free[:, end:].sum(1)
-    seen = n_free - free_after
-    share = torch.minimum(seen - torch.round(density * seen).long(), total)
-    return torch.minimum(torch.maximum(share - done, total - done - free_after).clamp(min=0), free_here)
+    of the ``c = end`` columns through column ``end`` (``density`` per row), at least what the later
+    columns can no longer absorb, so each row prunes exactly ``total`` in all."""
+    share = torch.minimum(end - torch.round(density * end).long(), total)
+    return torch.maximum(share - done, total - done - (n_in - end)).clamp(min=0, max=end - start)
 
 
 def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) -> torch.Tensor:
-    """Pruned-mask of one block (True = pruned): the ``k[row]`` least salient free entries of each
-    row, or for ``2:4`` the two least salient of every four; protected entries are +inf."""
+    """Pruned-mask of one block (True = pruned): the ``k[row]`` least salient entries of each row, or
+    for ``2:4`` the two least salient of every four."""
     n_out, width = saliency.shape
     if pattern == "2:4":
         low = torch.topk(saliency.view(n_out, width // 4, 4), 2, dim=2, largest=False).indices
@@ -184,31 +184,19 @@ def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) ->
     return torch.zeros(n_out, width, dtype=torch.bool).scatter_(1, order, low)
 
 
-def _guard(shape, protected_rows, protected_cols) -> torch.Tensor:
-    guard = torch.zeros(shape, dtype=torch.bool)
-    if protected_rows is not None:
-        guard[protected_rows] = True
-    if protected_cols is not None:
-        guard[:, protected_cols] = True
-    return guard
-
-
-def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, pattern: str, guard: torch.Tensor) -> torch.Tensor:
+def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, pattern: str) -> torch.Tensor:
     """SparseGPT's column loop over ``w`` (updated in place, pruned entries zeroed): the keep-mask.
     ``density`` is per row (float64), so rows of different densities can be solved together: they
     share ``u``."""
     n_out, n_in = w.shape
-    free = ~guard
-    n_free = free.sum(1)
-    total = n_free - torch.round(density * n_free).long()  # pruned per row: protected weights come on top
+    total = n_in - torch.round(density * n_in).long()  # pruned per row
     done = torch.zeros(n_out, dtype=torch.long)
     keep = torch.ones(n_out, n_in, dtype=torch.bool)
     for start in range(0, n_in, BLOCK):
         end = min(start + BLOCK, n_in)
         sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
-        sal[guard[:, start:end]] = float("inf")
-        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, free, n_free, done, total)
-        keep[:, start:end] = ~(_block_mask(sal, pattern, k) & free[:, start:end])  # 2:4: protected groups stay
+        k = None if pattern == "2:4" else _row_prune_counts(density, start, end, n_in, done, total)
+        keep[:, start:end] = ~_block_mask(sal, pattern, k)
         done += (~keep[:, start:end]).sum(1)
         blk = w[:, start:end].t().contiguous()  # [columns, rows]: each column's update is contiguous
         kept = keep[:, start:end].t().to(w.dtype)
@@ -241,23 +229,21 @@ def check_pattern(pattern: str, density: float, n_in: int, protected_cols: torch
 
 @torch.no_grad()
 def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, density: float, pattern: str = "row",
-                    damp: float = 0.01, protected_rows: torch.Tensor | None = None,
-                    protected_cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """SparseGPT of an ``[out, in]`` weight: (pruned, compensated weight in float32, keep-mask)."""
+                    damp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseGPT of an ``[out, in]`` weight: (pruned, compensated weight in float32, keep-mask). With
+    protected weights, call it on the free block (module docstring)."""
     _check(weight, gram, damp)
     n_out, n_in = weight.shape
-    check_pattern(pattern, density, n_in, protected_cols)
-    guard = _guard((n_out, n_in), protected_rows, protected_cols)
+    check_pattern(pattern, density, n_in)
     u, dead = _inverse_factor(gram, damp)
     w = weight.detach().double().clone()
     w[:, dead] = 0.0
-    keep = _prune_solve(w, u, torch.full((n_out,), float(density), dtype=torch.float64), pattern, guard)
+    keep = _prune_solve(w, u, torch.full((n_out,), float(density), dtype=torch.float64), pattern)
     return w.float(), keep
 
 
 @torch.no_grad()
 def sparsegpt_output_errors(weight: torch.Tensor, gram: torch.Tensor, densities: list[float], damp: float = 0.01,
-                            protected_rows: torch.Tensor | None = None, protected_cols: torch.Tensor | None = None,
                             dtype=torch.float32) -> torch.Tensor:
     """``[levels, out]``: each row's calibration output error ``dW G dW^T`` after SparseGPT (row
     pattern) at each density, ``dW`` the weight minus its SparseGPT result. Like
@@ -271,6 +257,6 @@ def sparsegpt_output_errors(weight: torch.Tensor, gram: torch.Tensor, densities:
     n = len(densities)
     big = w.repeat(n, 1)
     density = torch.tensor([float(d) for d in densities], dtype=torch.float64).repeat_interleave(n_out)
-    _prune_solve(big, u.to(dtype), density, "row", _guard((n_out, n_in), protected_rows, protected_cols).repeat(n, 1))
+    _prune_solve(big, u.to(dtype), density, "row")
     dw = weight.detach().to(dtype).repeat(n, 1) - big
     return row_output_errors(dw, gram).view(n, n_out)

@@ -77,18 +77,6 @@ def test_sparsegpt_two_four_pattern():
         sparsegpt_prune(w, gram, 0.5, "4:8")
 
 
-def test_sparsegpt_never_prunes_protected_rows_or_columns():
-    w, _, gram = _data()
-    rows = torch.zeros(24, dtype=torch.bool)
-    rows[3:6] = True
-    cols = torch.zeros(64, dtype=torch.bool)
-    cols[10:14] = True
-    pruned, keep = sparsegpt_prune(w, gram, 0.25, protected_rows=rows, protected_cols=cols)
-    assert bool(keep[rows].all()) and bool(keep[:, cols].all())
-    assert torch.allclose(pruned[rows], w[rows])  # nothing pruned in a row: nothing to compensate
-    assert (keep[~rows][:, ~cols].sum(1) == 15).all()  # the 60 free columns keep 25%; the 4 protected on top
-
-
 def test_bad_gram_and_damp_are_refused():
     w, _, gram = _data()
     with pytest.raises(BudgetError, match="Gram matrix has shape"):
@@ -98,13 +86,20 @@ def test_bad_gram_and_damp_are_refused():
 
 
 def test_sparsegpt_rows_keep_the_protected_columns_above_the_density():
-    w, _, gram = _data(n_in=200)
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.compensated import SparseGPTSetting
+    from capsense.compress.protect import Protection
+
+    w, x, _ = _data(n_in=200)
+    stats = InputStats(200)
+    stats.add(x, gram=True)
     cols = torch.zeros(200, dtype=torch.bool)
     cols[150:] = True  # 50 protected columns, all in the last block, above round(0.1 * 200) = 20
-    _, keep = sparsegpt_prune(w, gram, 0.1, protected_cols=cols)
-    assert (keep.sum(1) == 50 + 15).all() and bool(keep[:, cols].all())  # 10% of the 150 free, on top
-    with pytest.raises(BudgetError, match="whole groups of four"):  # 150:200 splits the group 148:152
-        sparsegpt_prune(w, gram, 0.5, "2:4", protected_cols=cols)
+    out = SparseGPTSetting("sparsegpt", 0.1).apply("m", w, stats, Protection(cols=cols), 16)
+    keep = out.weight != 0
+    assert (keep.sum(1) == 50 + 15).all() and torch.equal(out.weight[:, cols], w[:, cols])  # 10% of the 150 free, on top
+    with pytest.raises(BudgetError, match="m: .*whole groups of four"):  # 150:200 splits the group 148:152
+        SparseGPTSetting("sparsegpt", 0.5, "2:4").apply("m", w, stats, Protection(cols=cols), 16)
 
 
 # -- as settings (registry, calibration, exact sizes) ------------------------------------------
@@ -211,25 +206,21 @@ def test_gptq_levels_are_priced_by_the_fisher_weighted_output_error_of_gptq():
     assert [c for *_, c in again] == pytest.approx([2 * c for *_, c in priced]) and len(cache) == 3
 
 
-@pytest.mark.parametrize("protect", [False, True])
-def test_sparsegpt_output_errors_match_separate_solves(protect):
+def test_sparsegpt_output_errors_match_separate_solves():
     """The stacked solve of several densities gives, in float64, each density's own SparseGPT result:
-    the per-row output error ``dW G dW^T`` of :func:`sparsegpt_prune`, protected rows and columns too."""
+    the per-row output error ``dW G dW^T`` of :func:`sparsegpt_prune` (with protection both solve the
+    free block: tests/unit/compress/test_compress_protect.py)."""
     torch.manual_seed(3)
     w, x = torch.randn(6, 32), torch.randn(80, 32)
     gram = (x.T @ x).double()
     gram[5, :], gram[:, 5] = 0.0, 0.0  # a dead input column
-    rows = torch.tensor([True, False, False, True, False, False]) if protect else None
-    cols = torch.zeros(32, dtype=torch.bool).index_fill_(0, torch.tensor([0, 7, 8]), True) if protect else None
     densities = [0.25, 0.5, 0.775, 1.0]
-    solved = sparsegpt_output_errors(w, gram, densities, protected_rows=rows, protected_cols=cols, dtype=torch.float64)
+    solved = sparsegpt_output_errors(w, gram, densities, dtype=torch.float64)
     assert solved.shape == (4, 6)
     for d, errs in zip(densities, solved):
-        new, _ = sparsegpt_prune(w, gram, d, protected_rows=rows, protected_cols=cols)
+        new, _ = sparsegpt_prune(w, gram, d)
         dw = w.double() - new.double()
         assert torch.allclose(errs, ((dw @ gram) * dw).sum(1), rtol=1e-5, atol=1e-6)
     assert torch.all(solved[-1] == 0) and bool((solved[0] >= solved[1]).all())
-    if protect:
-        assert torch.all(solved[:, rows] == 0)
-    fast = sparsegpt_output_errors(w, gram, densities, protected_rows=rows, protected_cols=cols)
+    fast = sparsegpt_output_errors(w, gram, densities)
     assert torch.allclose(fast.double(), solved, rtol=1e-3, atol=1e-3)

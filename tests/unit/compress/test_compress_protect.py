@@ -60,9 +60,7 @@ def test_unprotected_weights_keep_the_density_and_the_size_is_what_is_stored(set
     keep = out.weight != 0  # random weights: no kept weight is exactly zero
     fr, fc = prot.free_rows(n_out), prot.free_cols(n_in)
     assert bool(keep[prot.entries((n_out, n_in))].all())  # protected: dense
-    # unchanged, except that SparseGPT's compensation also updates protected columns (not protected rows)
-    rows_only = ~prot.free_rows(n_out)[:, None].expand(n_out, n_in)
-    same = prot.entries((n_out, n_in)) if s.method != "sparsegpt" else rows_only
+    same = prot.entries((n_out, n_in))  # bit-identical, SparseGPT too (round 13: it solves the free block)
     assert torch.equal(out.weight[same], w[same])
     free = keep[fr][:, fc]
     if s.scope == "2:4":  # two of every four free weights, in the original column groups
@@ -171,15 +169,42 @@ def test_row_pricing_prices_what_apply_does(method, kind):
     assert [c for *_, c in fast] == pytest.approx([c for *_, c in slow], rel=1e-5)
 
 
-def test_sparsegpt_pricing_solves_what_apply_does_with_protection():
+@pytest.mark.parametrize("kind", ["cols", "rows", "both"])
+def test_sparsegpt_pricing_solves_what_apply_does_with_protection(kind):
+    """The stacked pricing's per-row output errors are those of apply()'s weights, over the free rows
+    (the protected weights do not change, so the free block's error is the whole error)."""
     w, stats = _data()
-    prot = _protections(*w.shape)["both"]
-    errs = sparsegpt_output_errors(w, stats.gram, [0.3, 0.6], protected_rows=prot.rows, protected_cols=prot.cols,
-                                   dtype=torch.float64)
-    for i, d in enumerate((0.3, 0.6)):
-        pruned, _ = sparsegpt_prune(w, stats.gram, d, protected_rows=prot.rows, protected_cols=prot.cols)
-        dw = w.double() - pruned.double()
-        assert torch.allclose(errs[i], ((dw @ stats.gram.double()) * dw).sum(1), rtol=1e-4, atol=1e-6)
+    prot = _protections(*w.shape)[kind]
+    fr, fc = prot.free_rows(w.shape[0]), prot.free_cols(w.shape[1])
+    levels = [SparseGPTSetting("sparsegpt", d) for d in (0.3, 0.6)]
+    errors = SparseGPTSetting._output_errors(levels, "m", w[fr][:, fc], stats.gram[fc][:, fc], (fr, fc), None)
+    for s in levels:
+        dw = w.double() - s.apply("m", w, stats, prot, 16).weight.double()
+        whole = ((dw @ stats.gram.double()) * dw).sum(1)
+        assert torch.all(whole[~fr] == 0)
+        assert torch.allclose(errors[s], whole[fr], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("scope", ["row", "2:4"])
+@pytest.mark.parametrize("kind", ["cols", "rows", "both"])
+def test_sparsegpt_with_protection_is_the_free_block_solved_alone(kind, scope):
+    """Protected rows and columns bit-identical; the free block exactly SparseGPT of the free
+    sub-matrix with the Gram matrix's free block (the least-squares problem with the protected
+    weights held fixed), at the density among themselves; 2:4 in the original groups of four."""
+    w, stats = _data()
+    n_out, n_in = w.shape
+    prot = _protections(n_out, n_in)[kind]
+    fr, fc = prot.free_rows(n_out), prot.free_cols(n_in)
+    s = SparseGPTSetting("sparsegpt", 0.5, scope)
+    new = s.apply("m", w, stats, prot, 16).weight
+    entries = prot.entries((n_out, n_in))
+    assert torch.equal(new[entries], w[entries])
+    alone, keep = sparsegpt_prune(w[fr][:, fc], stats.gram[fc][:, fc], 0.5, scope)
+    assert torch.equal(new[fr][:, fc], alone)
+    assert (keep.sum(1) == int(fc.sum()) // 2).all()
+    if scope == "2:4":  # every original group of four: two kept if free, four if protected
+        per_group = (new[fr] != 0).view(int(fr.sum()), -1, 4).sum(2)
+        assert torch.equal(per_group, torch.where(prot.free_cols(n_in).view(-1, 4).all(1), 2, 4).expand_as(per_group))
 
 
 def test_allocation_pays_for_protection_and_says_when_it_cannot():

@@ -100,6 +100,8 @@ class GPTQSetting(QuantSetting):
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
+        if not (fr.any() and fc.any()):  # every row or every column protected: nothing to quantize
+            return Applied(w.clone(), *self.size(tuple(w.shape), prot, base_bits), None)
         new, scales = gptq_quantize(w[fr][:, fc], _gram(name, stats, fc), self.bits, self.group_size, self.damp, self.act_order)
         stored, bits = self.size(tuple(w.shape), prot, base_bits)
         whole = bool(fr.all() and fc.all())
@@ -135,7 +137,10 @@ def _free_block_costs(setting, levels, name, w, sensitivity, stats, prot, base_b
     :func:`_output_costs`."""
     fr, fc = _free_block(w, prot)
     gram = _gram(name, stats, fc)
-    errors = setting._output_errors(levels, name, w[fr][:, fc], gram, (fr, fc), cache)
+    if fr.any() and fc.any():
+        errors = setting._output_errors(levels, name, w[fr][:, fc], gram, (fr, fc), cache)
+    else:  # every row or every column protected: no level changes a weight
+        errors = {s: torch.zeros(int(fr.sum()), dtype=torch.float64) for s in levels}
     return _output_costs(levels, errors, sensitivity.float()[fr][:, fc], gram, tuple(w.shape), prot, base_bits)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from capsense.compress.allocate import allocate, matrix_candidates
 from capsense.compress.calibration import InputStats
-from capsense.compress.compensated import SparseGPTSetting
+from capsense.compress.compensated import GPTQSetting, SparseGPTSetting
 from capsense.compress.gptq import sparsegpt_output_errors, sparsegpt_prune
 from capsense.compress.methods import parse_setting
 from capsense.compress.prune import global_masks, magnitude_scores, mask_from_scores
@@ -277,3 +277,19 @@ def test_a_model_with_whole_heads_protected_stores_what_it_accounts(setting):
         else:
             assert (free.sum(1) == round(s.density * free.shape[1])).all()
     assert set(prot) == {f"model.layers.1.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+
+@pytest.mark.parametrize("whole", ["rows", "cols"])
+@pytest.mark.parametrize("setting", [GPTQSetting("gptq", 4, 32), SparseGPTSetting("sparsegpt", 0.5, "row")],
+                         ids=["gptq", "sparsegpt"])
+def test_a_wholly_protected_matrix_stays_as_it_is_and_costs_nothing(setting, whole):
+    """Every row (or every column) protected leaves no free block: the weight is returned unchanged and
+    stored whole, and every level is priced at zero (GPTQ failed on the empty block until round 13)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 64), torch.randn(200, 64)
+    stats = InputStats.from_inputs(x)
+    prot = Protection(**{whole: torch.ones(8 if whole == "rows" else 64, dtype=torch.bool)})
+    out = setting.apply("m", w, stats, prot, 16)
+    assert torch.equal(out.weight, w) and out.stored == w.numel()
+    costs = setting.level_costs(setting.levels()[:3], "m", w, torch.ones_like(w), stats, prot, 16)
+    assert [c for _, _, c in costs] == [0.0] * len(costs)

@@ -3,7 +3,8 @@
     HF_HUB_OFFLINE=1 python recipes/bench/bench_lm_head_copy.py [--model smollm2-135m] [--threads 1] [--repeats 2]
 
 The main job's probes (``recipes/smollm2_induction_cpu.yaml``: induction, 24 documents, and the
-default control suite plus arithmetic, 16 each), the model in bfloat16, prefix reuse, one process.
+default control suite plus arithmetic, 16 each), the model in bfloat16, prefix reuse, the locate
+default batch size, one process.
 The same masks (clean, a layer-0 head, a middle head, a late head) are evaluated alternately with
 each way of computing the float32 logits: ``per batch`` (the scorers called directly, each batch
 casting the head's weight as before round 13) and ``kept`` (:class:`MaskEvaluator`, whose call
@@ -35,13 +36,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from capsense.core.models import load_model
+    from capsense.localize.config import LocateConfig
     from capsense.localize.evaluator import MaskEvaluator
     from capsense.scoring.probe import build_probe
 
     model, tok = load_model(args.model, "bfloat16", "cpu")
     tasks = ["capsense_induction", *CONTROLS.split(",")]
     probes = {t: build_probe(t, tok, 24 if t == "capsense_induction" else 16, 0, ()) for t in tasks}
-    ev = MaskEvaluator(model, probes, 8, 1, True)
+    ev = MaskEvaluator(model, probes, LocateConfig.batch_size, 1, True)  # the locate default
     n_layers, n_heads = ev.layout.n_layers, ev.layout.n_heads
     heads = {"clean": None, "L0H1": (0, 1), f"L{n_layers // 4}H0": (n_layers // 4, 0), f"L{2 * n_layers // 3}H0": (2 * n_layers // 3, 0)}
 

@@ -54,10 +54,16 @@ class TakesClean:
     model's (:meth:`clean_scores`), so no second clean forward runs."""
 
     _taken: tuple[np.ndarray, np.ndarray] | None = None  # per-request log-prob, greedy hit of the taken batches
+    _keys: tuple[bool, frozenset[tuple[int, ...]]] | None = None  # (enabled when built, batch_keys)
 
-    def batch_keys(self) -> set[tuple[int, ...]]:
-        """The request batches this scorer runs a mask in (its cache's keys)."""
-        return {tuple(reqs) for _, _, reqs in self._batches(torch.zeros(1, 1, 1, dtype=torch.bool))}
+    def batch_keys(self) -> frozenset[tuple[int, ...]]:
+        """The request batches this scorer runs a mask in (its cache's keys), built once per state of
+        ``enabled`` (a failed shared-context check changes the batches): each taken batch asks, and
+        rebuilding every batch each time was quadratic in batches."""
+        enabled = bool(getattr(self, "enabled", True))
+        if self._keys is None or self._keys[0] != enabled:
+            self._keys = (enabled, frozenset(tuple(reqs) for _, _, reqs in self._batches(torch.zeros(1, 1, 1, dtype=torch.bool))))
+        return self._keys[1]
 
     def can_take_clean(self) -> bool:
         """Whether a clean forward that ran elsewhere can stand in for this scorer's (its prefix reuse is on)."""

@@ -75,7 +75,8 @@ class Guide:
     or the cheaper proxy ``rtn`` (GPTQ) / ``wanda`` (SparseGPT) (:mod:`capsense.compress.compensated`).
     ``check_uniform`` (a run at the uniform setting's size): compress with the allocation and with the
     uniform setting, keep the one with the lowest kept-capability loss on the calibration documents
-    (:mod:`capsense.compress.select`; the Fisher estimate picked allocations worse than uniform).
+    (:mod:`capsense.compress.select`; the Fisher estimate picked allocations worse than uniform), on
+    ``check_docs`` documents per kept capability (default: the ``samples`` the Fisher read).
     """
 
     keep: list[str]
@@ -91,6 +92,7 @@ class Guide:
     rounds: int = 1  # measured only: > 1 measures again around the previous round's allocation
     pricing: str | None = None  # gptq/sparsegpt: "output" (the default), "rtn"/"wanda" (capsense.compress.compensated)
     check_uniform: bool = True  # ship uniform (or the other pricing) when it measures better (capsense.compress.select)
+    check_docs: int | None = None  # documents per kept capability that check measures; None: ``samples`` (the Fisher's)
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)
@@ -104,6 +106,9 @@ class Guide:
             raise BudgetError(f"n_levels must be at least 2 (the uniform level and another), got {self.n_levels}")
         if self.pricing is not None:
             check_pricing(self.pricing)
+        if self.check_docs is not None and (self.check_docs < 1 or not self.check_uniform):
+            raise BudgetError(f"check_docs ({self.check_docs}) is the number of calibration documents the uniform check "
+                              "measures: it needs check_uniform and at least 1")
         if self.size_ratio is not None and not 0 < self.size_ratio <= 1:
             raise BudgetError(f"size ratio {self.size_ratio} is outside (0, 1]: it is the model's size over its dense size")
 

@@ -196,8 +196,8 @@ def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, s
     ``allocations``: (name, :class:`~capsense.compress.guided.Allocation`) candidates, the first the
     guide's own (:func:`guided_candidates`); empty (no guide) compresses with ``uniform``. When
     :func:`checks_uniform`, the one of the candidates and ``uniform`` that :func:`compress_better`
-    ships (the lowest dL on the kept capabilities' calibration documents, ``guide.samples`` each: those
-    the Fisher read; ties keep the first allocation), recorded in
+    ships (the lowest dL on the kept capabilities' calibration documents, ``guide.check_docs`` each, by
+    default the ``guide.samples`` the Fisher read; ties keep the first allocation), recorded in
     the returned allocation's ``info["selection"]`` (the chosen allocation's, or the first's when
     uniform is chosen); else the first allocation as it is.
     """
@@ -210,7 +210,7 @@ def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, s
     log(f"compressing with {', '.join(n for n, _ in allocations)} and uniform; the lowest dL on calibration "
         "documents ships")
     sel = compress_better(model, tokenizer, [(n, a.budget) for n, a in allocations] + [("uniform", uniform)], stats,
-                          guide.keep, guide.samples, log)
+                          guide.keep, guide.check_docs or guide.samples, log)
     allocation = dict(allocations).get(sel.chosen, allocations[0][1])
     allocation.info["selection"] = sel.record
     return sel.result, sel.budget, allocation

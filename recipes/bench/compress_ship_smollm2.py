@@ -183,7 +183,8 @@ def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spre
             yield keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
 
 
-def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=False, variants=None, pricing=None):
+def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=False, variants=None, pricing=None,
+                 check_docs=None):
     """Per kept capability CAP, calibrated as ``capsense compress --keep CAP`` calibrates a compensating
     method (:func:`~capsense.compress.calibration.kept_calibration`): ``uniform-kc:CAP`` (the uniform
     setting with that calibration: how much is calibration) and ``guided-kc:CAP`` (the guided allocation)."""
@@ -198,7 +199,7 @@ def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=F
         print(f"calibrated in {time.time() - t0:.0f} s on {spec}", flush=True)
         fisher_cache.pop("level_costs", None)  # solved errors and Wanda scores depend on the calibration
         for setting in settings:
-            for variant, guide in ((f"uniform-kc:{cap}", None), (f"guided-kc:{cap}", Guide([cap], **pricing_for(setting, pricing)))):
+            for variant, guide in ((f"uniform-kc:{cap}", None), (f"guided-kc:{cap}", Guide([cap], check_docs=check_docs, **pricing_for(setting, pricing)))):
                 if variants and not variant.startswith(tuple(variants)):
                     continue
                 row = keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
@@ -343,6 +344,8 @@ def main() -> None:
     ap.add_argument("--spread", default=None, help="Keep part: size band of the levels, e.g. 0.9,1.7 (default: the Guide's).")
     ap.add_argument("--pricing", default=None, choices=["output", "rtn", "wanda"], help="Keep/keepcal: how levels are priced.")
     ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
+    ap.add_argument("--check-docs", type=int, default=None,
+                    help="Keepcal: calibration documents per kept capability the uniform check measures (default: the Fisher's 32).")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSONL, one line per row, appended as measured (default: results/compress/ship_MODEL.jsonl).")
@@ -388,7 +391,8 @@ def main() -> None:
         "keepcal": lambda: keepcal_part(model, args.model, tok, probes, saved, base,
                                         [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                         args.keep.split(","), args.reload,
-                                        args.variants.split(",") if args.variants else None, args.pricing),
+                                        args.variants.split(",") if args.variants else None, args.pricing,
+                                        args.check_docs),
         "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
     }
     for part in args.parts.split(","):  # in the order given

@@ -245,3 +245,20 @@ def test_paired_difference_is_the_sample_se_with_equal_tokens_and_refuses_other_
         paired_difference(a, _loss([1.0, 2.0], [5, 5]))
     with pytest.raises(CapsenseError, match="same documents"):
         paired_difference(a, _loss([10.0, 12.0, 9.0, 11.0], [5, 5, 5, 5], task="code"))
+
+
+def test_the_uniform_check_measures_check_docs_documents_and_refuses_them_where_no_check_runs(case):
+    """``check_docs`` sets how many calibration documents per kept capability the check measures (default:
+    the Fisher's ``samples``); asked for without the check, or below 1, it is refused."""
+    model, tok, stats, orig = case
+    uni = uniform_budget({"method": "wanda", "density": 0.5})
+    for guide, n in ((Guide(["math"], samples=2, protect_top_k=0), 2),
+                     (Guide(["math"], samples=2, protect_top_k=0, check_docs=3), 3)):
+        model.load_state_dict(orig)
+        allocs = guided_candidates(model, tok, uni, stats, guide)
+        _, _, al = compress_guided(model, tok, uni, allocs, stats, guide)
+        assert al.info["selection"]["n_docs"] == n
+    model.load_state_dict(orig)
+    for bad in ({"check_docs": 0}, {"check_docs": 4, "check_uniform": False}):
+        with pytest.raises(BudgetError, match="check_docs"):
+            Guide(["math"], **bad)

@@ -10,6 +10,7 @@ evaluation of masks is split, and only the main process writes the run folder's 
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,21 @@ def _picklable(error: Exception | None) -> Exception | None:
 _CONTEXT: DistContext | None = None
 
 
+def _leave_group() -> None:
+    """Destroy the process group this module joined, at exit while the interpreter is whole.
+
+    Left to interpreter shutdown, gloo's worker threads can outlive the objects they hold and
+    the process dies with ``terminate called without an active exception`` (SIGABRT) after a
+    run that succeeded; CI saw it once on a two-process CPU ``locate`` (pytorch/pytorch#190489
+    reports the same). Every process has finished its collectives when it exits, so the
+    destruction is local.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def context() -> DistContext:
     """This process's :class:`DistContext`, joining the process group on first use if launched
     as one of several processes."""
@@ -128,6 +144,7 @@ def context() -> DistContext:
         if use_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        atexit.register(_leave_group)
     _CONTEXT = DistContext(
         rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank,
         local_world=_env_int("LOCAL_WORLD_SIZE", dist.get_world_size()),

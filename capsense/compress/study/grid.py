@@ -25,7 +25,7 @@ from capsense.core.tables import markdown_table
 from capsense.core.files import append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.compress.calibration import DEFAULT_CALIBRATION
 from capsense.compress.capabilities import DEFAULT_CAPABILITIES, parse_capabilities, task_of
-from capsense.compress.targets import parse_kinds
+from capsense.compress.targets import parse_kinds, restore, snapshot
 
 BASELINE = {"method": "none"}
 
@@ -206,8 +206,7 @@ class _Session:
     factor_cache: dict = field(default_factory=dict)
 
     def restore(self) -> None:
-        for t in self.targets:
-            t.module.weight.data.copy_(self.saved[t.name])
+        restore(self.targets, self.saved)
 
     def compress(self, s: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Compress the model in place for grid entry ``s``: (summary, extra record fields)."""
@@ -268,7 +267,7 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     n_params = model_param_count(model)
     sess = _Session(
         spec, model, build_probes(tokenizer, spec.capabilities, spec.probes), targets,
-        {t.name: t.module.weight.detach().clone().cpu() for t in targets},
+        snapshot(targets),
         {"model": spec.model, "n_params": n_params, "log_params": math.log(n_params), "train_tokens": spec.train_tokens},
         {r["capability"]: r for r in existing if r["key"].startswith("dense|")},
     )

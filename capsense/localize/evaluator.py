@@ -80,7 +80,7 @@ class MaskEvaluator:
 
         if probes is None or set(probes) >= set(self.scorers):
             return mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, self.reuse_share, self.folded_share)
-        names = set(probes) & set(self.scorers)
+        names = set(probes) & set(self.scorers)  # (a run scores its clean model on every probe: ``folded`` is the run's)
         share = self.token_share(names)
         reuse = {n for n in names if getattr(self.scorers[n], "reuses_prefix", False)}
         within = self.token_share(reuse) / share if share else 0.0

@@ -49,10 +49,12 @@ class MaskEvaluator:
         if self.extra:  # a task's own metric needs its own clean run
             return {}
         sinks = {name: s.take_clean for name, s in self.scorers.items() if isinstance(s, TakesClean) and s.can_take_clean()}
-        self.folded_share = self._token_share(set(sinks))
+        self.folded_share = self.token_share(set(sinks))
         return sinks
 
-    def _token_share(self, names: set[str]) -> float:
+    def token_share(self, names) -> float:
+        """The share of the run's tokens (every probe's documents) that the probes ``names`` hold."""
+        names = set(names)
         tokens = {name: sum(len(x) for x in s._inputs) for name, s in self.scorers.items()}
         return sum(t for name, t in tokens.items() if name in names) / max(1, sum(tokens.values()))
 
@@ -68,13 +70,21 @@ class MaskEvaluator:
     def reuse_share(self) -> float:
         """Share of the run's tokens scored with prefix reuse (log-likelihood and multiple choice
         alike; the rest pays full forwards)."""
-        return self._token_share({name for name, s in self.scorers.items() if getattr(s, "reuses_prefix", False)})
+        return self.token_share({name for name, s in self.scorers.items() if getattr(s, "reuses_prefix", False)})
 
-    def cost(self, heads) -> float:
-        """Forward-equivalents of evaluating one mask (flat head indices; :mod:`capsense.scoring.cost`)."""
+    def cost(self, heads, probes=None) -> float:
+        """Forward-equivalents of evaluating one mask (flat head indices; :mod:`capsense.scoring.cost`)
+        on every probe, or on ``probes`` only: their share of the run's tokens, priced as their own
+        scorers run (a knockout scored on the target alone runs the target's documents only)."""
         from capsense.scoring.cost import mask_cost
 
-        return mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, self.reuse_share, self.folded_share)
+        if probes is None or set(probes) >= set(self.scorers):
+            return mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, self.reuse_share, self.folded_share)
+        names = set(probes) & set(self.scorers)  # (a run scores its clean model on every probe: ``folded`` is the run's)
+        share = self.token_share(names)
+        reuse = {n for n in names if getattr(self.scorers[n], "reuses_prefix", False)}
+        within = self.token_share(reuse) / share if share else 0.0
+        return share * mask_cost(list(heads), self.layout.n_layers, self.layout.n_heads, within, self.folded_share)
 
     def knockouts(self, masks: np.ndarray):
         """``masks`` [m, layers * heads] as a boolean tensor [m, layers, heads]."""
@@ -82,14 +92,18 @@ class MaskEvaluator:
 
         return torch.from_numpy(np.asarray(masks, dtype=bool).reshape(-1, self.layout.n_layers, self.layout.n_heads).copy())
 
-    def __call__(self, masks: np.ndarray) -> list[MaskScores]:
+    def __call__(self, masks: np.ndarray, probes=None) -> list[MaskScores]:
+        """Scores of each mask on every probe, or on the probes named in ``probes`` only (each probe's
+        scorer runs on its own, so a probe's scores are the same whichever others run beside it)."""
         from capsense.scoring.logits import float32_head
 
         ko = self.knockouts(masks)
+        wanted = set(self.scorers) | set(self.extra) if probes is None else set(probes)
         with float32_head(self.model):  # one float32 copy of a CPU bf16 LM head per call, not per batch
-            per_task = {name: s.score(ko) for name, s in self.scorers.items()}
+            per_task = {name: s.score(ko) for name, s in self.scorers.items() if name in wanted}
             for name, s in self.extra.items():
-                per_task[name] = {**per_task.get(name, {}), **s.score(ko)}
+                if name in wanted:
+                    per_task[name] = {**per_task.get(name, {}), **s.score(ko)}
         return [
             {name: {k: float(v[i]) for k, v in r.items()} for name, r in per_task.items()} for i in range(len(masks))
         ]
@@ -134,17 +148,25 @@ class MaskRunner:
         self.forward_equivalents = 0.0  # of every mask this runner returned, stored or new
         self.extra_cost = 0.0  # forward-equivalents spent outside masks (gradient attribution)
 
-    def _count(self, heads: list[int]) -> None:
+    def _count(self, ev: Evaluation) -> None:
+        """Add ``ev``'s forward-equivalents: the probes it holds scores of (all of them, or a subset)."""
         cost = getattr(self.evaluate, "cost", None)
-        if cost is not None:
-            self.forward_equivalents += cost(heads)
+        if cost is None:
+            return
+        every = getattr(self.evaluate, "probes", None)
+        whole = every is None or set(ev.scores) >= set(every)
+        self.forward_equivalents += cost(ev.heads) if whole else cost(ev.heads, sorted(ev.scores))
 
     def _show(self, n: int) -> None:
         if self.bar is not None:
             self.bar.label(f"{self.forward_equivalents + self.extra_cost:.1f} FE")  # a phase of capsense.core.progress
             self.bar.update(n)
 
-    def __call__(self, masks: np.ndarray, round_index: int = 0) -> list[Evaluation]:
+    def __call__(self, masks: np.ndarray, round_index: int = 0, probes: list[str] | None = None) -> list[Evaluation]:
+        """The evaluations of ``masks`` (stored ones reused), scored on every probe or on ``probes`` only.
+
+        A stored evaluation is reused when it knocks out the same heads and holds scores of at least
+        the probes asked for (a folder from before ``probes`` holds every probe's)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=bool))
         first, self.cursor = self.cursor, self.cursor + len(masks)
         todo = []
@@ -154,35 +176,36 @@ class MaskRunner:
             ev = self.store.done.get(idx)
             if ev is None:
                 todo.append(idx)
-            elif ev.heads != heads:
+            elif ev.heads != heads or (probes is not None and not set(probes) <= set(ev.scores)):
                 raise RunStoreError(
-                    f"mask {idx} in {self.store.path} knocks out other heads than this run's mask {idx}: "
-                    "the settings or capsense changed; choose another `out`"
+                    f"mask {idx} in {self.store.path} knocks out other heads or was scored on other probes than "
+                    f"this run's mask {idx}: the settings or capsense changed; choose another `out`"
                 )
             else:
-                self._count(ev.heads)
+                self._count(ev)
         mine = split(todo, self.ctx)[self.ctx.rank]
-        local = self._evaluate([(i, masks[i - first]) for i in mine], round_index)
+        local = self._evaluate([(i, masks[i - first]) for i in mine], round_index, probes)
         if self.ctx.distributed:
             others = [e for r, evs in enumerate(self.ctx.gather(local)) if r != self.ctx.rank for e in evs]
             self.store.record(others)
             for e in others:
-                self._count(e.heads)
+                self._count(e)
             self._show(len(others))
         self.new += len(todo)
         return [self.store.done[first + i] for i in range(len(masks))]
 
-    def _evaluate(self, items: list[tuple[int, np.ndarray]], round_index: int) -> list[Evaluation]:
+    def _evaluate(self, items: list[tuple[int, np.ndarray]], round_index: int, probes: list[str] | None) -> list[Evaluation]:
         out = []
         for g in range(0, len(items), self.mpf):
             group = items[g : g + self.mpf]
             t0 = time.perf_counter()
-            scores = self.evaluate(np.stack([m for _, m in group]))
+            stacked = np.stack([m for _, m in group])
+            scores = self.evaluate(stacked) if probes is None else self.evaluate(stacked, probes)
             dt = (time.perf_counter() - t0) / len(group)
             for (idx, mask), sc in zip(group, scores):
                 ev = Evaluation(idx, [int(h) for h in np.flatnonzero(mask)], sc, dt, round_index)
                 self.store.append(ev)
-                self._count(ev.heads)
+                self._count(ev)
                 out.append(ev)
                 self._show(1)
         return out

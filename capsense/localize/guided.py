@@ -13,7 +13,8 @@ so a resumed run replays the same search.
   single-head knockouts of the heads with the largest per-document magnitude (``prior_score``
   documents, the default: each document's ``|gradient|`` summed, which cancellation across
   documents cannot hide; ``estimate``: the largest ``|estimate|``), group knockouts over the
-  rest, splits of groups that hurt, within a budget of forward-equivalents. The ranking comes
+  rest (scored on the target alone in selective mode: a group is never handed on), splits of groups
+  that hurt, within a budget of forward-equivalents. The ranking comes
   from the heads measured alone (selective mode: residualized on the controls, as the
   exhaustive sweep does), so every head handed on was knocked out, not only estimated.
 """
@@ -153,7 +154,10 @@ def prior_settings(cfg: LocateConfig) -> PriorSettings:
 
 
 def search_prior_guided(s: Search) -> Found:
-    """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``)."""
+    """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``; groups
+    on the target alone, :func:`measure_sets`). The budget prices each knockout as scored on every
+    probe, as before groups went target-only (round 14), so the search measures the same masks with the
+    same target scores; the run's forward-equivalents count the documents actually run, below it."""
     estimates, evals = run_attribution(s)
     est = estimates[s.cfg.task]
     if s.cfg.prior_score == "documents":
@@ -162,7 +166,7 @@ def search_prior_guided(s: Search) -> Found:
     base = evals[0]
 
     def measure(sets: list[tuple[int, ...]]) -> list[float]:
-        evs = s.run(head_set_masks(sets, s.n))
+        evs = measure_sets(s, sets)
         evals.extend(evs)
         return [float(d) for d in damage(evs, s.cfg.task, s.cfg, base)]
 
@@ -175,6 +179,28 @@ def search_prior_guided(s: Search) -> Found:
               f"(asked: {s.cfg.budget:g})")
     prior_guided(est, measure, lambda heads: cost(list(heads)), settings, also=also)
     return Found(evals)
+
+
+def measure_sets(s: Search, sets: list[tuple[int, ...]]) -> list[Evaluation]:
+    """The evaluations of head sets, in order: a single head on every probe, a group (several heads)
+    on the target alone when the run has controls (target first).
+
+    A group knockout is never handed on: only its target damage decides whether it is split
+    (:func:`capsense.localize.prior.groups_and_splits`), so scoring it on the controls (84% of the
+    main job's documents) bought nothing. A single head keeps its control scores: the collateral
+    screen, the selective ranking and measure-and-choose's prediction read them. Runs of sets of one
+    kind go to the runner as one block each, in order, so the masks' indices follow the search."""
+    target = [s.cfg.task] if s.cfg.controls else None
+    out: list[Evaluation] = []
+    i = 0
+    while i < len(sets):
+        group = len(sets[i]) > 1
+        j = i
+        while j < len(sets) and (len(sets[j]) > 1) == group:
+            j += 1
+        out += s.run(head_set_masks(sets[i:j], s.n), probes=target if group else None)
+        i = j
+    return out
 
 
 def sweep_cost(cost, n: int) -> float:

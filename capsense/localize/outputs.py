@@ -170,7 +170,7 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
                                      f"{manifest.get('heads_per_mask')} heads per mask" if cfg.method == "cs" else ""),
         f"- metric: {cfg.metric}; controls: {', '.join(cfg.controls) or 'none (raw target score)'}"
         + (f" (scored by {cfg.metric_for(cfg.controls[0])})" if cfg.controls and cfg.metric_for(cfg.controls[0]) != cfg.metric else ""),
-        f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (all probes); "
+        f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (each on the probes it was scored on); "
         f"cost {result.forward_equivalents:.1f} forward-equivalents (forward over the documents = 1, backward = 2, "
         "prefix-reused forward = its share of layers)",
         f"- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),

@@ -3,12 +3,13 @@ control tasks) into probes, evaluates the method's knockout masks (resumably, in
 folder), fits a ranking, measures and chooses the top-K set, and writes the outputs.
 
 **Selective mode** (``controls``; the CLI and recipes default to the ``default`` control suite of
-:mod:`capsense.tasks.suite`): every mask is also scored on the control tasks and the solver fits
+:mod:`capsense.tasks.suite`): every mask is also scored on the control tasks (but prior-guided's
+group knockouts, which only decide where to split: target alone) and the solver fits
 the target score *residualized on the control scores* (OLS over the same masks), so heads that
 hurt everything (early generic heads) drop out of the ranking. The collateral screen
 (:mod:`capsense.localize.screen`) then sets aside every head whose measured knockout hurts a
 control beyond its noise, and measure-and-choose picks the K-set from the heads left. The
-screen costs no evaluation of its own: the suite's probes ride along in every forward (the
+screen costs no evaluation of its own: the suite's probes ride along in every single-head forward (the
 forward-equivalent unit is a forward over *all* the run's documents, so a larger suite makes
 each unit slower, not the count larger).
 """
@@ -307,6 +308,7 @@ def record_cost(manifest: dict[str, Any], result: LocateResult, runner: MaskRunn
                 "a prefix-reused forward = the fraction of layers it runs; the clean forward = 1 less the share the "
                 "gradient attribution's forward already ran",
         "reuse_share": round(evaluator.reuse_share, 4),
+        "token_share": {t: round(evaluator.token_share([t]), 6) for t in evaluator.probes},  # a mask scored on some probes costs their share
         "clean_forward_folded": round(evaluator.folded_share, 4),  # the clean forward's share the attribution ran
         "attribution": runner.extra_cost,
     }

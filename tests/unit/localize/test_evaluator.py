@@ -31,3 +31,69 @@ def test_both_probe_kinds_take_the_attributions_forward_and_the_clean_cost_follo
     for task in probes:
         assert got[task]["nll"] == pytest.approx(want[task]["nll"], abs=1e-6)
         assert got[task]["acc"] == want[task]["acc"]
+
+
+def test_a_target_only_evaluation_scores_the_target_as_the_full_one_to_the_bit():
+    """Target first (round 14): a mask scored on some probes gets exactly the scores the full
+    evaluation gives those probes (each probe's scorer runs on its own), and costs their token share."""
+    model = make_tiny_model("llama")
+    probes = {"toy": loglik_probe(), "ctl": loglik_probe(n=7, seed=3), "mc": choice_probe()}
+    ev = MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=True)
+    n = model.config.num_hidden_layers * model.config.num_attention_heads
+    ev(np.zeros((1, n), dtype=bool))  # the clean model first, as a run does (fills the prefix caches)
+    masks = np.zeros((3, n), dtype=bool)
+    masks[0, 1] = True
+    masks[1, [2, 5, n - 1]] = True
+    masks[2, n - 3 :] = True
+    full = ev(masks)
+    only = ev(masks, ["toy"])
+    assert only == [{"toy": f["toy"]} for f in full]  # == on floats: bit for bit
+    assert ev(masks, ["toy", "mc"]) == [{"toy": f["toy"], "mc": f["mc"]} for f in full]
+    for heads in ([1], [2, 5], [n - 1]):
+        assert ev.cost(heads, list(probes)) == ev.cost(heads)  # every probe named: the old price, exactly
+        assert ev.cost(heads, ["toy"]) == pytest.approx(ev.token_share(["toy"]) * ev.cost(heads))
+        assert sum(ev.cost(heads, [p]) for p in probes) == pytest.approx(ev.cost(heads))
+    assert 0 < ev.token_share(["toy"]) < 1
+
+
+class _Fake:
+    """An evaluator scoring two probes, "t" and "c", with a price per probe (t: 1/4 of the tokens)."""
+
+    probes = {"t": None, "c": None}
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, masks, probes=None):
+        self.calls.append(list(probes or self.probes))
+        return [{p: {"nll": float(m.sum()), "acc": 0.0} for p in (probes or self.probes)} for m in masks]
+
+    def cost(self, heads, probes=None):
+        return 1.0 if probes is None else 0.25 * ("t" in probes) + 0.75 * ("c" in probes)
+
+
+def test_the_runner_stores_what_it_measured_counts_it_and_resumes_it(tmp_path):
+    """A block scored on the target alone is stored with the target's scores only and counted at its
+    share; a rerun reuses it (and a stored full evaluation serves a target-only request, as in a
+    folder from before); a stored target-only mask asked for on the controls is refused."""
+    from capsense.errors import RunStoreError
+    from capsense.localize.evaluator import MaskRunner
+    from capsense.localize.store import RunStore
+
+    manifest = {"identity": {"task": "t"}, "layout": {"n_heads": 4}}
+    store = RunStore.open(tmp_path / "run", manifest, ["task"], n_heads=4)
+    masks = np.eye(8, dtype=bool)[:3]
+    fake = _Fake()
+    runner = MaskRunner(store, fake, 1)
+    full = runner(masks[:1])
+    part = runner(masks[1:], probes=["t"])
+    assert set(full[0].scores) == {"t", "c"} and all(set(e.scores) == {"t"} for e in part)
+    assert runner.forward_equivalents == pytest.approx(1.0 + 2 * 0.25)
+    again = MaskRunner(RunStore.open(tmp_path / "run", manifest, ["task"], n_heads=4), _Fake(), 1)
+    assert again(masks[:1], probes=["t"])[0].scores == full[0].scores  # a full one serves a part
+    resumed = again(masks[1:], probes=["t"])
+    assert [(e.heads, e.scores) for e in resumed] == [(e.heads, e.scores) for e in part]
+    assert again.new == 0 and again.evaluate.calls == []
+    assert again.forward_equivalents == pytest.approx(1.0 + 2 * 0.25)  # counted by what each holds
+    with pytest.raises(RunStoreError, match="scored on other probes"):
+        MaskRunner(RunStore.open(tmp_path / "run", manifest, ["task"], n_heads=4), _Fake(), 1)(masks[:2], probes=["c"])

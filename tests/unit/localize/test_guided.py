@@ -33,6 +33,16 @@ def _fe(out) -> float:
     share, folded = cost_model["reuse_share"], cost_model["clean_forward_folded"]
     # the attribution's forward stands in for the search's clean forward, not for measure-and-choose's
     # (in float32 after a bfloat16 search: a real forward)
+    tokens = cost_model["token_share"]  # a group scored on the target alone costs the target's share
+    return ATTRIBUTION + sum(sum(tokens[t] for t in e.scores) * mask_cost(e.heads, N_LAYERS, N_HEADS, share,
+                                                                          folded if e.round == 0 else 0.0)
+                             for e in read_evaluations(out))
+
+
+def _fe_every_probe(out) -> float:
+    """What the run would have cost with every mask scored on every probe (before round 14)."""
+    cost_model = json.loads((out / "manifest.json").read_text())["cost_model"]
+    share, folded = cost_model["reuse_share"], cost_model["clean_forward_folded"]
     return ATTRIBUTION + sum(mask_cost(e.heads, N_LAYERS, N_HEADS, share, folded if e.round == 0 else 0.0)
                              for e in read_evaluations(out))
 
@@ -95,6 +105,16 @@ def test_selective_prior_guided_keeps_control_estimates_and_chooses_a_set(toy, t
     assert [f"L{r['layer']}H{r['head']}" for r in hf.heads[:2]] == chosen
     assert all(TOY_CONTROL in r["control_estimates"] for r in hf.heads)
     assert hf.meta["forward_equivalents"] == pytest.approx(_fe(out), abs=0.01)  # refine's sets counted too
+    # target first: group knockouts on the target alone; single heads and refine's sets on every probe
+    evals = read_evaluations(out)
+    groups = [e for e in evals if len(e.heads) > 1 and e.round == 0]
+    assert groups and all(set(e.scores) == {TOY_TASK} for e in groups)
+    assert all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in evals if len(e.heads) <= 1 or e.round != 0)
+    assert hf.meta["forward_equivalents"] < _fe_every_probe(out) - 0.01
+    r2 = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--refine", "6", "--top-m", "4")
+    assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output  # resumed: the same search
+    assert load_heads_file(out / "heads.json").heads == hf.heads
+    assert load_heads_file(out / "heads.json").meta["forward_equivalents"] == hf.meta["forward_equivalents"]
 
 
 @pytest.mark.parametrize("method", ["prior-guided", "attribution"])

@@ -90,8 +90,11 @@ class PriorSearch:
         return bound
 
 
-class _Spender:
-    """Measures head sets while the budget lasts, recording singles and groups."""
+class Spender:
+    """Measures head sets while the budget lasts, recording singles and groups in the search.
+
+    Public because :func:`groups_and_splits` takes one: a caller that measures its singles some other
+    way (``recipes/bench/replay_racing.py`` races them) hands its own to the group step."""
 
     def __init__(self, measure: Measure, cost: Cost, budget: float, search: PriorSearch) -> None:
         self.measure, self.cost, self.budget, self.search = measure, cost, budget, search
@@ -133,7 +136,7 @@ def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: P
     """
     n = len(estimate)
     search = PriorSearch(spent=settings.already_spent)
-    spend = _Spender(measure, cost, settings.budget, search)
+    spend = Spender(measure, cost, settings.budget, search)
     by_size = [int(h) for h in np.argsort(-np.abs(estimate), kind="stable")]
     if also is not None:
         by_also = [int(h) for h in np.argsort(-also, kind="stable")]
@@ -145,7 +148,7 @@ def prior_guided(estimate: np.ndarray, measure: Measure, cost: Cost, settings: P
     return search
 
 
-def groups_and_splits(search: PriorSearch, spend: _Spender, n: int, settings: PriorSettings,
+def groups_and_splits(search: PriorSearch, spend: Spender, n: int, settings: PriorSettings,
                       skip: frozenset[int] = frozenset()) -> None:
     """Steps 2 and 3 of :func:`prior_guided`: group knockouts over the heads neither measured alone nor
     in ``skip``, then halving of the groups that reach ``flag`` x the K-th single damage (largest first)

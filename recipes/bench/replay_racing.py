@@ -41,7 +41,7 @@ import numpy as np
 
 from capsense.core.tables import markdown_table
 from capsense.localize.guided import sweep_cost
-from capsense.localize.prior import PriorSearch, PriorSettings, _Spender, groups_and_splits
+from capsense.localize.prior import PriorSearch, PriorSettings, Spender, groups_and_splits
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
 
 HERE = Path(__file__).resolve().parent
@@ -100,7 +100,7 @@ def second_phase(rp: Replay, search: PriorSearch, skip: set[int], settings: Prio
             trail.append((spent0, rp.overlap(top, rp.eff) if len(top) == 5 else 0))
         return out
 
-    groups_and_splits(search, _Spender(measure, rp.cost, settings.budget, search), len(rp.eff), settings,
+    groups_and_splits(search, Spender(measure, rp.cost, settings.budget, search), len(rp.eff), settings,
                       frozenset(skip))
 
 

@@ -183,21 +183,28 @@ def compress_sequential(
 
 def _compress_layer(layer, i: int, mine, cached: LayerInputs, protected, gram: bool, propagate: str, base_bits: int,
                     accounts: dict, scales: dict) -> list[torch.Tensor]:
-    """Layer ``i``'s statistics, compression (into ``accounts``, ``scales``) and the outputs passed on."""
+    """Layer ``i``'s statistics, compression (into ``accounts``, ``scales``) and the outputs passed on:
+    those of the statistics pass (the original layer's) unless the compressed layer's are asked for and
+    it changed, then those of a second pass (only one set of outputs is kept: memory)."""
     n = len(cached.hidden)
+    rerun = propagate == "compressed" and any(s is not None for _, s in mine)
     outputs: list[torch.Tensor] = []
+
+    def forward(j: int) -> None:
+        out = run_layer(layer, cached, i, j)
+        if not rerun:
+            outputs.append(out)
+
     targets = [t for t, s in mine if s is not None and s.calibrated]
-    forwards = (lambda j=j: outputs.append(run_layer(layer, cached, i, j)) for j in range(n))
     if targets:
-        stats = accumulate_stats(targets, forwards, gram)
+        stats = accumulate_stats(targets, (lambda j=j: forward(j) for j in range(n)), gram)
     else:
         stats = None
-        for forward in forwards:
-            forward()
+        if not rerun:
+            for j in range(n):
+                forward(j)
     a, sc = compress_targets(mine, stats, protected, base_bits)
     accounts.update(a)
     scales.update(sc)
     del stats
-    if propagate == "compressed" and any(s is not None for _, s in mine):
-        outputs = [run_layer(layer, cached, i, j) for j in range(n)]
-    return outputs
+    return [run_layer(layer, cached, i, j) for j in range(n)] if rerun else outputs

@@ -106,7 +106,7 @@ class _StandIn(nn.Module):
         self.record(self.index, args, kwargs)
         if self.last:
             raise _Stop
-        return args[0]
+        return args[0] if args else kwargs["hidden_states"]
 
 
 @torch.no_grad()
@@ -118,8 +118,8 @@ def capture_inputs(model: nn.Module, layers: nn.ModuleList, samples: Sequence[Se
 
     def record(i: int, args: tuple, kwargs: dict) -> None:
         if i == 0:
-            got.hidden.append(args[0] if args else kwargs.pop("hidden_states"))
-        got.args[i].append((tuple(args[1:]), kwargs))
+            got.hidden.append(args[0] if args else kwargs["hidden_states"])
+        got.args[i].append((tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
 
     originals = list(layers)
     for i, layer in enumerate(originals):

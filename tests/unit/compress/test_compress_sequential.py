@@ -163,3 +163,43 @@ def test_layers_are_restored_when_capture_fails():
     with pytest.raises(Exception):
         seq.capture_inputs(model, layers, [[10**6]])  # an id past the vocabulary
     assert list(layers) == before
+
+
+class _KeywordLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(4, 4)
+
+    def forward(self, hidden_states, scale):
+        return self.mlp(hidden_states) * scale
+
+
+class _KeywordModel(nn.Module):
+    """Calls its layers with the hidden states as a keyword and a per-layer argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        torch.manual_seed(0)
+        self.config = SimpleNamespace(model_type="llama")
+        self.embed = nn.Embedding(10, 4)
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList([_KeywordLayer() for _ in range(3)])
+
+    def forward(self, input_ids, use_cache=False):
+        h = self.embed(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            h = layer(hidden_states=h, scale=float(i + 1))
+        return h
+
+
+def test_capture_takes_hidden_states_given_by_keyword_and_each_layers_own_arguments():
+    model = _KeywordModel()
+    layers = seq.decoder_layers(model)
+    cached = seq.capture_inputs(model, layers, [[1, 2, 3]])
+    assert [a[0] for a in cached.args] == [((), {"scale": 1.0}), ((), {"scale": 2.0}), ((), {"scale": 3.0})]
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            cached.hidden = [seq.run_layer(layer, cached, i, 0)]
+        assert torch.equal(cached.hidden[0], model(torch.tensor([[1, 2, 3]])))

@@ -65,12 +65,21 @@ from capsense.commands.output import echo_written, log
               "with 16-bit group scales (real size on disk; loads with compressed-tensors installed). dense: every weight "
               "a float, as compressed in memory. auto: compressed-tensors for rtn/gptq, dense for pruning and low rank "
               "(compressed-tensors has no sparse or factored storage).")
+@click.option("--sequential", is_flag=True, default=False,
+              help="Calibrate and compress one decoder layer at a time (gptq, sparsegpt, svd-llm, wanda, asvd): the "
+              "calibration statistics of one layer in memory instead of the whole model's (GPTQ's Gram matrices: "
+              "~61 GiB for an 8B model in one pass); each layer calibrated on the compressed layers' outputs. Not with "
+              "--keep.")
+@click.option("--sequential-propagate", type=click.Choice(["compressed", "original"]), default=None,
+              help="With --sequential: the outputs passed to the next layer, the compressed layer's (default) or the "
+              "original layer's (the one-pass result, with one layer's memory).")
 @device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
-             pricing, check_uniform, budget_size, fmt, device_map, parallelize, out, overwrite):
+             pricing, check_uniform, budget_size, fmt, sequential, sequential_propagate, device_map, parallelize, out,
+             overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -96,7 +105,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, r
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
         check_uniform=check_uniform, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
-        device_map=placed, fmt=fmt, log=log,
+        device_map=placed, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate, log=log,
     )
     s = result.summary
     click.echo(

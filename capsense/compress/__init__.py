@@ -8,7 +8,8 @@
 3. Budget: :mod:`.budget` (budget files, per-layer/per-matrix overrides, protected heads via
    :mod:`.protect`: output columns, or whole heads under GQA).
 4. Engine: :mod:`.engine` plans a budget over the target matrices (:mod:`.targets`), calibrates
-   (:mod:`.calibration`) and compresses in memory with exact accounting (:mod:`.accounting`).
+   (:mod:`.calibration`) and compresses in memory with exact accounting (:mod:`.accounting`);
+   :mod:`.sequential` calibrates and compresses one decoder layer at a time (one layer's statistics).
 5. Guided allocation: :mod:`.sensitivity` (Fisher of a capability's loss), :mod:`.allocate`
    (least-cost levels at a size), :mod:`.measured_sensitivity` (levels priced by measured loss)
    and :mod:`.guided` (``--keep``).
@@ -31,6 +32,7 @@ _NAMES = {
     "build_probes": "capability_loss", "measure": "capability_loss",
     "CompressionResult": "engine", "compress_model": "engine",
     "compress_checkpoint": "pipeline",
+    "compress_sequential": "sequential",
     "find_targets": "targets",
 }
 __all__ = sorted(_NAMES)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,9 +109,15 @@ class _DistinctInputs:
         return hook
 
     def run(self, model: nn.Module, ids: Sequence[int]) -> None:
+        self.during(lambda: model(input_ids=torch.tensor([list(ids)], device=input_device(model)), use_cache=False))
+
+    def during(self, forward: Callable[[], Any]) -> Any:
+        """Run ``forward`` (one forward pass: a model's, or one decoder layer's) as one unit of sharing."""
         self.seen.clear()
-        model(input_ids=torch.tensor([list(ids)], device=input_device(model)), use_cache=False)
-        self.seen.clear()
+        try:
+            return forward()
+        finally:
+            self.seen.clear()
 
     def remove(self) -> None:
         for h in self.handles:
@@ -119,11 +125,14 @@ class _DistinctInputs:
 
 
 @torch.no_grad()
-def gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int]) -> dict[str, int]:
+def gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int],
+                per_layer: bool = False) -> dict[str, int]:
     """Bytes the calibration Gram matrices of ``targets`` take, per kind (attn, mlp): one float64
-    ``in x in`` sum per distinct matrix input, the sharing found by one forward of ``ids``."""
-    kind = {t.name: t.kind for t in targets}
-    out: dict[str, int] = {}
+    ``in x in`` sum per distinct matrix input, the sharing found by one forward of ``ids``. With
+    ``per_layer``, those of the decoder layer that needs the most (what a sequential calibration,
+    :mod:`.sequential`, holds at once)."""
+    kind = {t.name: (t.layer, t.kind) for t in targets}
+    out: dict[tuple[int, str], int] = {}
 
     def on_input(name: str, x: torch.Tensor) -> None:
         out[kind[name]] = out.get(kind[name], 0) + GRAM_BYTES * x.shape[-1] ** 2
@@ -133,27 +142,36 @@ def gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int])
         inputs.run(model, ids)
     finally:
         inputs.remove()
-    return out
+    if per_layer and out:
+        layers = {layer for layer, _ in out}
+        top = max(layers, key=lambda i: sum(v for (layer, _), v in out.items() if layer == i))
+        out = {k: v for k, v in out.items() if k[0] == top}
+    need: dict[str, int] = {}
+    for (_, k), v in out.items():
+        need[k] = need.get(k, 0) + v
+    return need
 
 
 def check_gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int],
-                      available: int | None = None) -> int:
-    """The Gram matrices' bytes (:func:`gram_memory`), refused before calibration starts when they
-    exceed ``available`` (default: :func:`~capsense.core.placement.available_cpu_memory`): on
-    Llama-3.1-70B they would take ~655 GB, and running out of memory an hour into calibration
-    loses the hour."""
+                      available: int | None = None, sequential: bool = False) -> int:
+    """The Gram matrices' bytes (:func:`gram_memory`; ``sequential``: one decoder layer's, the most
+    any layer needs), refused before calibration starts when they exceed ``available`` (default:
+    :func:`~capsense.core.placement.available_cpu_memory`): on Llama-3.1-70B one pass would hold
+    ~655 GB, and running out of memory an hour into calibration loses the hour."""
     from capsense.core.placement import available_cpu_memory
 
-    need = gram_memory(model, targets, ids)
+    need = gram_memory(model, targets, ids, per_layer=sequential)
     total = sum(need.values())
     have = available_cpu_memory() if available is None else available
     if total > have:
         kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(need.items()))
+        held = "of one decoder layer at a time" if sequential else "for the whole model"
+        fix = "" if sequential else "calibrate one decoder layer at a time (`sequential`), "
         raise CapsenseError(
             f"calibrating {len(targets)} matrices for gptq, sparsegpt or svd-llm keeps one float64 Gram matrix per "
-            f"distinct matrix input in CPU memory: {total / 2**30:.1f} GiB ({kinds}), but {have / 2**30:.1f} GiB "
-            f"is available; compress fewer matrices (`targets` attn or mlp) or use a method without it "
-            f"(rtn, wanda, magnitude, svd, asvd)")
+            f"distinct matrix input in CPU memory, {held}: {total / 2**30:.1f} GiB ({kinds}), but "
+            f"{have / 2**30:.1f} GiB is available; {fix}compress fewer matrices (`targets` attn or mlp) or use a "
+            f"method without it (rtn, wanda, magnitude, svd, asvd)")
     return total
 
 
@@ -171,11 +189,21 @@ def collect_stats(
         raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
     if gram:
         check_gram_memory(model, targets, samples[0])
+    forwards = (lambda ids=ids: model(input_ids=torch.tensor([list(ids)], device=input_device(model)), use_cache=False)
+                for ids in samples)
+    return accumulate_stats(targets, forwards, gram, progress)
+
+
+def accumulate_stats(targets: Sequence[Target], forwards: Iterable[Callable[[], Any]], gram: bool,
+                     progress: Callable[[int], None] | None = None) -> dict[str, InputStats]:
+    """Statistics of each target's input over ``forwards`` (each call one forward pass through the
+    targets: the whole model's in :func:`collect_stats`, one decoder layer's in :mod:`.sequential`);
+    targets reading one tensor share one :class:`InputStats` (:class:`_DistinctInputs`)."""
     stats = {t.name: InputStats(t.shape[1]) for t in targets}
     inputs = _DistinctInputs(targets, lambda name, x: stats[name].add(x, gram))
     try:
-        for ids in samples:
-            inputs.run(model, ids)
+        for forward in forwards:
+            inputs.during(forward)
             if progress:
                 progress(1)
     finally:

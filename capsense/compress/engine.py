@@ -39,9 +39,12 @@ class CompressionResult:
     calibration: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     scales: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # quantized matrices' (packing)
+    sequential: dict[str, Any] | None = None  # layer by layer (:mod:`.sequential`): {"propagate": ...}; None: one pass
 
     def to_dict(self, per_matrix: bool = True) -> dict[str, Any]:
         d = {"summary": self.summary, "budget": self.budget, "calibration": self.calibration, "seconds": round(self.seconds, 2)}
+        if self.sequential is not None:
+            d["sequential"] = self.sequential
         if per_matrix:
             d["matrices"] = [a.to_dict() for a in self.accounts]
         return d
@@ -136,6 +139,53 @@ def _compress_global(model, group: list[Target], s: Setting, stats, protected, b
     return out
 
 
+def compress_targets(
+    planned: Sequence[tuple[Target, Setting | None]],
+    stats: Mapping[str, InputStats] | None,
+    protected: Mapping[str, Protection],
+    base_bits: int = acc.BASE_BITS,
+    factor_cache: dict | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, acc.MatrixAccount], dict[str, torch.Tensor]]:
+    """Compress each of ``planned`` (target, setting) in place with its own statistics: (accounts,
+    quantization scales) by name. What :func:`compress_model` does per matrix, and
+    :mod:`.sequential` per decoder layer; global-scope settings are not handled here."""
+    accounts: dict[str, acc.MatrixAccount] = {}
+    scales: dict[str, torch.Tensor] = {}
+    for t, s in planned:
+        if s is None:
+            w = t.get()
+            accounts[t.name] = acc.dense_account(t.name, t.kind, t.shape, int((w != 0).sum()), base_bits)
+        else:
+            prot = protected.get(t.name)
+            try:
+                out = s.apply(t.name, t.get(), stats_for(t, s, stats), prot, base_bits, factor_cache)
+            except CapsenseError as e:  # e.g. a Gram matrix the calibration data leaves singular
+                raise CapsenseError(f"{t.name}: {e}") from None
+            t.set(out.weight)
+            accounts[t.name] = _account(t, s, out, prot)
+            if out.scales is not None:
+                scales[t.name] = out.scales
+        if progress:
+            progress(1)
+    return accounts, scales
+
+
+def is_global(s: Setting | None) -> bool:
+    """Whether ``s`` ranks every matrix of its group against one threshold (global-scope pruning)."""
+    return getattr(s, "scope", None) == "global"
+
+
+def compression_result(model: nn.Module, budget: Budget, planned, accounts: Mapping[str, acc.MatrixAccount],
+                       scales: dict[str, torch.Tensor], t0: float, base_bits: int = acc.BASE_BITS) -> CompressionResult:
+    """The :class:`CompressionResult` of ``planned``'s ``accounts``, in plan order, timed from ``t0``."""
+    ordered = [accounts[t.name] for t, _ in planned]
+    summary = acc.summarize(ordered, acc.model_param_count(model), base_bits)
+    summary["label"] = setting_label(budget.default)
+    summary["protected_heads"] = str(budget.protect_heads) if budget.protect_heads is not None else None
+    return CompressionResult(ordered, summary, budget.describe(), seconds=time.time() - t0, scales=scales)
+
+
 @torch.no_grad()
 def compress_model(
     model: nn.Module,
@@ -153,34 +203,14 @@ def compress_model(
     t0 = time.time()
     planned = plan(model, budget)
     protected = check_plan(model, budget, planned)
-    accounts: dict[str, acc.MatrixAccount] = {}
-    scales: dict[str, torch.Tensor] = {}
+    accounts, scales = compress_targets([(t, s) for t, s in planned if not is_global(s)], stats, protected,
+                                        base_bits, factor_cache, progress)
     global_groups: dict[Setting, list[Target]] = {}
     for t, s in planned:
-        if s is None:
-            w = t.get()
-            accounts[t.name] = acc.dense_account(t.name, t.kind, t.shape, int((w != 0).sum()), base_bits)
-        elif getattr(s, "scope", None) == "global":
+        if is_global(s):
             global_groups.setdefault(s, []).append(t)
-            continue
-        else:
-            prot = protected.get(t.name)
-            try:
-                out = s.apply(t.name, t.get(), stats_for(t, s, stats), prot, base_bits, factor_cache)
-            except CapsenseError as e:  # e.g. a Gram matrix the calibration data leaves singular
-                raise CapsenseError(f"{t.name}: {e}") from None
-            t.set(out.weight)
-            accounts[t.name] = _account(t, s, out, prot)
-            if out.scales is not None:
-                scales[t.name] = out.scales
-        if progress:
-            progress(1)
     for s, group in global_groups.items():
         accounts.update(_compress_global(model, group, s, stats, protected, base_bits))
         if progress:
             progress(len(group))
-    ordered = [accounts[t.name] for t, _ in planned]
-    summary = acc.summarize(ordered, acc.model_param_count(model), base_bits)
-    summary["label"] = setting_label(budget.default)
-    summary["protected_heads"] = str(budget.protect_heads) if budget.protect_heads is not None else None
-    return CompressionResult(ordered, summary, budget.describe(), seconds=time.time() - t0, scales=scales)
+    return compression_result(model, budget, planned, accounts, scales, t0, base_bits)

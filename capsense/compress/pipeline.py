@@ -26,12 +26,13 @@ from typing import Any
 import torch
 
 from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
-from capsense.compress.calibration import DEFAULT_CALIBRATION
+from capsense.compress.calibration import DEFAULT_CALIBRATION, calibration_samples
 from capsense.compress.card import render_card
 from capsense.compress.engine import CompressionResult, calibrate, check_plan, needs_calibration, plan
 from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
 from capsense.compress.select import compress_guided
+from capsense.compress.sequential import check_sequential, compress_sequential
 
 
 def resolve_format(fmt: str, budget: Budget) -> str:
@@ -73,6 +74,8 @@ def compress_checkpoint(
     device_map: str | dict[str, Any] | None = None,
     fmt: str = "auto",
     probes: int = 32,
+    sequential: bool = False,
+    sequential_propagate: str = "compressed",
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
@@ -89,6 +92,8 @@ def compress_checkpoint(
     With ``guide`` and ``probes`` > 0, each kept capability is measured on its first ``probes``
     documents (never calibration or allocation documents) before and after compressing, in
     memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.
+    ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer
+    on the outputs of the compressed layers (``sequential_propagate`` "compressed") or the original ones.
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import load_model
@@ -98,26 +103,48 @@ def compress_checkpoint(
     check_output_dir(out, overwrite)  # fail before the slow part
     fmt = resolve_format(fmt, budget)
     check_calibration_given(budget, calibration, calibration_samples_n)
+    if sequential:
+        check_sequential(budget, guide, sequential_propagate)  # before the model loads
     model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
     _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
-    needed, _ = needs_calibration(planned)
-    stats, calib_info = {}, []
-    if needed:
-        log(f"calibrating on {calibration} ({calibration_samples_n} samples)")
-        stats, calib_info = calibrate(model, tokenizer, budget, calibration, calibration_samples_n)
-    allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else []
-    kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
-    log(f"compressing: {setting_label(budget.default)}")
-    result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log)
-    result.calibration = calib_info
-    measured = kept.after(model) if kept is not None else None
+    result, budget, allocation, measured = (
+        _compress_sequential(model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, log)
+        if sequential else
+        _compress_one_pass(model, tokenizer, budget, calibration, calibration_samples_n, guide, probes, dtype, log, fmt))
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
     _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured)
     return result
+
+
+def _compress_one_pass(model, tokenizer, budget: Budget, calibration: str, n_samples: int, guide, probes: int,
+                       dtype: str, log: Callable[[str], None], fmt: str):
+    """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL)."""
+    needed, _ = needs_calibration(plan(model, budget))
+    stats, calib_info = {}, []
+    if needed:
+        log(f"calibrating on {calibration} ({n_samples} samples)")
+        stats, calib_info = calibrate(model, tokenizer, budget, calibration, n_samples)
+    allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else []
+    kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
+    log(f"compressing: {setting_label(budget.default)}")
+    result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log)
+    result.calibration = calib_info
+    return result, budget, allocation, kept.after(model) if kept is not None else None
+
+
+def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_samples: int, propagate: str,
+                         log: Callable[[str], None]):
+    """Calibrate and compress one decoder layer at a time (:mod:`.sequential`): (result, budget, None, None)."""
+    samples, calib_info = calibration_samples(calibration, tokenizer, n_samples)
+    log(f"calibrating and compressing one layer at a time on {calibration} ({n_samples} samples): "
+        f"{setting_label(budget.default)}")
+    result = compress_sequential(model, budget, samples, propagate, log=log)
+    result.calibration = calib_info
+    return result, budget, None, None
 
 
 def _guided_allocations(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str):

@@ -96,6 +96,8 @@ def compress_request(
     overwrite: bool = False,
     device_map: str | dict[str, Any] | None = None,
     fmt: str = "auto",
+    sequential: bool = False,
+    sequential_propagate: str | None = None,
     log: Callable[[str], None] | None = None,
 ):
     """Compress ``model`` as asked and write the checkpoint to ``out``; the
@@ -112,23 +114,23 @@ def compress_request(
     without ``keep`` are an error, not ignored. ``calibration`` None is the default sources, and
     for an error-compensating method (GPTQ, SparseGPT) guided by ``keep``, those plus the kept
     capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
+    ``sequential``: one decoder layer at a time (:mod:`capsense.compress.sequential`, ``sequential_propagate``).
     """
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.pipeline import compress_checkpoint
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
                          pricing=pricing, check_uniform=check_uniform, sensitivity=None if sensitivity == "kept" else sensitivity)
+    if sequential_propagate is not None and not sequential:
+        raise CapsenseError("`sequential_propagate` says how `sequential` calibrates: give both or leave it out")
     unknown = set(setting) - set(SETTING_PARAMETERS)
     if unknown:
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
-    if budget_file:
-        budget = load_budget(budget_file, setting, targets)
-    else:
-        budget = uniform_budget({k: v for k, v in setting.items() if v is not None}, targets)
+    budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
+        {k: v for k, v in setting.items() if v is not None}, targets)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
                    check_uniform) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=device_map, fmt=fmt,
-    )
+        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate or "compressed")

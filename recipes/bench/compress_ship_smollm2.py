@@ -3,6 +3,8 @@
     HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py [--model smollm2-135m|gemma3-270m] \\
         [--probes 32] [--parts pack,keep,dl] [--pack 0,1] [--dl 0,1,2,3] \\
         [--keep math,code] [--keep-settings 0,1,2] [--reload] [--parts keepcal] [--out recipes/results/compress/ship_MODEL.jsonl]
+    HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py --parts seqcal --dl 3 \\
+        --calibrate one-pass|sequential|sequential-original --threads 1 --out recipes/results/compress/seqcal_smollm2.jsonl
 
 Packed group size ``GROUP``: 64 on SmolLM2 (128 does not divide its 576-column matrices, which
 compressed-tensors refuses), 128 on Gemma 3 270M (it divides 640, 1024 and 2048).
@@ -36,6 +38,10 @@ bfloat16.
 (the uniform setting so calibrated) and ``guided-kc:CAP`` (since round 11 what ``capsense compress``
 ships of the guided allocation(s) and uniform-kc measured on CAP's calibration documents, the lowest dL
 (round 12 measured a 2-standard-error margin for the allocation and left it off): row ``selection``).
+
+``seqcal``: GPTQ (``--dl`` indices into DL: 1 = 3 bits, 3 = 4 bits, group 128) calibrated in one pass or one
+decoder layer at a time (``--calibrate``; :mod:`capsense.compress.sequential`): wall time, peak RSS and dL
+(one mode per process, as the process's peak RSS never falls).
 
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
@@ -331,6 +337,39 @@ def dl_part(model, probes, stats, saved, base, which=(0, 1, 2, 3)):
                "peak_rss_mb": round(peak_rss_mb())}
 
 
+def seqcal_part(model, tok, probes, saved, base, which=(3,), mode="one-pass"):
+    """Yields one row per GPTQ setting of ``DL``: calibrated in one pass (``calibrate`` + ``compress_model``)
+    or one decoder layer at a time (``compress_sequential``, propagating the compressed or the original
+    outputs), on the default calibration (64 texts, up to 512 tokens): wall seconds of calibration and
+    compression together, the process's peak RSS before and after (run one mode per process: the peak
+    never falls), the Gram bytes held at once, and dL on the probes."""
+    from capsense.compress.calibration import calibration_samples, gram_memory
+    from capsense.compress.engine import plan
+    from capsense.compress.sequential import compress_sequential
+
+    for setting in (DL[i] for i in which):
+        budget = uniform_budget(setting)
+        targets = [t for t, _ in plan(model, budget)]
+        gram_bytes = sum(gram_memory(model, targets, [1, 2, 3], per_layer=mode != "one-pass").values())
+        rss_before = peak_rss_mb()
+        t0 = time.time()
+        if mode == "one-pass":
+            stats, _ = calibrate(model, tok, budget)
+            result = compress_model(model, budget, stats)
+            del stats
+        else:
+            samples, _ = calibration_samples(DEFAULT_CALIBRATION, tok)
+            result = compress_sequential(model, budget, samples, "original" if mode == "sequential-original" else "compressed")
+        seconds = time.time() - t0
+        rss_after = peak_rss_mb()
+        after = doc_nll(model, probes)
+        restore(model, saved)
+        yield {"part": "seqcal", "setting": result.summary["label"], "calibrate": mode, "threads": torch.get_num_threads(),
+               "calibrate_compress_s": round(seconds, 1), "gram_bytes_held": gram_bytes,
+               "peak_rss_mb_before": round(rss_before), "peak_rss_mb_after": round(rss_after),
+               "size_ratio": result.summary["size_ratio"], "dL": {c: after[c][-1] - base[c][-1] for c in CAPS}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", choices=sorted(GROUP), help="Embedded model to compress.")
@@ -346,13 +385,15 @@ def main() -> None:
     ap.add_argument("--reload", action="store_true", help="Keep part: reload the guided packed checkpoints and compare.")
     ap.add_argument("--check-docs", type=int, default=None,
                     help="Keepcal: calibration documents per kept capability the uniform check measures (default: the Fisher's 32).")
-    ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl part.")
+    ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl and seqcal parts.")
+    ap.add_argument("--calibrate", default="one-pass", choices=["one-pass", "sequential", "sequential-original"],
+                    help="Seqcal part: one pass over the model, or one layer at a time (compressed or original outputs).")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSONL, one line per row, appended as measured (default: results/compress/ship_MODEL.jsonl).")
     ap.add_argument("--table", action="store_true", help="Only print the keep part's table from --out.")
     args = ap.parse_args()
-    if unknown := set(args.parts.split(",")) - {"pack", "keep", "keepcal", "dl"}:
-        ap.error(f"--parts {','.join(sorted(unknown))}: valid parts are pack, keep, keepcal, dl")
+    if unknown := set(args.parts.split(",")) - {"pack", "keep", "keepcal", "dl", "seqcal"}:
+        ap.error(f"--parts {','.join(sorted(unknown))}: valid parts are pack, keep, keepcal, dl, seqcal")
     if args.out is None:
         args.out = HERE / "results" / "compress" / f"ship_{args.model.split('-')[0]}.jsonl"
     if args.table:
@@ -369,7 +410,7 @@ def main() -> None:
     base = doc_nll(model, probes)
     saved = {k: p.detach().clone() for k, p in model.named_parameters()}
     stats = None
-    if set(args.parts.split(",")) - {"keepcal"}:  # keepcal calibrates per kept capability
+    if set(args.parts.split(",")) - {"keepcal", "seqcal"}:  # keepcal calibrates per kept capability, seqcal per row
         t1 = time.time()
         stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
         print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
@@ -394,6 +435,7 @@ def main() -> None:
                                         args.variants.split(",") if args.variants else None, args.pricing,
                                         args.check_docs),
         "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
+        "seqcal": lambda: seqcal_part(model, tok, probes, saved, base, [int(i) for i in args.dl.split(",")], args.calibrate),
     }
     for part in args.parts.split(","):  # in the order given
         emit(parts[part]())

@@ -126,6 +126,10 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
      "--protect-top-k, --sensitivity shape(s) a guided allocation"),
     (["--method", "wanda", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing applies to methods gptq, sparsegpt, not wanda"),
     (["--method", "sparsegpt", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing 'rtn' does not apply to sparsegpt"),
+    (["--method", "rtn", "--bits", "4", "--sequential"], "--sequential applies to the calibrated methods"),
+    (["--method", "gptq", "--bits", "4", "--keep", "math", "--sequential"], "a guided run (--keep) prices every layer"),
+    (["--method", "wanda", "--density", "0.5", "--scope", "global", "--sequential"], "cannot prune with scope global"),
+    (["--method", "gptq", "--bits", "4", "--sequential-propagate", "original"], "--sequential-propagate says how --sequential"),
 ])
 def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_model_dir, args, message):
     out = tmp_path / "out"
@@ -254,3 +258,23 @@ def test_grid_fit_select_measure_take_gptq_and_sparsegpt(tmp_path, tiny_model_di
     assert r.exit_code == 0, r.output
     qa = json.loads((tmp_path / "m.json").read_text())["capabilities"]["qa"]
     assert qa["nll"] > 0 and qa["dL"] == pytest.approx(qa["nll"] - qa["nll0"])
+
+
+@pytest.mark.parametrize("propagate", ["original", "compressed"])
+def test_compress_sequential_writes_the_layered_checkpoint(tmp_path, tiny_model_dir, calib_file, propagate):
+    """--sequential --sequential-propagate original writes the one-pass weights; compressed other ones; both say so."""
+    from safetensors.torch import load_file
+
+    args = ["--method", "gptq", "--bits", "3", "--group-size", "32", "--format", "dense", "--calibration", calib_file,
+            "--calibration-samples", 8]
+    one, layered = tmp_path / "one", tmp_path / "layered"
+    assert run("compress", tiny_model_dir, *args, "--out", one).exit_code == 0
+    r = run("compress", tiny_model_dir, *args, "--sequential", "--sequential-propagate", propagate, "--out", layered)
+    assert r.exit_code == 0, r.output
+    meta = json.loads((layered / "capsense.json").read_text())
+    assert meta["sequential"] == {"propagate": propagate, "layers": 3} and "sequential" not in json.loads(
+        (one / "capsense.json").read_text())
+    assert meta["calibration"][0]["kind"] == "file"
+    a, b = load_file(one / "model.safetensors"), load_file(layered / "model.safetensors")
+    same = all(torch.equal(a[k], b[k]) for k in a)
+    assert same == (propagate == "original")

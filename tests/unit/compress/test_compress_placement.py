@@ -171,3 +171,16 @@ def test_measured_sensitivity_under_accelerate_hooks_keeps_them_and_equals_the_p
     assert costs[0] == costs[1] and any(c.cost != 0 for cs in costs[0][1].values() for c in cs)
     for i, b in enumerate(hooked.model.layers):
         assert vars(b).get("forward") is hooks[i], f"block {i} lost accelerate's hook"
+
+
+@pytest.mark.parametrize("propagate", ["compressed", "original"])
+def test_sequential_under_a_device_map_equals_the_single_device_checkpoint(tmp_path, tiny_model_dir, calib_file,
+                                                                           propagate):
+    """Layer by layer, each layer is run on its cached inputs through its own placement hooks."""
+    args = ["--method", "gptq", "--bits", "4", "--group-size", "32", "--calibration", calib_file,
+            "--calibration-samples", 6, "--sequential", "--sequential-propagate", propagate]
+    plain, mapped = tmp_path / "plain", tmp_path / "mapped"
+    assert _compress(tiny_model_dir, plain, args).exit_code == 0
+    r = _compress(tiny_model_dir, mapped, args, "--device-map", json.dumps(ON_CPU))
+    assert r.exit_code == 0, r.output
+    _assert_same_checkpoint(plain, mapped)

@@ -1,0 +1,210 @@
+"""Layer-by-layer calibration: calibrate and compress one decoder layer at a time.
+
+A one-pass calibration (:func:`~capsense.compress.engine.calibrate`) holds the statistics of every
+target matrix of the model at once; with a Gram matrix per distinct matrix input (GPTQ, SparseGPT,
+SVD-LLM) that is 61 GiB of float64 for Llama-3.1-8B and ~610 GiB for Llama-3.1-70B. Here, as in the
+original GPTQ's layer loop and llm-compressor's sequential pipeline, the inputs of the first decoder
+layer are captured once for all calibration samples (:func:`capture_inputs`), and then for each layer:
+its targets' input statistics are accumulated by running that layer alone on the cached inputs (the
+same hooks as the one-pass path, :func:`~capsense.compress.calibration.accumulate_stats`), its targets
+are compressed (:func:`~capsense.compress.engine.compress_targets`, the per-matrix path of
+:func:`~capsense.compress.engine.compress_model`), its statistics are freed, and its outputs become
+the next layer's inputs. So the statistics held at once are one layer's, plus the cached hidden
+states (samples x tokens x hidden, twice: a layer's inputs and outputs).
+
+``propagate`` says which outputs go on: ``"compressed"`` (the default) runs the layer again after
+compressing it, so each layer is calibrated on the inputs the compressed model really gives it
+(GPTQ's error-propagating order); ``"original"`` passes on the uncompressed layer's outputs, which
+gives exactly the one-pass result (same statistics, same weights) with one layer's memory.
+
+Not for a guided run (its Guide prices every layer's levels from all layers' statistics at once),
+global-scope pruning (one threshold over all matrices) or a budget whose methods need no calibration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import capsense.compress.accounting as acc
+from capsense.compress.budget import Budget
+from capsense.compress.calibration import accumulate_stats, check_gram_memory
+from capsense.compress.engine import (
+    CompressionResult, check_plan, compress_targets, compression_result, is_global, needs_calibration, plan,
+)
+from capsense.compress.methods import parse_setting
+from capsense.core.arch import arch_spec, unwrap
+from capsense.core.placement import input_device
+from capsense.errors import CapsenseError
+
+PROPAGATE = ("compressed", "original")
+
+
+def check_sequential(budget: Budget, guide=None, propagate: str = "compressed") -> None:
+    """Refuse, before the model loads, what layer-by-layer calibration cannot do (see the module doc)."""
+    if propagate not in PROPAGATE:
+        raise CapsenseError(f"unknown sequential propagation {propagate!r}: valid are {', '.join(PROPAGATE)}")
+    if guide is not None:
+        raise CapsenseError("`sequential` calibrates and compresses one layer at a time, but a guided "
+                            "run (`keep`) prices every layer's levels from all layers' statistics at once: leave one out")
+    settings = [s for s in map(parse_setting, [budget.default] + [o.setting for o in budget.overrides]) if s is not None]
+    if not any(s.calibrated for s in settings):
+        methods = ", ".join(sorted({s.method for s in settings})) or "no compression"
+        raise CapsenseError(f"`sequential` applies to the calibrated methods (gptq, sparsegpt, svd-llm, "
+                            f"wanda, asvd); {methods} needs no calibration: leave it out")
+    if any(is_global(s) for s in settings):
+        raise CapsenseError("`sequential` cannot prune with scope global (one threshold over every "
+                            "layer's matrices): use scope row or matrix, or leave `sequential` out")
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's decoder layers (:func:`~capsense.core.arch.arch_spec`), or a clear error."""
+    spec = arch_spec(model)
+    try:
+        layers = unwrap(model).get_submodule(spec.layers)
+    except AttributeError:
+        layers = None
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise CapsenseError(f"no decoder layers at {spec.layers!r} in this {type(unwrap(model)).__name__}: "
+                            "layer-by-layer calibration needs them; calibrate in one pass (leave `sequential` out)")
+    return layers
+
+
+class _Stop(Exception):
+    """Raised by the last stand-in layer: the rest of the forward (norm, LM head) is not needed."""
+
+
+@dataclass
+class LayerInputs:
+    """Per calibration sample, the current layer's hidden states; per layer and sample, the other
+    arguments the model passes that layer (masks, position embeddings: shared objects, not copies)."""
+
+    hidden: list[torch.Tensor]
+    args: list[list[tuple[tuple, dict[str, Any]]]]  # [layer][sample] -> (positional args after the hidden states, kwargs)
+
+
+class _StandIn(nn.Module):
+    """Takes decoder layer ``index``'s place during :func:`capture_inputs`: records its arguments and
+    passes the hidden states through unchanged (so capturing costs no layer's compute)."""
+
+    def __init__(self, layer: nn.Module, index: int, record: Callable[[int, tuple, dict], None], last: bool) -> None:
+        super().__init__()
+        self.layer, self.index, self.record, self.last = layer, index, record, last
+
+    def __getattr__(self, name: str):  # what the model reads off a layer (e.g. attention_type)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["layer"], name)
+
+    def forward(self, *args, **kwargs):
+        self.record(self.index, args, kwargs)
+        if self.last:
+            raise _Stop
+        return args[0] if args else kwargs["hidden_states"]
+
+
+@torch.no_grad()
+def capture_inputs(model: nn.Module, layers: nn.ModuleList, samples: Sequence[Sequence[int]]) -> LayerInputs:
+    """The first layer's hidden states and every layer's other arguments, for each sample: one
+    forward per sample with every layer replaced by a :class:`_StandIn` (restored afterwards)."""
+    n = len(layers)
+    got = LayerInputs([], [[] for _ in range(n)])
+
+    def record(i: int, args: tuple, kwargs: dict) -> None:
+        if i == 0:
+            got.hidden.append(args[0] if args else kwargs["hidden_states"])
+        got.args[i].append((tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "hidden_states"}))
+
+    originals = list(layers)
+    for i, layer in enumerate(originals):
+        layers[i] = _StandIn(layer, i, record, last=i == n - 1)
+    try:
+        for ids in samples:
+            try:
+                model(input_ids=torch.tensor([list(ids)], device=input_device(model)), use_cache=False)
+            except _Stop:
+                pass
+    finally:
+        for i, layer in enumerate(originals):
+            layers[i] = layer
+    if len(got.hidden) != len(samples) or any(len(a) != len(samples) for a in got.args):
+        raise CapsenseError("the model's forward did not call every decoder layer once per sample: "
+                            "calibrate in one pass (leave `sequential` out)")
+    return got
+
+
+def run_layer(layer: nn.Module, cached: LayerInputs, i: int, j: int) -> torch.Tensor:
+    """Layer ``i`` on sample ``j``'s cached inputs: its output hidden states."""
+    args, kwargs = cached.args[i][j]
+    out = layer(cached.hidden[j], *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def compress_sequential(
+    model: nn.Module,
+    budget: Budget,
+    samples: Sequence[Sequence[int]],
+    propagate: str = "compressed",
+    base_bits: int = acc.BASE_BITS,
+    log: Callable[[str], None] | None = None,
+) -> CompressionResult:
+    """Calibrate on ``samples`` (token id lists) and compress ``model`` in place under ``budget``, one
+    decoder layer at a time (module doc); the result accounts as :func:`~capsense.compress.engine.compress_model`."""
+    t0 = time.time()
+    check_sequential(budget, None, propagate)
+    if not samples:
+        raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
+    planned = plan(model, budget)
+    protected = check_plan(model, budget, planned)
+    _, gram = needs_calibration(planned)
+    layers = decoder_layers(model)
+    if gram:
+        check_gram_memory(model, [t for t, s in planned if s and s.calibrated], samples[0], sequential=True)
+    cached = capture_inputs(model, layers, samples)
+    accounts: dict[str, acc.MatrixAccount] = {}
+    scales: dict[str, torch.Tensor] = {}
+    for i, layer in enumerate(layers):
+        mine = [(t, s) for t, s in planned if t.layer == i]
+        outputs = _compress_layer(layer, i, mine, cached, protected, gram, propagate, base_bits, accounts, scales)
+        cached.hidden = outputs
+        if log:
+            log(f"layer {i + 1}/{len(layers)} calibrated and compressed ({time.time() - t0:.0f} s)")
+    result = compression_result(model, budget, planned, accounts, scales, t0, base_bits)
+    result.sequential = {"propagate": propagate, "layers": len(layers)}
+    return result
+
+
+def _compress_layer(layer, i: int, mine, cached: LayerInputs, protected, gram: bool, propagate: str, base_bits: int,
+                    accounts: dict, scales: dict) -> list[torch.Tensor]:
+    """Layer ``i``'s statistics, compression (into ``accounts``, ``scales``) and the outputs passed on:
+    those of the statistics pass (the original layer's) unless the compressed layer's are asked for and
+    it changed, then those of a second pass (only one set of outputs is kept: memory)."""
+    n = len(cached.hidden)
+    rerun = propagate == "compressed" and any(s is not None for _, s in mine)
+    outputs: list[torch.Tensor] = []
+
+    def forward(j: int) -> None:
+        out = run_layer(layer, cached, i, j)
+        if not rerun:
+            outputs.append(out)
+
+    targets = [t for t, s in mine if s is not None and s.calibrated]
+    if targets:
+        stats = accumulate_stats(targets, (lambda j=j: forward(j) for j in range(n)), gram)
+    else:
+        stats = None
+        if not rerun:
+            for j in range(n):
+                forward(j)
+    a, sc = compress_targets(mine, stats, protected, base_bits)
+    accounts.update(a)
+    scales.update(sc)
+    del stats
+    return [run_layer(layer, cached, i, j) for j in range(n)] if rerun else outputs

@@ -68,11 +68,11 @@ from capsense.commands.output import echo_written, log
 @click.option("--sequential", is_flag=True, default=False,
               help="Calibrate and compress one decoder layer at a time (gptq, sparsegpt, svd-llm, wanda, asvd): the "
               "calibration statistics of one layer in memory instead of the whole model's (GPTQ's Gram matrices: "
-              "~61 GiB for an 8B model in one pass); each layer calibrated on the compressed layers' outputs. Not with "
-              "--keep.")
+              "~61 GiB for an 8B model in one pass); by default the one-pass result exactly. Not with --keep.")
 @click.option("--sequential-propagate", type=click.Choice(["compressed", "original"]), default=None,
-              help="With --sequential: the outputs passed to the next layer, the compressed layer's (default) or the "
-              "original layer's (the one-pass result, with one layer's memory).")
+              help="With --sequential: the outputs passed to the next layer, the original layer's (default: the one-pass "
+              "result, with one layer's memory) or the compressed layer's (GPTQ's error-propagating order; measured on "
+              "SmolLM2: lower math/code dL, higher qa dL).")
 @device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()

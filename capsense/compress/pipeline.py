@@ -75,7 +75,7 @@ def compress_checkpoint(
     fmt: str = "auto",
     probes: int = 32,
     sequential: bool = False,
-    sequential_propagate: str = "compressed",
+    sequential_propagate: str = "original",
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
@@ -93,7 +93,7 @@ def compress_checkpoint(
     documents (never calibration or allocation documents) before and after compressing, in
     memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.
     ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer
-    on the outputs of the compressed layers (``sequential_propagate`` "compressed") or the original ones.
+    on the outputs of the original layers (``sequential_propagate`` "original", the default: the one-pass result) or the compressed ones.
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import load_model

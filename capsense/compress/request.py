@@ -133,4 +133,4 @@ def compress_request(
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate or "compressed")
+        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate or "original")

@@ -387,7 +387,8 @@ def main() -> None:
                     help="Keepcal: calibration documents per kept capability the uniform check measures (default: the Fisher's 32).")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl and seqcal parts.")
     ap.add_argument("--calibrate", default="one-pass", choices=["one-pass", "sequential", "sequential-original"],
-                    help="Seqcal part: one pass over the model, or one layer at a time (compressed or original outputs).")
+                    help="Seqcal part: one pass over the model, or one layer at a time: `sequential` passes the compressed "
+                    "layers' outputs on (GPTQ's order), `sequential-original` the original ones (capsense's default).")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSONL, one line per row, appended as measured (default: results/compress/ship_MODEL.jsonl).")
     ap.add_argument("--table", action="store_true", help="Only print the keep part's table from --out.")

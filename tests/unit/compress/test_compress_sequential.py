@@ -81,7 +81,7 @@ def test_compressed_outputs_calibrate_layer_1_on_the_compressed_layer_0(monkeypa
     """Layer 1's Gram is the one-pass Gram of a model whose layer 0 alone was compressed, not the original's."""
     budget = uniform_budget({"method": "gptq", "bits": 2, "group_size": 16})
     seen = _spy(monkeypatch)
-    seq.compress_sequential(make_tiny_model(arch, **overrides), budget, SAMPLES)
+    seq.compress_sequential(make_tiny_model(arch, **overrides), budget, SAMPLES, propagate="compressed")
     ref = make_tiny_model(arch, **overrides)
     original = collect_stats(ref, find_targets(ref), SAMPLES, gram=True)
     layer0 = [(t, s) for t, s in plan(ref, budget) if t.layer == 0]
@@ -101,7 +101,7 @@ def test_compressed_outputs_equal_original_ones_when_layer_0_is_left_dense(monke
     one = collect_stats(model, find_targets(model), SAMPLES, gram=True)
     budget = uniform_budget(GPTQ)
     budget.overrides.append(Override(layers={0}, setting={"skip": True}))
-    seq.compress_sequential(model, budget, SAMPLES)
+    seq.compress_sequential(model, budget, SAMPLES, propagate="compressed")
     assert not seen[0]["grams"] and seen[1]["grams"]
     assert all(torch.equal(g, one[n].gram) for n, g in seen[1]["grams"].items())
     assert not any(torch.allclose(g, one[n].gram) for n, g in seen[2]["grams"].items())  # after layer 1's GPTQ

@@ -32,7 +32,7 @@ from capsense.compress.engine import CompressionResult, calibrate, check_plan, n
 from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
 from capsense.compress.select import compress_guided
-from capsense.compress.sequential import check_sequential, compress_sequential
+from capsense.compress.sequential import DEFAULT_PROPAGATE, check_sequential, compress_sequential
 
 
 def resolve_format(fmt: str, budget: Budget) -> str:
@@ -75,7 +75,7 @@ def compress_checkpoint(
     fmt: str = "auto",
     probes: int = 32,
     sequential: bool = False,
-    sequential_propagate: str = "original",
+    sequential_propagate: str = DEFAULT_PROPAGATE,
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
@@ -112,7 +112,8 @@ def compress_checkpoint(
     result, budget, allocation, measured = (
         _compress_sequential(model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, log)
         if sequential else
-        _compress_one_pass(model, tokenizer, budget, calibration, calibration_samples_n, guide, probes, dtype, log, fmt))
+        _compress_one_pass(model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype,
+                           log, fmt))
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
@@ -120,10 +121,11 @@ def compress_checkpoint(
     return result
 
 
-def _compress_one_pass(model, tokenizer, budget: Budget, calibration: str, n_samples: int, guide, probes: int,
+def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: str, n_samples: int, guide, probes: int,
                        dtype: str, log: Callable[[str], None], fmt: str):
-    """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL)."""
-    needed, _ = needs_calibration(plan(model, budget))
+    """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL).
+    ``planned``: ``budget``'s plan, made once by the caller."""
+    needed, _ = needs_calibration(planned)
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({n_samples} samples)")

@@ -118,6 +118,7 @@ def compress_request(
     """
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.pipeline import compress_checkpoint
+    from capsense.compress.sequential import DEFAULT_PROPAGATE
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
                          pricing=pricing, check_uniform=check_uniform, sensitivity=None if sensitivity == "kept" else sensitivity)
@@ -133,4 +134,4 @@ def compress_request(
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate or "original")
+        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE)

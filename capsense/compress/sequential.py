@@ -47,9 +47,10 @@ from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
 
 PROPAGATE = ("compressed", "original")
+DEFAULT_PROPAGATE = "original"  # the one-pass result: `sequential` changes the memory only (module doc)
 
 
-def check_sequential(budget: Budget, guide=None, propagate: str = "original") -> None:
+def check_sequential(budget: Budget, guide=None, propagate: str = DEFAULT_PROPAGATE) -> None:
     """Refuse, before the model loads, what layer-by-layer calibration cannot do (see the module doc)."""
     if propagate not in PROPAGATE:
         raise CapsenseError(f"unknown sequential propagation {propagate!r}: valid are {', '.join(PROPAGATE)}")
@@ -155,7 +156,7 @@ def compress_sequential(
     model: nn.Module,
     budget: Budget,
     samples: Sequence[Sequence[int]],
-    propagate: str = "original",
+    propagate: str = DEFAULT_PROPAGATE,
     base_bits: int = acc.BASE_BITS,
     log: Callable[[str], None] | None = None,
 ) -> CompressionResult:

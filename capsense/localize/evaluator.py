@@ -149,13 +149,11 @@ class MaskRunner:
         self.extra_cost = 0.0  # forward-equivalents spent outside masks (gradient attribution)
 
     def _count(self, ev: Evaluation) -> None:
-        """Add ``ev``'s forward-equivalents: the probes it holds scores of (all of them, or a subset)."""
+        """Add ``ev``'s forward-equivalents: the price of the probes it holds scores of (the evaluator's
+        ``cost`` prices every probe at the full mask's price, a subset at its share)."""
         cost = getattr(self.evaluate, "cost", None)
-        if cost is None:
-            return
-        every = getattr(self.evaluate, "probes", None)
-        whole = every is None or set(ev.scores) >= set(every)
-        self.forward_equivalents += cost(ev.heads) if whole else cost(ev.heads, sorted(ev.scores))
+        if cost is not None:
+            self.forward_equivalents += cost(ev.heads, sorted(ev.scores))
 
     def _show(self, n: int) -> None:
         if self.bar is not None:

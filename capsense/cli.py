@@ -31,7 +31,23 @@ def cli_message(message: str, command: click.Command | None) -> str:
 
 
 class CapsenseGroup(click.Group):
-    """A click group that turns :class:`CapsenseError` into one ``Error:`` line (exit 1), and only that."""
+    """A click group that turns :class:`CapsenseError` into one ``Error:`` line (exit 1), and only that.
+
+    As the command line (standalone mode), a process of a multi-process launch ends through
+    :func:`capsense.core.distributed.finish`, which skips the native teardown that aborted
+    finished runs (see there).
+    """
+
+    def main(self, *args, **kwargs):
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as e:
+            from capsense.core.distributed import finish
+
+            finish(e.code)  # returns unless this process is one of several
+            raise
 
     def invoke(self, ctx: click.Context):
         try:

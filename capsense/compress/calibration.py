@@ -153,23 +153,26 @@ def gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int],
 
 
 def check_gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence[int],
-                      available: int | None = None, sequential: bool = False) -> int:
+                      available: int | None = None, sequential: bool = False,
+                      held: dict[str, int] | None = None) -> int:
     """The Gram matrices' bytes (:func:`gram_memory`; ``sequential``: one decoder layer's, the most
-    any layer needs), refused before calibration starts when they exceed ``available`` (default:
-    :func:`~capsense.core.placement.available_cpu_memory`): on Llama-3.1-70B one pass would hold
-    ~655 GB, and running out of memory an hour into calibration loses the hour."""
+    any layer needs) plus the bytes ``held`` beside them (by what they are: a sequential
+    calibration's cached hidden states), refused before calibration starts when they exceed
+    ``available`` (default: :func:`~capsense.core.placement.available_cpu_memory`): on
+    Llama-3.1-70B one pass would hold ~655 GB, and running out of memory an hour into
+    calibration loses the hour."""
     from capsense.core.placement import available_cpu_memory
 
-    need = gram_memory(model, targets, ids, per_layer=sequential)
+    need = gram_memory(model, targets, ids, per_layer=sequential) | dict(held or {})
     total = sum(need.values())
     have = available_cpu_memory() if available is None else available
     if total > have:
         kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(need.items()))
-        held = "of one decoder layer at a time" if sequential else "for the whole model"
+        scope = "of one decoder layer at a time" if sequential else "for the whole model"
         fix = "" if sequential else "calibrate one decoder layer at a time (`sequential`), "
         raise CapsenseError(
             f"calibrating {len(targets)} matrices for gptq, sparsegpt or svd-llm keeps one float64 Gram matrix per "
-            f"distinct matrix input in CPU memory, {held}: {total / 2**30:.1f} GiB ({kinds}), but "
+            f"distinct matrix input in CPU memory, {scope}: {total / 2**30:.1f} GiB ({kinds}), but "
             f"{have / 2**30:.1f} GiB is available; {fix}compress fewer matrices (`targets` attn or mlp) or use a "
             f"method without it (rtn, wanda, magnitude, svd, asvd)")
     return total

@@ -203,3 +203,22 @@ def test_capture_takes_hidden_states_given_by_keyword_and_each_layers_own_argume
         for i, layer in enumerate(layers):
             cached.hidden = [seq.run_layer(layer, cached, i, 0)]
         assert torch.equal(cached.hidden[0], model(torch.tensor([[1, 2, 3]])))
+
+
+def test_the_sequential_check_counts_the_cached_hidden_states(monkeypatch):
+    """compress_sequential refuses when one layer's Grams fit but the Grams and the cached hidden states
+    (2 x tokens x hidden x bytes) do not, naming both, before any layer is compressed."""
+    model = make_tiny_model("llama")
+    targets = find_targets(model)
+    one_layer = check_gram_memory(model, targets, SAMPLES[0], sequential=True)
+    hidden = seq.cached_bytes(model, SAMPLES)
+    emb = model.get_input_embeddings()
+    assert hidden == 2 * sum(map(len, SAMPLES)) * emb.embedding_dim * emb.weight.element_size() > 0
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr("capsense.core.placement.available_cpu_memory", lambda: one_layer + hidden - 1)
+    with pytest.raises(CapsenseError, match="cached hidden states") as e:
+        seq.compress_sequential(model, uniform_budget(GPTQ), SAMPLES)
+    assert "one decoder layer at a time" in str(e.value)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing compressed
+    monkeypatch.setattr("capsense.core.placement.available_cpu_memory", lambda: one_layer + hidden)
+    seq.compress_sequential(model, uniform_budget(GPTQ), SAMPLES)  # exactly enough: runs

@@ -28,14 +28,10 @@ stops there: the singles already ranked every other set below it, so only an int
 singles cannot see could change the choice, and the leave-one-out rounds exist to find those
 when the start breaks the tolerance.
 
-**Predicted swaps** (with ``singles``, round 15): the head to swap out of a measured set is named by the
-singles where they can tell (beyond tolerance: the head whose single damage on the broken controls is
-largest; within tolerance: the head whose single target damage is smallest), and leave-one-out is
-measured only where they cannot (no head's single explains the broken control: an interaction). Once a
-set is within tolerance, a swap is measured only if the set's measured target damage, less the
-outgoing head's single and plus the incoming one's (log-additively), could beat it by more than the
-target slack; when no swap can, the search stops. On the SmolLM2 main job with groups at their real
-cost this measured 5 sets instead of 19, to the same chosen set (replayed on the recorded sets, then run).
+Measured and not adopted (round 15, RESULTS-locate.md): naming the head to swap out from the singles
+instead of leave-one-out, and stopping once no swap is predicted to beat a feasible set. On the SmolLM2
+main job with groups at their real cost it measured 5 sets instead of 19 to the same set; on Gemma 3,
+where no set is feasible, it handed on another set that left held-out induction accuracy untouched.
 """
 
 from __future__ import annotations
@@ -152,39 +148,6 @@ def _head_to_swap(current: tuple[int, ...], measured: _Measured) -> int | None:
     return min(current, key=lambda h: (without[h].control, -without[h].target))
 
 
-def _log_damage(singles: Singles, h: int, task: str | None = None) -> float:
-    """``log1p`` of head ``h``'s single damage on the target (``task`` None) or a control; 0 without singles."""
-    t, cs = singles.get(h, (0.0, {}))
-    return float(np.log1p(max(t if task is None else cs.get(task, 0.0), -0.99)))
-
-
-def _predicted_out(cur: SetQuality, singles: Singles) -> int | None:
-    """The head to swap out of a measured set as its heads' single damages tell it, or None when they
-    cannot (then leave-one-out measures it, :func:`_head_to_swap`): from a set beyond tolerance, the
-    head whose single damage on the controls the set breaks is largest (None when no head's is
-    positive: an interaction only the set shows); from a feasible set, the head whose single target
-    damage is smallest. Measuring the K leave-one-out sets of every current set was most of what
-    measure-and-choose paid (12 of the 19 sets of the SmolLM2 main job with groups at their real cost,
-    RESULTS-locate.md round 15)."""
-    if len(cur.heads) == 1:
-        return cur.heads[0]
-    if cur.feasible:
-        return min(cur.heads, key=lambda h: _log_damage(singles, h))
-    broken = [c for c, v in cur.controls.items() if v > cur.tolerance]
-    relief = {h: sum(max(0.0, _log_damage(singles, h, c)) for c in broken) for h in cur.heads}
-    out = max(cur.heads, key=lambda h: relief[h])
-    return out if relief[out] > 0 else None
-
-
-def _could_beat(cur: SetQuality, out: int, c: int, singles: Singles, target_slack: float) -> bool:
-    """Whether swapping ``out`` for ``c`` in a measured feasible set is predicted to raise its target
-    damage beyond ``target_slack`` (the margin :func:`choose` treats as equal): the set's measured
-    damage, less ``out``'s single damage, plus ``c``'s, log-additively. A swap that cannot is not
-    measured: it could at best tie on the target, and the set already holds every control."""
-    pred = np.expm1(np.log1p(max(cur.target, -0.99)) - _log_damage(singles, out) + _log_damage(singles, c))
-    return bool(pred > cur.target + target_slack * abs(cur.target))
-
-
 def _by_loss(chosen: SetQuality, ranking: list[int], measured: _Measured) -> list[int]:
     """The chosen heads by how much the target misses each (when every leave-one-out set was
     measured), else in ranking order."""
@@ -212,8 +175,7 @@ def refine(
     damage per control (positive = worse); it is called with only unmeasured sets and never
     with more than ``budget`` sets in total. ``singles``: per candidate head its single-head
     damage (target, controls); with them the search starts from the predicted best K-set
-    (:func:`predicted_best`) and stops there when it is within tolerance; past it the singles name the
-    head to swap out and rule out swaps that cannot beat a feasible set (see the module's docstring).
+    (:func:`predicted_best`) and stops there when it is within tolerance.
     """
     if k < 1 or k > len(ranking):
         raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
@@ -233,15 +195,11 @@ def refine(
     tried: dict[int, set[int]] = {}
     while len(measured.order) < budget and queue:
         cur = measured.get(current)
-        out = _predicted_out(cur, singles) if singles is not None else None
-        out = out if out is not None else _head_to_swap(current, measured)
+        out = _head_to_swap(current, measured)
         if out is None:
             break
         done = tried.setdefault(out, set())
-        cands = [c for c in queue if c not in done]
-        if singles is not None and cur.feasible:  # only swaps the singles cannot rule out of beating it
-            cands = [c for c in cands if _could_beat(cur, out, c, singles, target_slack)]
-        cands = cands[:SWAPS_PER_ROUND]
+        cands = [c for c in queue if c not in done][:SWAPS_PER_ROUND]
         if not cands:
             break
         done.update(cands)

@@ -125,35 +125,3 @@ def test_predicted_best_follows_chooses_rule():
     # log-additive: two 10% control damages predict 21%, beyond a 20% tolerance
     s2 = {0: (1.0, {"c": 0.1}), 1: (1.0, {"c": 0.1}), 2: (0.5, {"c": 0.0})}
     assert predicted_best([0, 1, 2], 2, s2, tolerance=0.2) in ((0, 2), (1, 2))
-
-
-def test_singles_name_the_head_to_swap_and_stop_the_search():
-    # Heads 1 and 2 hurt the control together (beyond head 2's own 2%): the predicted start breaks the
-    # tolerance. Head 2's single control damage names it as the head to swap out (no leave-one-out
-    # sets), the swap in of 3 is within tolerance, and no untried head's single target damage could lift
-    # the set beyond the target slack, so the search stops there with three swaps measured.
-    target = {0: 1.0, 1: 0.8, 2: 0.7, 3: 0.5, 4: 0.4, 5: 0.3}
-    control = {2: 0.02}
-    measure, calls = _world(target, control, {frozenset((1, 2)): 0.05})
-    r = refine(list(range(10)), 3, measure, budget=20, tolerance=0.03, singles=_singles(target, control))
-    assert not r.start.feasible and r.start.heads == (0, 1, 2)
-    assert calls == [(0, 1, 2), (0, 1, 3), (0, 1, 4), (0, 1, 5)]  # no 2-head (leave-one-out) set
-    assert r.heads == [0, 1, 3] and r.quality.feasible
-    # without the singles the search measures leave-one-out rounds to the same set
-    measure2, calls2 = _world(target, control, {frozenset((1, 2)): 0.05})
-    r2 = refine(list(range(10)), 3, measure2, budget=20, tolerance=0.03)
-    assert set(r2.heads) == {0, 1, 3} and len(calls2) > len(calls) and any(len(c) == 2 for c in calls2)
-
-
-def test_a_feasible_set_is_swapped_for_a_head_that_could_beat_it():
-    # Head 0 is the strongest but costs the control 2.5% alone; heads 1 and 2 together cost it 5%.
-    # The singles blame head 0 first (its swaps still break the tolerance), leave-one-out then finds the
-    # pair, and once a set is feasible only swaps that could beat it on the target are measured.
-    target = {0: 3.0, 1: 1.0, 2: 0.9, 3: 0.8, 4: 0.1}
-    control = {0: 0.025}
-    measure, calls = _world(target, control, {frozenset((1, 2)): 0.05})
-    r = refine(list(range(5)), 3, measure, budget=20, tolerance=0.03, singles=_singles(target, control))
-    assert calls == [(0, 1, 2), (3, 1, 2), (4, 1, 2),  # head 0 out (its control single): still beyond tolerance
-                     (1, 2), (3, 2), (3, 1),  # no single explains the rest: leave-one-out names head 2
-                     (3, 1, 4), (3, 1, 0)]  # (3, 1, 0) is feasible; head 3 out for 2 or 4 cannot beat it: stop
-    assert r.quality.feasible and set(r.heads) == {0, 1, 3} and r.quality.target == pytest.approx(4.8)

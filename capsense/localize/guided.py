@@ -157,7 +157,13 @@ def search_prior_guided(s: Search) -> Found:
     """The clean model, then the knockouts :func:`prior_guided` asks for (all through ``s.run``; groups
     on the target alone, :func:`measure_sets`). The budget prices each knockout as scored on every
     probe, as before groups went target-only (round 14), so the search measures the same masks with the
-    same target scores; the run's forward-equivalents count the documents actually run, below it."""
+    same target scores; the run's forward-equivalents count the documents actually run, below it.
+
+    Tried and not adopted (round 15, RESULTS-locate.md): each group priced at its real cost (the target's
+    token share). On the SmolLM2 main job the same 20 FE then bought 24 groups instead of 4, whose
+    splits reached L16H0, and the chosen set (with it) cut held-out induction accuracy by 100% instead of
+    85.7% but was not selective: held-out math word problems -54.5% and QA -13.6%, beyond tolerance and
+    the random sets, which the search's controls do not cover."""
     estimates, evals = run_attribution(s)
     est = estimates[s.cfg.task]
     if s.cfg.prior_score == "documents":

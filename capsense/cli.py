@@ -39,14 +39,13 @@ class CapsenseGroup(click.Group):
     """
 
     def main(self, *args, **kwargs):
-        if not kwargs.get("standalone_mode", True):
-            return super().main(*args, **kwargs)
         try:
             return super().main(*args, **kwargs)
         except SystemExit as e:
-            from capsense.core.distributed import finish
+            if kwargs.get("standalone_mode", True):  # embedded callers (standalone_mode=False) keep their process
+                from capsense.core.distributed import finish
 
-            finish(e.code)  # returns unless this process is one of several
+                finish(e.code)  # returns unless this process is one of several
             raise
 
     def invoke(self, ctx: click.Context):

@@ -38,3 +38,20 @@ def test_evaluate_prints_table(tiny_model_dir, tmp_path):
     values = {r["metric"]: r["values"] for r in rows}
     base, ablated = values["nats_per_token"]["base"], values["nats_per_token"]["ablated (L0H1+L2H3)"]
     assert base > 0 and ablated > 0 and base != ablated
+
+
+def test_the_command_line_ends_through_distributed_finish_and_an_embedding_caller_does_not(monkeypatch):
+    """Standalone (the ``capsense`` command, ``python -m capsense``), every exit status reaches
+    ``distributed.finish`` (which ends a process of a multi-process launch with ``os._exit``);
+    ``standalone_mode=False`` (a program embedding the group) keeps its process."""
+    import capsense.core.distributed as distributed
+
+    seen = []
+    monkeypatch.setattr(distributed, "finish", seen.append)
+    from capsense.cli import main as group
+
+    assert CliRunner().invoke(group, ["--version"]).exit_code == 0
+    assert CliRunner().invoke(group, ["locate", "--no-such-flag"]).exit_code == 2
+    assert seen == [0, 2]
+    assert group.main(["--version"], standalone_mode=False) == 0
+    assert seen == [0, 2]

@@ -55,6 +55,10 @@ from capsense.commands.output import echo_written, log
 @click.option("--prior-score", type=click.Choice(["documents", "estimate"]), default="documents", show_default=True,
               help="prior-guided: what orders the single-head knockouts: the |attribution estimate|, or each "
                    "document's |gradient| summed (documents: cancellation across documents cannot hide a head).")
+@click.option("--group-price", type=click.Choice(["full", "target"]), default="full", show_default=True,
+              help="prior-guided with --controls: a group knockout's price in --fe-budget: as if scored on every probe "
+                   "(full), or what it costs, on the target alone (target: more groups and splits for the budget; on "
+                   "SmolLM2 a stronger set that hurt held-out tasks the controls do not cover, so not the default).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
@@ -80,7 +84,7 @@ from capsense.commands.output import echo_written, log
 @old_name("--budget", "--fe-budget", "budget", type=float)
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
-           top_m: int, group_size: int, prior_score: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
+           top_m: int, group_size: int, prior_score: str, group_price: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
            seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
@@ -104,7 +108,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         model=model, task=task, out=str(out), controls=csv_list(controls), control_limit=control_limit, screen=screen, metric=metric, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
-        prior_score=prior_score, seed=seed, batch_size=batch_size,
+        prior_score=prior_score, group_price=group_price, seed=seed, batch_size=batch_size,
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
         device_map=device_map_from(device_map, parallelize), dtype=dtype, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,

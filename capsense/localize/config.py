@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
-from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, PRIOR_SCORES
+from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, GROUP_PRICES, PRIOR_SCORES
 from capsense.localize.refine import DEFAULT_TOLERANCE
 from capsense.localize.screen import DEFAULT_SCREEN_Z
 from capsense.localize.solvers import SOLVERS
@@ -61,6 +61,7 @@ class LocateConfig:
     # prior-guided: what orders the single-head knockouts: "estimate" (|attribution estimate|) or
     # "documents" (each document's |gradient|, summed: cancellation across documents cannot hide a head)
     prior_score: str = "documents"
+    group_price: str = "full"  # prior-guided with controls: a group's price in the budget (prior.GROUP_PRICES)
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
@@ -84,6 +85,10 @@ class LocateConfig:
         choice("solver", self.solver, SOLVERS)
         choice("dtype", self.dtype, DTYPES)
         choice("prior_score", self.prior_score, PRIOR_SCORES)
+        choice("group_price", self.group_price, GROUP_PRICES)
+        if self.group_price != "full" and not self.controls:
+            raise CapsenseError(f"`group_price` {self.group_price} applies to a run with `controls` (without them a group "
+                                "is scored on every probe, and full is its price)")
         if not self.metric or not isinstance(self.metric, str):
             raise CapsenseError(
                 "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "

@@ -158,12 +158,8 @@ def search_prior_guided(s: Search) -> Found:
     on the target alone, :func:`measure_sets`). The budget prices each knockout as scored on every
     probe, as before groups went target-only (round 14), so the search measures the same masks with the
     same target scores; the run's forward-equivalents count the documents actually run, below it.
-
-    Tried and not adopted (round 15, RESULTS-locate.md): each group priced at its real cost (the target's
-    token share). On the SmolLM2 main job the same 20 FE then bought 24 groups instead of 4, whose
-    splits reached L16H0, and the chosen set (with it) cut held-out induction accuracy by 100% instead of
-    85.7% but was not selective: held-out math word problems -54.5% and QA -13.6%, beyond tolerance and
-    the random sets, which the search's controls do not cover."""
+    ``group_price`` ``target`` prices a group at what it costs instead (:data:`~capsense.localize.prior.GROUP_PRICES`:
+    measured in round 15, not the default)."""
     estimates, evals = run_attribution(s)
     est = estimates[s.cfg.task]
     if s.cfg.prior_score == "documents":
@@ -183,7 +179,12 @@ def search_prior_guided(s: Search) -> Found:
     if settings.budget < s.cfg.budget:
         s.log(f"prior-guided: budget {settings.budget:.1f} forward-equivalents, the cost of measuring every head alone "
               f"(asked: {s.cfg.budget:g})")
-    prior_guided(est, measure, lambda heads: cost(list(heads)), settings, also=also)
+    probes = [s.cfg.task] if s.cfg.controls and s.cfg.group_price == "target" else None  # a group's real probes
+
+    def price(heads: tuple[int, ...]) -> float:
+        return cost(list(heads), probes if len(heads) > 1 else None)
+
+    prior_guided(est, measure, price, settings, also=also)
     return Found(evals)
 
 
@@ -238,5 +239,5 @@ def expected_prior_evaluations(cfg: LocateConfig, n: int) -> int:
 
 
 PRIOR_GUIDED = Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
-                identity_keys=("top_k", "top_m", "group_size", "budget", "metric", "prior_score"), attribution=True,
-                options=("budget", "top_m", "group_size", "prior_score"))
+                identity_keys=("top_k", "top_m", "group_size", "budget", "metric", "prior_score", "group_price"), attribution=True,
+                options=("budget", "top_m", "group_size", "prior_score", "group_price"))

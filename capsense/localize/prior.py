@@ -49,6 +49,15 @@ DEFAULT_BUDGET = 50.0
 #: 4/5 from 10.2 to 9.2, for 0.9 FE more on one pair's FE to 4/5; the default since round 9).
 PRIOR_SCORES = ("estimate", "documents")
 
+#: How the search's budget prices a group knockout (``LocateConfig.group_price``) in a selective run,
+#: where groups are scored on the target alone: ``full`` (the default), as if scored on every probe,
+#: so the budget buys the masks it bought before round 14; ``target``, at what it costs (the target's
+#: token share), so the same budget buys more groups and splits. Measured on the SmolLM2 main job
+#: (round 15, RESULTS-locate.md): ``target`` bought 24 groups instead of 4, reached L16H0 and cut
+#: held-out induction accuracy by 100% instead of 85.7%, but that set hurt held-out QA (-13.6%) and
+#: math word problems (-54.5%), which the searched controls do not cover; not the default.
+GROUP_PRICES = ("full", "target")
+
 Measure = Callable[[list[tuple[int, ...]]], list[float]]  # head sets -> target damage (positive = hurts)
 Cost = Callable[[tuple[int, ...]], float]  # head set -> forward-equivalents
 

@@ -108,6 +108,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "screen": cfg.screen or None,
         "refine_dtype": refine_dtype if refine_dtype != dtype else None,  # None as in folders from before it
         "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None: |estimate| order, as in folders from before it
+        "group_price": None if cfg.group_price == "full" else cfg.group_price,  # None: full, as in folders from before it
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,

@@ -243,3 +243,34 @@ def test_a_folder_from_before_the_documents_order_resumes_with_prior_score_estim
 def test_prior_score_with_another_method_is_refused(toy, tmp_path):
     r = _locate(toy, tmp_path / "cs", "--method", "cs", "--prior-score", "estimate")  # (the default cannot be told from unset)
     assert r.exit_code != 0 and "--prior-score does not apply to --method cs" in r.output
+
+
+def _groups(out) -> int:
+    return sum(1 for e in read_evaluations(out) if len(e.heads) > 1 and e.round == 0)
+
+
+def test_group_price_target_buys_more_groups_within_the_same_budget_and_identifies_the_folder(toy, tmp_path):
+    """A selective run scores groups on the target alone; priced at that (``target``), the search's budget
+    buys more of them than priced as on every probe (``full``, the default), and stays within it. The price
+    changes the masks, so a folder made with one is refused by the other, naming it."""
+    args = ("--controls", TOY_CONTROL, "--top-m", "0", "--group-size", "2", "--fe-budget", "5.5", "--refine", "0")
+    full, target = tmp_path / "full", tmp_path / "target"
+    assert _locate(toy, full, *args).exit_code == 0
+    r = _locate(toy, target, *args, "--group-price", "target")
+    assert r.exit_code == 0, r.output
+    assert _groups(target) > _groups(full) > 0
+    assert _fe(full) <= 5.5 + 1e-9 and _fe(target) <= 5.5 + 1e-9  # (refine 0: all of it is the search's)
+    assert load_heads_file(target / "heads.json").meta["forward_equivalents"] == pytest.approx(_fe(target), abs=0.01)
+    again = _locate(toy, target, *args)
+    assert again.exit_code != 0 and "group_price" in again.output and "'target' there, None now" in again.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--method", "cs", "--controls", TOY_CONTROL), "--group-price does not apply to --method cs"),
+    ((), "--group-price target applies to a run with --controls"),
+])
+def test_group_price_where_it_does_not_apply_is_refused(toy, tmp_path, extra, message):
+    out = tmp_path / "run"
+    r = _locate(toy, out, "--group-price", "target", *extra)
+    assert r.exit_code != 0 and message in r.output, r.output
+    assert not out.exists()

@@ -76,6 +76,8 @@ def sequence(**metadata):
 
 
 # -- the control suites (capsense.tasks.suite): screened in the search, or kept apart for validation --
+from capsense.tasks import categories as _categories  # noqa: E402
+from capsense.tasks import conversions as _conversions  # noqa: E402
 from capsense.tasks import dates as _dates  # noqa: E402
 from capsense.tasks import dialogue as _dialogue  # noqa: E402
 from capsense.tasks import facts as _facts  # noqa: E402
@@ -83,7 +85,15 @@ from capsense.tasks import names as _names  # noqa: E402
 from capsense.tasks import recall as _recall  # noqa: E402
 from capsense.tasks import syntax as _syntax  # noqa: E402
 
-__all__ += ["dates", "dialogue", "facts", "names", "recall", "syntax"]
+__all__ += ["categories", "conversions", "dates", "dialogue", "facts", "names", "recall", "syntax"]
+
+
+def categories(**metadata):
+    return to_dataset(_categories.make_docs(), metadata)
+
+
+def conversions(**metadata):
+    return to_dataset(_conversions.make_docs(), metadata)
 
 
 def facts(**metadata):

@@ -7,14 +7,16 @@ default, with two suites of short probe sets built offline in code:
 
 * ``default`` (:data:`SCREEN`): scored on every knockout of the search and used to screen
   candidates (:mod:`capsense.localize.screen`) and to choose the set: factual recall, multi-token
-  names, numbers and dates, code lines, dialogue and instructions, plain prose, multiple choice.
+  names, numbers and dates, code lines, dialogue and instructions, plain prose, antonyms, and
+  few-shot questions in words (quantities with a worked answer, categories of words and things:
+  added in round 16 after a set that spared every other control cut held-out word problems by 54.5%).
 * ``held-out`` (:data:`HELD_OUT`): never scored by the search; ``capsense validate`` evaluates the
   chosen set on it, so the verdict rests on controls the choice could not fit: everyday
   knowledge, few-shot QA, list continuation, math word problems. (``capsense_rhyme``, three-shot
   multiple choice, costs about 175 tokens a document: name it with ``--tasks`` when wanted.)
 
 A control spec is a list of task names and suite names; ``-name`` drops a task (or a suite's
-tasks) from what came before: ``default,capsense_arithmetic,-capsense_dates``. The target task
+tasks) from what came before: ``default,capsense_arithmetic,-capsense_dates``. The target task (and a suite task built on it, :data:`BUILT_ON`)
 is never its own control. This module imports nothing heavy (checks run before torch loads).
 """
 
@@ -26,10 +28,18 @@ from capsense.errors import CapsenseError
 
 SCREEN: tuple[str, ...] = (
     "capsense_facts", "capsense_names", "capsense_dates", "capsense_syntax", "capsense_dialogue",
-    "capsense_prose", "capsense_antonyms",
+    "capsense_prose", "capsense_antonyms", "capsense_conversions", "capsense_categories",
 )
 HELD_OUT: tuple[str, ...] = ("capsense_recall", "capsense_qa", "capsense_sequence", "capsense_math_problems")
 SUITES: dict[str, tuple[str, ...]] = {"default": SCREEN, "held-out": HELD_OUT}
+#: Suite tasks built on another task's capability: a suite leaves them out when that task is the
+#: target, as it leaves out the target itself (worked unit conversions and word problems are
+#: arithmetic: an arithmetic set that wrecks them is doing its job, not collateral damage).
+#: Named outright (``capsense_conversions``), such a task is kept.
+BUILT_ON: dict[str, frozenset[str]] = {
+    "capsense_conversions": frozenset({"capsense_arithmetic", "capsense_addition", "capsense_math_problems"}),
+    "capsense_math_problems": frozenset({"capsense_arithmetic", "capsense_addition", "capsense_conversions"}),
+}
 NONE = "none"  # ``--controls none``: no controls (not selective)
 
 
@@ -65,8 +75,8 @@ def expand_controls(spec: str | Iterable[str] | None, target: str) -> list[str]:
                 raise CapsenseError(f"`controls`: {item!r} drops {name!r}, which is not among the controls before it "
                                        f"({', '.join(out) or 'none'})")
             out = [t for t in out if t not in tasks]
-        elif name in SUITES:  # a suite never lists the target or repeats a control
-            out += [t for t in tasks if t != target and t not in out]
+        elif name in SUITES:  # a suite never lists the target, a task built on it, or a control twice
+            out += [t for t in tasks if _in_suite_run(t, target) and t not in out]
         else:  # a task named outright is kept as given (the config refuses the target or a repeat)
             out.append(name)
     if not out and items:
@@ -75,8 +85,13 @@ def expand_controls(spec: str | Iterable[str] | None, target: str) -> list[str]:
 
 
 def held_out_controls(target: str, used: Sequence[str]) -> list[str]:
-    """The held-out suite's tasks that neither are the target nor were scored by the search."""
-    return [t for t in HELD_OUT if t != target and t not in used]
+    """The held-out suite's tasks that neither are the target (or built on it) nor were scored by the search."""
+    return [t for t in HELD_OUT if _in_suite_run(t, target) and t not in used]
+
+
+def _in_suite_run(task: str, target: str) -> bool:
+    """Whether a suite's ``task`` checks a run whose target is ``target`` (not the target, not built on it)."""
+    return task != target and target not in BUILT_ON.get(task, ())
 
 
 def suite_of(task: str) -> str | None:

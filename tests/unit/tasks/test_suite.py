@@ -20,6 +20,15 @@ def test_default_expands_without_the_target_and_keeps_named_tasks():
     assert expand_controls(["none"], "t") == [] and expand_controls([], "t") == []
 
 
+def test_a_suite_leaves_out_tasks_built_on_the_target_but_keeps_them_when_named():
+    got = expand_controls("default", "capsense_arithmetic")
+    assert "capsense_conversions" not in got and len(got) == len(SCREEN) - 1
+    assert "capsense_conversions" in expand_controls("default", "capsense_induction")
+    assert expand_controls("default,capsense_conversions", "capsense_arithmetic")[-1] == "capsense_conversions"
+    assert "capsense_math_problems" not in held_out_controls("capsense_arithmetic", [])
+    assert "capsense_math_problems" in held_out_controls("capsense_induction", [])
+
+
 @pytest.mark.parametrize("spec,match", [
     (["none", "capsense_prose"], "stands alone"),
     (["-capsense_prose"], "not among the controls"),
@@ -40,7 +49,7 @@ def test_every_suite_task_is_declared():
     assert set(SCREEN) | set(HELD_OUT) <= local_task_names()
 
 
-@pytest.mark.parametrize("module", ["facts", "names", "dates", "syntax", "dialogue", "recall"])
+@pytest.mark.parametrize("module", ["facts", "names", "dates", "syntax", "dialogue", "recall", "conversions", "categories"])
 def test_suite_task_documents(module):
     docs = importlib.import_module(f"capsense.tasks.{module}").make_docs()
     assert len(docs) >= 30

@@ -12,7 +12,7 @@
    :mod:`.sequential` calibrates and compresses one decoder layer at a time (one layer's statistics).
 5. Guided allocation: :mod:`.sensitivity` (Fisher of a capability's loss), :mod:`.allocate`
    (least-cost levels at a size), :mod:`.measured_sensitivity` (levels priced by measured loss)
-   and :mod:`.guided` (``--keep``).
+   and :mod:`.guided` (``--keep``); :mod:`.guided_sequential` prices and compresses one decoder layer at a time.
 6. Pipeline: :mod:`.pipeline` loads a model, runs the above and writes the checkpoint.
 
 Beside the flow: :mod:`.capabilities` (capability names; probes read a task's first documents,

@@ -182,17 +182,31 @@ def _levels(base: Setting, flat: bool, spread: tuple[float, float]) -> list[Sett
     return [s for s in base.levels() if spread[0] * b0 <= bits(s) <= spread[1] * b0]
 
 
-def guided_budget(
-    model: nn.Module, tokenizer, base_budget: Budget, stats, guide: Guide, log: Callable[[str], None] | None = None,
-    fisher_cache: dict | None = None, packed: bool = False,
-) -> Allocation:
-    """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
+@dataclass
+class GuidedPlan:
+    """What a guided allocation prices every matrix's levels with, fixed before any matrix is priced:
+    the uniform setting, the pricing, the size to match, the protected heads and their protections, the
+    per-weight sensitivity and the levels. :func:`price_matrices` prices any subset of ``targets`` from
+    their own calibration statistics (one decoder layer's, :mod:`.guided_sequential`) and
+    :func:`allocation_from_prices` allocates from all matrices' prices."""
 
-    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities and what the levels' prices are
-    computed from (GPTQ's solved errors, low-rank factors) across calls on the same weights;
-    ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix.
-    """
-    log = log or (lambda _m: None)
+    guide: Guide
+    base: Setting
+    pricing: str | None
+    price: Any
+    targets: list
+    goal: int
+    heads: Any
+    budget: Budget
+    prot: dict
+    fisher: dict[str, torch.Tensor] | None  # None for a measured sensitivity
+    levels: list[Setting]
+
+
+def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, log: Callable[[str], None],
+                fisher_cache: dict | None = None, packed: bool = False) -> GuidedPlan:
+    """Everything :func:`guided_budget` fixes before pricing a matrix (the Fisher diagonals are computed
+    here: backward passes through the whole model); no calibration statistics are read."""
     base = parse_setting(base_budget.default)
     if base is None or getattr(base, "scope", "row") == "global":
         raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
@@ -207,39 +221,83 @@ def guided_budget(
         fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache) for c in guide.keep}
     heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
-    prot = protections(model, budget, targets)
+    fisher = _sensitivity(model, tokenizer, targets, guide, fisher_by_cap, log, fisher_cache)
+    levels = guided_levels(base, guide, targets, packed)
+    return GuidedPlan(guide, base, pricing, price, targets, goal, heads, budget, protections(model, budget, targets),
+                      fisher, levels)
+
+
+def _sensitivity(model, tokenizer, targets, guide: Guide, fisher_by_cap, log, cache: dict | None):
+    """The per-weight sensitivity the levels are priced with (None: measured), kept in ``cache`` so that
+    the other pricing's allocation reads the same tensors (one copy held, :mod:`.guided_sequential`)."""
     if guide.sensitivity == "measured":
-        return _measured(model, tokenizer, budget, base, targets, goal, prot, stats, guide, heads, log, packed)
+        return None
+    if guide.sensitivity == "generic":
+        return _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, cache)
+    key = (guide.sensitivity, tuple(guide.keep), guide.samples, tuple(t.name for t in targets))
+    if cache is not None and key in cache:
+        return cache[key]
     if guide.sensitivity == "kept":
         fisher = {t.name: sum(f[t.name] for f in fisher_by_cap.values()) for t in targets}
-    elif guide.sensitivity == "generic":
-        fisher = _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, fisher_cache)
-    else:
+    else:  # flat
         fisher = {t.name: torch.ones(t.shape) for t in targets}
-    levels = _storable(_levels(base, guide.sensitivity == "flat", guide.spread), targets, packed)
-    cache: dict = fisher_cache.setdefault("level_costs", {}) if fisher_cache is not None else {}
-    cands: dict[str, list[Candidate]] = {}
-    for t in targets:
-        st = stats.get(t.name) if base.calibrated else None
-        cands[t.name] = matrix_candidates(
-            t.name, t.get(), fisher[t.name], levels, st, prot.get(t.name), acc.BASE_BITS, cache, dense=False,
-            price=price,
-        )
-    chosen = allocate(cands, goal)
+    if cache is not None:
+        cache[key] = fisher
+    return fisher
+
+
+def guided_levels(base: Setting, guide: Guide, targets, packed: bool = False) -> list[Setting]:
+    """The levels a guided allocation prices for every matrix (:func:`_levels`, those packable with ``packed``)."""
+    return _storable(_levels(base, guide.sensitivity == "flat", guide.spread), targets, packed)
+
+
+def price_matrices(plan: GuidedPlan, targets, stats, cache: dict | None = None) -> dict[str, list[Candidate]]:
+    """Each of ``targets``' levels with its exact bits and estimated cost (:func:`matrix_candidates`), from
+    ``stats`` (their calibration statistics: only theirs are read). ``cache``: what the prices are
+    computed from (GPTQ's solved errors, low-rank factors), reused across plans of the same weights."""
+    return {t.name: matrix_candidates(
+        t.name, t.get(), plan.fisher[t.name], plan.levels, stats.get(t.name) if plan.base.calibrated else None,
+        plan.prot.get(t.name), acc.BASE_BITS, cache, dense=False, price=plan.price) for t in targets}
+
+
+def allocation_from_prices(plan: GuidedPlan, cands: Mapping[str, Sequence[Candidate]]) -> Allocation:
+    """The allocation (:func:`allocate`) of every planned matrix's priced levels at the plan's size."""
+    chosen = allocate(cands, plan.goal)
+    budget = plan.budget
     budget.overrides = [
         Override(match=name, setting=(c.setting.to_dict() if c.setting is not None else {"skip": True}))
         for name, c in chosen.items()
-        if c.setting != base
+        if c.setting != plan.base
     ]
+    guide = plan.guide
     info = {
-        "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": base.to_dict(), "spread": list(guide.spread),
-        "pricing": pricing,
-        "protected_heads": str(heads) if heads is not None else None, "target_bits": goal,
+        "keep": guide.keep, "sensitivity": guide.sensitivity, "uniform": plan.base.to_dict(), "spread": list(guide.spread),
+        "pricing": plan.pricing,
+        "protected_heads": str(plan.heads) if plan.heads is not None else None, "target_bits": plan.goal,
         "allocated_bits": sum(c.bits for c in chosen.values()),
         "estimated_cost": sum(c.cost for c in chosen.values()),
         "per_matrix": {name: (c.setting.label if c.setting is not None else "dense") for name, c in chosen.items()},
     }
     return Allocation(budget, info)
+
+
+def guided_budget(
+    model: nn.Module, tokenizer, base_budget: Budget, stats, guide: Guide, log: Callable[[str], None] | None = None,
+    fisher_cache: dict | None = None, packed: bool = False,
+) -> Allocation:
+    """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
+
+    ``fisher_cache`` (a dict the caller keeps) reuses sensitivities and what the levels' prices are
+    computed from (GPTQ's solved errors, low-rank factors) across calls on the same weights;
+    ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix.
+    """
+    log = log or (lambda _m: None)
+    plan = plan_guided(model, tokenizer, base_budget, guide, log, fisher_cache, packed)
+    if guide.sensitivity == "measured":
+        return _measured(model, tokenizer, plan.budget, plan.base, plan.targets, plan.goal, plan.prot, stats, guide,
+                         plan.heads, log, packed)
+    cache: dict = fisher_cache.setdefault("level_costs", {}) if fisher_cache is not None else {}
+    return allocation_from_prices(plan, price_matrices(plan, plan.targets, stats, cache))
 
 
 def _storable(levels: list[Setting], targets, packed: bool) -> list[Setting]:

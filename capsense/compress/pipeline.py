@@ -92,8 +92,9 @@ def compress_checkpoint(
     With ``guide`` and ``probes`` > 0, each kept capability is measured on its first ``probes``
     documents (never calibration or allocation documents) before and after compressing, in
     memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.
-    ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer
-    on the outputs of the original layers (``sequential_propagate`` "original", the default: the one-pass result) or the compressed ones.
+    ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer on the
+    outputs of the original layers (``sequential_propagate`` "original", the default: the one-pass result) or the
+    compressed ones; guided, on the original ones (:mod:`.guided_sequential`: the one-pass guided result).
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import load_model
@@ -109,11 +110,10 @@ def compress_checkpoint(
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
     _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
-    result, budget, allocation, measured = (
-        _compress_sequential(model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, log)
-        if sequential else
-        _compress_one_pass(model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype,
-                           log, fmt))
+    result, budget, allocation, measured = _compress_sequential(
+        model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, guide, probes, dtype, log, fmt,
+    ) if sequential else _compress_one_pass(
+        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt)
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
@@ -138,15 +138,28 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     return result, budget, allocation, kept.after(model) if kept is not None else None
 
 
-def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_samples: int, propagate: str,
-                         log: Callable[[str], None]):
-    """Calibrate and compress one decoder layer at a time (:mod:`.sequential`): (result, budget, None, None)."""
+def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_samples: int, propagate: str, guide,
+                         probes: int, dtype: str, log: Callable[[str], None], fmt: str):
+    """Calibrate and compress one decoder layer at a time (:mod:`.sequential`; guided:
+    :mod:`.guided_sequential`): (result, budget shipped, allocation, measured dL), as :func:`_compress_one_pass`."""
     samples, calib_info = calibration_samples(calibration, tokenizer, n_samples)
     log(f"calibrating and compressing one layer at a time on {calibration} ({n_samples} samples): "
         f"{setting_label(budget.default)}")
-    result = compress_sequential(model, budget, samples, propagate, log=log)
+    if guide is None:
+        result = compress_sequential(model, budget, samples, propagate, log=log)
+        result.calibration = calib_info
+        return result, budget, None, None
+    from capsense.compress.guided_sequential import check_guided_memory, guided_candidates_sequential
+
+    packed = fmt == "compressed-tensors"
+    check_guided_memory(model, budget, samples, guide, packed)  # before the Fisher and the calibration passes
+    allocations = guided_candidates_sequential(model, tokenizer, budget, samples, guide, log, packed)
+    _check_allocations(model, allocations, fmt)
+    kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if probes > 0 else None
+    result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, None, guide, log,
+                                                 compress=lambda b: compress_sequential(model, b, samples, propagate, log=log))
     result.calibration = calib_info
-    return result, budget, None, None
+    return result, budget, allocation, kept.after(model) if kept is not None else None
 
 
 def _guided_allocations(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str):
@@ -156,10 +169,15 @@ def _guided_allocations(model, tokenizer, budget: Budget, stats, guide, log: Cal
     from capsense.compress.select import guided_candidates  # the Fisher and measured sensitivities: only when guided
 
     allocations = guided_candidates(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
+    _check_allocations(model, allocations, fmt)
+    return allocations
+
+
+def _check_allocations(model, allocations, fmt: str) -> None:
+    """Each allocation checked against the output format like the budget it replaces."""
     for _, allocation in allocations:
         planned = plan(model, allocation.budget)
         _check_format(model, allocation.budget, planned, check_plan(model, allocation.budget, planned), fmt)
-    return allocations
 
 
 class _KeptLoss:

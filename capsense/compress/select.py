@@ -62,9 +62,10 @@ class Selection:
 
 def compress_better(
     model: nn.Module, tokenizer, candidates: Sequence[tuple[str, Budget]], stats, keep: Sequence[str], n_docs: int,
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, compress: Callable[[Budget], CompressionResult] | None = None,
 ) -> Selection:
-    """Compress ``model`` with each of ``candidates`` (name, budget) from its current weights, measure
+    """Compress ``model`` with each of ``candidates`` (name, budget) from its current weights (``compress``:
+    how a budget compresses the model in place; default :func:`compress_model` with ``stats``), measure
     ``keep``'s loss on their last ``n_docs`` documents (calibration documents, not the probes) and leave
     the chosen one in the model: the first candidate (the allocation) unless another's summed dL is lower
     by more than ``MARGIN_SE`` standard errors (:func:`paired_vs_allocation`; 0: lower at all); of
@@ -91,7 +92,7 @@ def compress_better(
     for i, (name, budget) in enumerate(candidates):
         if i:
             restore(targets, original)
-        result = compress_model(model, budget, stats)
+        result = compress(budget) if compress is not None else compress_model(model, budget, stats)
         after = measure(model, sets)
         dls[name] = {cap: after[cap].nll - before[cap].nll for cap in keep}
         score = sum(dls[name].values())
@@ -189,7 +190,8 @@ def guided_candidates(model: nn.Module, tokenizer, uniform: Budget, stats, guide
 
 
 def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, stats, guide,
-                    log: Callable[[str], None] | None = None) -> tuple[CompressionResult, Budget, Any]:
+                    log: Callable[[str], None] | None = None,
+                    compress: Callable[[Budget], CompressionResult] | None = None) -> tuple[CompressionResult, Budget, Any]:
     """Compress ``model`` as a guided run ships it: (the result, the budget left in the model, the
     allocation whose ``info`` describes it, or None).
 
@@ -199,18 +201,20 @@ def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, s
     ships (the lowest dL on the kept capabilities' calibration documents, ``guide.check_docs`` each, by
     default the ``guide.samples`` the Fisher read; ties keep the first allocation), recorded in
     the returned allocation's ``info["selection"]`` (the chosen allocation's, or the first's when
-    uniform is chosen); else the first allocation as it is.
+    uniform is chosen); else the first allocation as it is. ``compress``: how a budget compresses the
+    model (default :func:`compress_model` with ``stats``; one layer at a time: :mod:`.guided_sequential`).
     """
     log = log or (lambda _m: None)
+    compress = compress or (lambda budget: compress_model(model, budget, stats))
     if not allocations:
-        return compress_model(model, uniform, stats), uniform, None
+        return compress(uniform), uniform, None
     if not checks_uniform(guide):
         first = allocations[0][1]
-        return compress_model(model, first.budget, stats), first.budget, first
+        return compress(first.budget), first.budget, first
     log(f"compressing with {', '.join(n for n, _ in allocations)} and uniform; the lowest dL on calibration "
         "documents ships")
     sel = compress_better(model, tokenizer, [(n, a.budget) for n, a in allocations] + [("uniform", uniform)], stats,
-                          guide.keep, guide.check_docs or guide.samples, log)
+                          guide.keep, guide.check_docs or guide.samples, log, compress)
     allocation = dict(allocations).get(sel.chosen, allocations[0][1])
     allocation.info["selection"] = sel.record
     return sel.result, sel.budget, allocation

@@ -21,8 +21,11 @@ held-out probes, round 14): the compressed order lowered math and code dL at 3 b
 +1.473 -> +1.221) but raised qa's at 3 and 4 bits (+3.469 -> +3.789, +0.453 -> +0.694) and ran each
 layer twice (+14% wall at 4 bits), so it is not the default.
 
-Not for a guided run (its Guide prices every layer's levels from all layers' statistics at once),
-global-scope pruning (one threshold over all matrices) or a budget whose methods need no calibration.
+A guided run (``keep``) is layer by layer too (:mod:`.guided_sequential`: a pass that keeps only each
+layer's level prices, then a pass per candidate budget), with the original outputs propagated (its prices
+are computed before any allocation exists) and a Fisher sensitivity (``measured`` prices each layer in the
+uniformly compressed model, which needs every layer's statistics first). Not for global-scope pruning
+(one threshold over all matrices) or a budget whose methods need no calibration.
 """
 
 from __future__ import annotations
@@ -51,12 +54,18 @@ DEFAULT_PROPAGATE = "original"  # the one-pass result: `sequential` changes the 
 
 
 def check_sequential(budget: Budget, guide=None, propagate: str = DEFAULT_PROPAGATE) -> None:
-    """Refuse, before the model loads, what layer-by-layer calibration cannot do (see the module doc)."""
+    """Refuse, before the model loads, what layer-by-layer calibration cannot do (see the module doc):
+    with ``guide``, the compressed outputs and a measured sensitivity."""
     if propagate not in PROPAGATE:
         raise CapsenseError(f"unknown sequential propagation {propagate!r}: valid are {', '.join(PROPAGATE)}")
-    if guide is not None:
-        raise CapsenseError("`sequential` calibrates and compresses one layer at a time, but a guided "
-                            "run (`keep`) prices every layer's levels from all layers' statistics at once: leave one out")
+    if guide is not None and propagate != "original":
+        raise CapsenseError("a guided run (`keep`) with `sequential` prices every layer's levels before any allocation "
+                            "exists, on the original layers' outputs, and compresses on them too (the one-pass result): "
+                            "leave `sequential_propagate` out (original) or leave `keep` out")
+    if guide is not None and guide.sensitivity == "measured":
+        raise CapsenseError("sensitivity measured prices each layer's levels in the uniformly compressed model, which "
+                            "needs every layer's statistics at once: with `sequential` use sensitivity kept, generic or "
+                            "flat, or leave `sequential` out")
     settings = [s for s in map(parse_setting, [budget.default] + [o.setting for o in budget.overrides]) if s is not None]
     if not any(s.calibrated for s in settings):
         methods = ", ".join(sorted({s.method for s in settings})) or "no compression"

@@ -1,0 +1,146 @@
+"""Capability-guided compression one decoder layer at a time (``--keep`` with ``--sequential``).
+
+A guided GPTQ or SparseGPT run (:mod:`.guided`) prices every matrix's levels from that matrix's
+calibration Gram matrix (:mod:`.compensated`: the solved output error of each level), allocates over
+all matrices at once and compresses each candidate budget (the allocation, the other pricing's, the
+uniform setting) with those statistics (:mod:`.select`). In one pass that holds every matrix's Gram at
+once: ~61 GiB of float64 for Llama-3.1-8B, ~610 GiB for 70B. But the allocation needs only the
+*prices* of all matrices at once, not their statistics, and a matrix's prices depend on its own
+weights, Gram, protection and the Fisher only. So here:
+
+1. The Fisher diagonals and protected heads are computed first, on the whole model, exactly as in one
+   pass (:func:`~capsense.compress.guided.plan_guided`, one plan per pricing; the per-capability
+   diagonals are dropped once both plans hold their summed one: one Fisher copy is held).
+2. One sequential pass (:mod:`.sequential`, propagate "original"): per decoder layer, its targets'
+   statistics are accumulated on the uncompressed layers' outputs, each plan prices that layer's
+   matrices (:func:`~capsense.compress.guided.price_matrices`; the solved errors shared by the plans),
+   and the statistics are freed. Only the prices are kept: (level, bits, cost) per level and matrix.
+3. Each plan allocates from all prices (:func:`~capsense.compress.guided.allocation_from_prices`: the
+   same allocator and candidates as one pass).
+4. Each candidate budget is compressed by a sequential pass of its own
+   (:func:`~capsense.compress.sequential.compress_sequential`, propagate "original", from the original
+   weights) and the same choice rule ships one (:func:`~capsense.compress.select.compress_guided`).
+
+With the original outputs propagated, a layer's statistics are the one-pass statistics bit for bit
+(:mod:`.sequential`), so every price, the allocations, the chosen candidate and the weights equal the
+one-pass guided run's (tests/unit/compress/test_compress_guided_sequential.py; SmolLM2-135M, GPTQ 4 bits
+group 64 keep math, 16 texts: all 692 checkpoint tensors equal, peak RSS 3.11 -> 2.35 GiB, wall 6:21 ->
+8:03, recipes/results/RESULTS-compress.md round 16). The cost is time: a
+calibration pass for the prices and one per candidate (3 for GPTQ/SparseGPT at the default pricing),
+where one pass calibrates once; storing every candidate's compressed weights to calibrate once would
+hold a copy of the target weights per candidate instead (the model's size, each). Memory beside one
+layer's Grams and the cached hidden states: while pricing, the summed Fisher diagonal (4 bytes per
+target weight), the prices and one layer's low-rank factors (low-rank methods); while compressing the
+candidates, the original and the chosen candidate's target weights (:func:`check_guided_memory`).
+
+Not here: a ``measured`` sensitivity (it measures each layer's levels in the uniformly compressed model,
+which needs every layer's statistics first) and propagating the compressed outputs (the prices are
+computed before any allocation exists, on the original outputs): :func:`~capsense.compress.sequential.check_sequential`
+refuses both before the model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from capsense.compress.allocate import Candidate
+from capsense.compress.budget import Budget
+from capsense.compress.calibration import accumulate_stats, check_gram_memory
+from capsense.compress.engine import needs_calibration, plan
+from capsense.compress.guided import Allocation, GuidedPlan, allocation_from_prices, guided_levels, plan_guided, price_matrices
+from capsense.compress.methods import parse_setting
+from capsense.compress.select import checks_uniform, proxy_pricing
+from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
+from capsense.compress.targets import find_targets
+from capsense.errors import CapsenseError
+
+#: Bytes one kept price takes in memory (a Candidate, its slot in its matrix's list, the list and name by
+#: matrix; its Setting is the plan's level, shared): 166 bytes each measured with tracemalloc over 400
+#: matrices x 30 GPTQ levels; rounded up.
+PRICE_BYTES = 200
+
+
+def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
+    """(name, guide) of each allocation to price: ``guided`` and, where the method has one, ``guided-PROXY``
+    (:func:`~capsense.compress.select.guided_candidates`)."""
+    proxy = proxy_pricing(uniform, guide)
+    return [("guided", guide)] + ([(f"guided-{proxy}", replace(guide, pricing=proxy))] if proxy is not None else [])
+
+
+def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
+                        packed: bool = False, available: int | None = None) -> dict[str, int]:
+    """Refuse, before the Fisher and the calibration passes, a guided sequential run whose largest layer's
+    Gram matrices and what is held beside them exceed ``available``; the bytes of both phases (pricing,
+    compressing). Pricing holds the cached hidden states, the summed Fisher diagonal, the prices and (low
+    rank) one layer's factors; compressing the candidates holds the hidden states and two copies of the
+    target weights (the original and the chosen candidate's, :func:`~capsense.compress.select.compress_better`;
+    those of weights a device map put in CPU memory)."""
+    planned = plan(model, uniform)
+    _, gram = needs_calibration(planned)
+    base = parse_setting(uniform.default)
+    targets = find_targets(model, uniform.targets)
+    hidden = cached_bytes(model, samples)
+    n_prices = len(targets) * len(guided_levels(base, guide, targets, packed)) * len(_pricings(uniform, guide))
+    pricing = {"cached hidden states": hidden, "Fisher diagonal": 4 * sum(t.n_params for t in targets),
+               "kept prices": PRICE_BYTES * n_prices}
+    if base.family == "lowrank":
+        pricing["one layer's low-rank factors"] = max(_factor_bytes([t for t in targets if t.layer == i])
+                                                      for i in {t.layer for t in targets})
+    on_cpu = [t for t in targets if t.module.weight.device.type == "cpu"]  # copies of the others stay on their device
+    copies = 2 * sum(t.n_params * t.module.weight.element_size() for t in on_cpu) if checks_uniform(guide) else 0
+    compressing = {"cached hidden states": hidden, "original and chosen weights": copies}
+    calibrated = [t for t, s in planned if s and s.calibrated]
+    out = {}
+    for phase, held in (("pricing", pricing), ("compressing", compressing)):
+        out[phase] = (check_gram_memory(model, calibrated, samples[0], available, sequential=True, held=held) if gram
+                      else sum(held.values()))  # no Gram (wanda, asvd): statistics of vectors, not checked (as one pass)
+    return out
+
+
+def _factor_bytes(targets) -> int:
+    """float32 bytes of the full SVD factors of ``targets`` (what a low-rank level's price caches)."""
+    return sum(4 * (t.shape[0] + t.shape[1] + 1) * min(t.shape) for t in targets)
+
+
+def guided_candidates_sequential(model: nn.Module, tokenizer, uniform: Budget, samples: Sequence[Sequence[int]], guide,
+                                 log: Callable[[str], None] | None = None,
+                                 packed: bool = False) -> list[tuple[str, Allocation]]:
+    """What :func:`~capsense.compress.select.guided_candidates` returns, priced one decoder layer at a time
+    on ``samples`` (module doc): (name, :class:`~capsense.compress.guided.Allocation`), ``guided`` first."""
+    log = log or (lambda _m: None)
+    if not samples:
+        raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
+    cache: dict = {}
+    plans = [(name, plan_guided(model, tokenizer, uniform, g, log, cache, packed)) for name, g in _pricings(uniform, guide)]
+    cache.clear()  # the per-capability Fisher diagonals: each plan holds the summed one it prices with
+    prices = price_layer_by_layer(model, uniform, samples, [p for _, p in plans], log)
+    return [(name, allocation_from_prices(p, pr)) for (name, p), pr in zip(plans, prices)]
+
+
+@torch.no_grad()
+def price_layer_by_layer(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]],
+                         plans: Sequence[GuidedPlan], log: Callable[[str], None]) -> list[dict[str, list[Candidate]]]:
+    """Each plan's prices of every matrix, from one decoder layer's statistics at a time on the original
+    layers' outputs (the statistics :func:`~capsense.compress.engine.calibrate` gives ``uniform``'s
+    calibrated targets in one pass); what the prices are computed from is shared by the plans, per layer."""
+    planned = plan(model, uniform)
+    _, gram = needs_calibration(planned)
+    calibrated = [t for t, s in planned if s and s.calibrated]
+    layers = decoder_layers(model)
+    cached = capture_inputs(model, layers, samples)
+    prices: list[dict[str, list[Candidate]]] = [{} for _ in plans]
+    for i, layer in enumerate(layers):
+        outputs: list[torch.Tensor] = []
+        forwards = (lambda j=j: outputs.append(run_layer(layer, cached, i, j)) for j in range(len(samples)))
+        stats = accumulate_stats([t for t in calibrated if t.layer == i], forwards, gram)
+        shared: dict = {}  # this layer's solved errors or factors, read by every plan
+        for p, out in zip(plans, prices):
+            out.update(price_matrices(p, [t for t in p.targets if t.layer == i], stats, shared))
+        del stats, shared
+        cached.hidden = outputs
+        log(f"layer {i + 1}/{len(layers)} priced")
+    return prices

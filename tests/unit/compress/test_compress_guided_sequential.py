@@ -1,0 +1,170 @@
+"""Guided compression one decoder layer at a time (capsense.compress.guided_sequential): the one-pass guided
+result (prices, allocations, the chosen candidate, the weights) with one layer's statistics held at a time."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import make_char_tokenizer, make_tiny_model
+
+import capsense.compress.guided_sequential as gs
+from capsense.cli import main
+from capsense.compress.budget import uniform_budget
+from capsense.compress.calibration import InputStats, calibration_samples, check_gram_memory
+from capsense.compress.engine import calibrate
+from capsense.compress.guided import Guide
+from capsense.compress.select import compress_guided, guided_candidates
+from capsense.compress.sequential import cached_bytes, check_sequential, compress_sequential
+from capsense.compress.targets import find_targets
+from capsense.errors import CapsenseError
+
+CALIBRATION, N = "prose,math", 6
+GPTQ = {"method": "gptq", "bits": 3, "group_size": 16}
+SPARSEGPT = {"method": "sparsegpt", "density": 0.5}
+GEMMA_MIXED = {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "sliding_window": 4}
+#: initializer range 0.2: outputs sharp enough that the levels' prices and the candidates' dL differ visibly
+CASES = [("llama", {"initializer_range": 0.2}, GPTQ, 0),
+         ("gemma3_text", {"initializer_range": 0.2, **GEMMA_MIXED}, GPTQ, 0),
+         ("llama", {"initializer_range": 0.2}, SPARSEGPT, 1),  # one protected head: protections priced and applied
+         ("llama", {"initializer_range": 0.2}, {"method": "svd-llm", "ratio": 0.5}, 1),  # low rank: factors per layer
+         ("llama", {"initializer_range": 0.2}, {"method": "wanda", "density": 0.5}, 1)]  # no Gram: input norms
+
+
+def _one_pass(arch, overrides, setting, guide):
+    model, tok = make_tiny_model(arch, **overrides), make_char_tokenizer()
+    uni = uniform_budget(setting)
+    stats, _ = calibrate(model, tok, uni, CALIBRATION, N)
+    allocations = guided_candidates(model, tok, uni, stats, guide)
+    return model, allocations, compress_guided(model, tok, uni, allocations, stats, guide)
+
+
+def _sequential(arch, overrides, setting, guide):
+    model, tok = make_tiny_model(arch, **overrides), make_char_tokenizer()
+    uni = uniform_budget(setting)
+    samples, _ = calibration_samples(CALIBRATION, tok, N)
+    allocations = gs.guided_candidates_sequential(model, tok, uni, samples, guide)
+    shipped = compress_guided(model, tok, uni, allocations, None, guide,
+                              compress=lambda b: compress_sequential(model, b, samples, "original"))
+    return model, allocations, shipped
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("arch,overrides,setting,top_k", CASES)
+def test_guided_sequential_is_the_one_pass_guided_run(arch, overrides, setting, top_k):
+    """Same prices (estimated cost to the bit), allocations, candidates' dL, choice and weights."""
+    guide = Guide(["math"], samples=2, protect_top_k=top_k)
+    one, one_allocs, (one_result, one_budget, one_al) = _one_pass(arch, overrides, setting, guide)
+    seq, seq_allocs, (seq_result, seq_budget, seq_al) = _sequential(arch, overrides, setting, guide)
+    proxy = {"gptq": ["guided-rtn"], "sparsegpt": ["guided-wanda"]}.get(setting["method"], [])
+    assert [n for n, _ in seq_allocs] == [n for n, _ in one_allocs] == ["guided", *proxy]
+    for (_, a), (_, b) in zip(one_allocs, seq_allocs):
+        assert a.info == b.info and a.budget.describe() == b.budget.describe()
+    assert len(set(one_allocs[0][1].info["per_matrix"].values())) > 1  # a mixed allocation, not the uniform one
+    assert (top_k > 0) == (one_allocs[0][1].info["protected_heads"] is not None)
+    assert one_al.info["selection"] == seq_al.info["selection"]  # the same dL per candidate, the same choice
+    assert one_budget.describe() == seq_budget.describe() and seq_result.sequential["propagate"] == "original"
+    assert [a.to_dict() for a in one_result.accounts] == [a.to_dict() for a in seq_result.accounts]
+    a, b = _weights(one), _weights(seq)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_prices_from_unpropagated_inputs_would_not_match(monkeypatch):
+    """The test above can fail: layers priced on the first layer's inputs (no outputs passed on) price
+    the later layers' levels differently."""
+    guide = Guide(["math"], samples=2, protect_top_k=0)
+    tok, uni = make_char_tokenizer(), uniform_budget(GPTQ)
+    model = make_tiny_model("llama", initializer_range=0.2)
+    stats, _ = calibrate(model, tok, uni, CALIBRATION, N)
+    one = guided_candidates(model, tok, uni, stats, guide)
+    run = gs.run_layer
+    monkeypatch.setattr(gs, "run_layer", lambda layer, cached, i, j: (run(layer, cached, i, j), cached.hidden[j])[1])
+    samples, _ = calibration_samples(CALIBRATION, tok, N)
+    seq = gs.guided_candidates_sequential(make_tiny_model("llama", initializer_range=0.2), tok, uni, samples, guide)
+    assert one[0][1].info["estimated_cost"] != seq[0][1].info["estimated_cost"]
+
+
+def test_pricing_holds_one_layers_statistics_and_one_fisher(monkeypatch):
+    """At each layer's pricing, 4 InputStats are alive (llama's distinct inputs of one layer), and both
+    pricings read the same summed Fisher diagonal (one copy; the per-capability ones dropped)."""
+    seen = []
+    price = gs.price_matrices
+
+    def spying(plan, targets, stats, cache=None):
+        gc.collect()
+        seen.append((sum(isinstance(o, InputStats) for o in gc.get_objects()), {t.layer for t in targets}, plan))
+        return price(plan, targets, stats, cache)
+
+    monkeypatch.setattr(gs, "price_matrices", spying)
+    tok = make_char_tokenizer()
+    samples, _ = calibration_samples(CALIBRATION, tok, N)
+    gs.guided_candidates_sequential(make_tiny_model("llama"), tok, uniform_budget(GPTQ), samples,
+                                    Guide(["math", "code"], samples=2, protect_top_k=0))
+    assert [(alive, layers) for alive, layers, _ in seen] == [(4, {i}) for i in range(3) for _ in range(2)]
+    plans = {id(p): p for _, _, p in seen}.values()
+    assert len(plans) == 2 and len({id(p.fisher) for p in plans}) == 1
+
+
+def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams():
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    samples, _ = calibration_samples(CALIBRATION, tok, N)
+    guide, uni = Guide(["math"], samples=2, protect_top_k=0), uniform_budget(GPTQ)
+    targets = find_targets(model)
+    grams = check_gram_memory(model, targets, samples[0], sequential=True)
+    hidden, n_params = cached_bytes(model, samples), sum(t.n_params for t in targets)
+    n_levels = len(gs.guided_levels(gs.parse_setting(GPTQ), guide, targets))
+    need = gs.check_guided_memory(model, uni, samples, guide)
+    assert need == {"pricing": grams + hidden + 4 * n_params + gs.PRICE_BYTES * len(targets) * n_levels * 2,
+                    "compressing": grams + hidden + 2 * 4 * n_params}
+    top = max(need.values())
+    assert gs.check_guided_memory(model, uni, samples, guide, available=top) == need
+    with pytest.raises(CapsenseError, match="original and chosen weights") as e:  # the larger phase here
+        gs.check_guided_memory(model, uni, samples, guide, available=top - 1)
+    assert "one decoder layer at a time" in str(e.value) and "cached hidden states" in str(e.value)
+    unchecked = Guide(["math"], samples=2, protect_top_k=0, check_uniform=False)  # one pricing, no weight copies
+    alone = gs.check_guided_memory(model, uni, samples, unchecked)
+    assert alone == {"pricing": need["pricing"] - gs.PRICE_BYTES * len(targets) * n_levels, "compressing": grams + hidden}
+    with pytest.raises(CapsenseError, match="Fisher diagonal") as e:
+        gs.check_guided_memory(model, uni, samples, unchecked, available=alone["pricing"] - 1)
+    assert "kept prices" in str(e.value)
+
+
+def _compress(tiny_model_dir, out, *extra):
+    return CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "3", "--group-size",
+                                     "32", "--keep", "math", "--calibration-samples", "4", "--out", str(out), *extra])
+
+
+def test_the_command_ships_the_one_pass_checkpoint_and_refuses_what_it_cannot_do(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    r = _compress(tiny_model_dir, tmp_path / "one")
+    assert r.exit_code == 0, r.output
+    r = _compress(tiny_model_dir, tmp_path / "seq", "--sequential")
+    assert r.exit_code == 0, r.output
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "seq"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    one, seq = (json.loads((tmp_path / d / "capsense.json").read_text()) for d in ("one", "seq"))
+    assert one["allocation"] == seq["allocation"] and one["measured"] == seq["measured"]
+    assert "sequential" not in one and seq["sequential"] == {"propagate": "original", "layers": 3}
+    assert (tmp_path / "one" / "budget.yaml").read_text() == (tmp_path / "seq" / "budget.yaml").read_text()
+    for extra, message in ((["--sequential-propagate", "compressed"], "leave --sequential-propagate out"),
+                           (["--sensitivity", "measured"], "sensitivity measured prices each layer")):
+        r = _compress(tiny_model_dir, tmp_path / "no", "--sequential", *extra)
+        assert r.exit_code == 1 and message in r.output and r.output.count("Error") == 1, r.output
+        assert not (tmp_path / "no").exists()
+
+
+def test_guided_sequential_refusals_come_before_the_model_loads():
+    check_sequential(uniform_budget(GPTQ), Guide(["math"]), "original")  # accepted
+    for guide, propagate, match in ((Guide(["math"]), "compressed", "on the original layers' outputs"),
+                                    (Guide(["math"], sensitivity="measured"), "original", "every layer's statistics")):
+        with pytest.raises(CapsenseError, match=match):
+            check_sequential(uniform_budget(GPTQ), guide, propagate)
+    with pytest.raises(CapsenseError, match="rtn needs no calibration"):
+        check_sequential(uniform_budget({"method": "rtn", "bits": 3}), Guide(["math"]), "original")

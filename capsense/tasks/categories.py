@@ -3,7 +3,8 @@ the default suite).
 
 ``Question: What kind of animal is a salmon?\\nAnswer: a fish``: what a thing is, irregular
 plurals and past tenses, colours and materials of everyday things, asked in the
-question-and-answer format of three solved shots. Written for issue 21 beside
+question-and-answer format of one solved shot (three shots cost twice the tokens, 961 against 461
+per 16 documents on SmolLM2, for the same sensitivity: L16H0 +18.5% against +17.0% nats/token). Written for issue 21 beside
 ``capsense_conversions``: the default suite asked for facts only zero-shot (``capsense_facts``),
 and an induction set that spared every searched control cut held-out few-shot QA by 13.6% on
 SmolLM2 (round 15). The knowledge here is lexical and everyday, not the capitals, authors and
@@ -56,7 +57,7 @@ def _families() -> list[list[tuple[str, str]]]:
     ]
 
 
-def make_docs(shots: int = 3, seed: int = 1414) -> list[dict[str, Any]]:
+def make_docs(shots: int = 1, seed: int = 1414) -> list[dict[str, Any]]:
     """One document per item, the families interleaved, each after ``shots`` solved questions of
     other items (from any family)."""
     families = _families()

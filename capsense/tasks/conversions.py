@@ -6,12 +6,13 @@ quantities out of a question, one multiplication, division or clock step, and th
 the question-and-answer format of two solved shots. Measured on SmolLM2 (nats/token change of the
 reference, 32 documents): answers with the number alone moved by L16H0 +4.6% only (SmolLM2 gets 5%
 of them), worked answers +20 to +37%; one shot costs the round-14 induction set +3.4% to +5.8%
-(few-shot format copying leans on induction heads), two shots -3.9%, so two. Written for issue 21: on SmolLM2 the induction set
-chosen with groups priced at their real cost cut held-out math word problems by 54.5% and QA by
-13.6% while every control of the suite moved at most 5.2% (recipes/results/RESULTS-locate.md,
-round 15): nothing the search scored asked a question in words about numbers. Units, clock times,
-money and halves/doubles here, not the stories with named people of ``capsense_math_problems``
-(held out), so the held-out suite still checks what the search could not fit.
+(few-shot format copying leans on induction heads), two shots -3.9%, so two. Written for issue 21:
+on SmolLM2 the induction set chosen with groups priced at their real cost cut held-out math word
+problems by 54.5% and QA by 13.6% while every control of the suite moved at most 5.2%
+(recipes/results/RESULTS-locate.md, round 15): nothing the search scored asked a question in words
+about numbers. Units, clock times, money and halves/doubles here, not the stories with named people
+of ``capsense_math_problems`` (held out), so the held-out suite still checks what the search could
+not fit.
 Templates and values are written for capsense; documents follow a seeded order.
 """
 

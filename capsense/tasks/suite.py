@@ -16,8 +16,9 @@ default, with two suites of short probe sets built offline in code:
   multiple choice, costs about 175 tokens a document: name it with ``--tasks`` when wanted.)
 
 A control spec is a list of task names and suite names; ``-name`` drops a task (or a suite's
-tasks) from what came before: ``default,capsense_arithmetic,-capsense_dates``. The target task (and a suite task built on it, :data:`BUILT_ON`)
-is never its own control. This module imports nothing heavy (checks run before torch loads).
+tasks) from what came before: ``default,capsense_arithmetic,-capsense_dates``. The target task
+(and a suite task built on it, :data:`BUILT_ON`) is never its own control. This module imports
+nothing heavy (checks run before torch loads).
 """
 
 from __future__ import annotations

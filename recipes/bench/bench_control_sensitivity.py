@@ -7,9 +7,14 @@ Round 16 chose the forms of the default suite's question tasks with it (recipes/
         --heads L16H0,L12H2,L19H8+L18H7+L8H0+L11H4+L12H2
 
 Each ``module:shots`` builds ``capsense.tasks.<module>.make_docs(shots=...)``; the first ``--docs``
-documents are scored (nats per token of the reference continuation, token-weighted) with the model as
-is and with each head set zeroed (:class:`capsense.core.ablation.HeadAblator`); printed per task:
-the tokens 16 documents cost every knockout, the base loss and each set's relative change.
+documents become a log-likelihood :class:`~capsense.scoring.probe.Probe` (context and continuation
+split as lm-eval splits them) and are scored as the project scores every capability
+(:func:`~capsense.compress.capability_loss.measure_probe`: nats per reference token, token-weighted,
+float32 LM head) with the model as is and with each head set zeroed
+(:class:`capsense.core.ablation.HeadAblator`). Printed per task: the tokens 16 documents cost every
+knockout, the base loss and each set's relative change with its paired standard error over documents.
+(Round 16's first version had a loop of its own, with the context and the continuation tokenized
+together; its figures differ from this one's in the first decimal.)
 """
 
 from __future__ import annotations
@@ -17,25 +22,16 @@ from __future__ import annotations
 import argparse
 import importlib
 
-import torch
-
+from capsense.compress.capability_loss import measure_probe, paired_difference
 from capsense.core.ablation import HeadAblator
 from capsense.core.models import load_model
+from capsense.scoring.probe import Probe
 
 
-def task_loss(model, tok, docs) -> tuple[float, int]:
-    """(nats per reference token, total tokens) over ``docs``."""
-    nats, n_ref, n_all = 0.0, 0, 0
-    for d in docs:
-        k = len(tok(d["context"]).input_ids)
-        ids = torch.tensor([tok(d["context"] + d["continuation"]).input_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
-        target = ids[0, 1:]
-        nats -= logp[k - 1:].gather(1, target[k - 1:, None]).sum().item()
-        n_ref += ids.shape[1] - k
-        n_all += ids.shape[1]
-    return nats / n_ref, n_all
+def task_probe(module: str, shots: int, n_docs: int, tokenizer) -> Probe:
+    """The first ``n_docs`` documents of ``capsense.tasks.<module>`` at ``shots`` shots, as a probe."""
+    docs = importlib.import_module(f"capsense.tasks.{module}").make_docs(shots=shots)[:n_docs]
+    return Probe.from_pairs(f"{module}:{shots}", [(d["context"], d["continuation"]) for d in docs], tokenizer)
 
 
 def main() -> None:
@@ -50,14 +46,16 @@ def main() -> None:
     ablator = HeadAblator(model)
     for spec in args.tasks.split(","):
         module, shots = spec.split(":")
-        docs = importlib.import_module(f"capsense.tasks.{module}").make_docs(shots=int(shots))[: args.docs]
-        base, tokens = task_loss(model, tok, docs)
+        probe = task_probe(module, int(shots), args.docs, tok)
+        tokens = sum(len(c) + len(t) for c, t in zip(probe.context_ids, probe.continuation_ids))
+        base = measure_probe(model, probe)
         changes = []
         for heads in args.heads.split(","):
             with ablator.apply(heads):
-                changes.append(f"{heads} {100 * (task_loss(model, tok, docs)[0] / base - 1):+.1f}%")
-        print(f"{module} shots={shots}: {tokens * 16 // len(docs)} tokens / 16 docs, base {base:.3f} nats/token; "
-              + "; ".join(changes), flush=True)
+                diff, se = paired_difference(base, measure_probe(model, probe))
+            changes.append(f"{heads} {100 * diff / base.nll:+.1f}% (+/- {100 * (se or 0.0) / base.nll:.1f})")
+        print(f"{module} shots={shots}: {tokens * 16 // probe.n_docs} tokens / 16 docs, base {base.nll:.3f} "
+              f"nats/token, acc {base.acc:.2f}; " + "; ".join(changes), flush=True)
 
 
 if __name__ == "__main__":

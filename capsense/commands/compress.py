@@ -42,7 +42,9 @@ from capsense.commands.output import echo_written, log
 @dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed, "
               "or bfloat16 for the unpacked tensors of a compressed-tensors checkpoint).")
 @click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
-              "the uniform setting (or --budget-size), their most important whole heads protected.")
+              "the uniform setting (or --budget-size), their most important whole heads protected. The Fisher diagonals "
+              "and the original and chosen weights wait in a temporary folder ($TMPDIR; 4 bytes per target weight per "
+              "capability, plus two copies of the target weights), not in memory.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
               "of the gradient's choice.")
 @click.option("--protect-top-k", type=int, default=None,

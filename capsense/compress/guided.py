@@ -121,16 +121,19 @@ class Allocation:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None) -> dict[str, torch.Tensor]:
+def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None) -> Mapping[str, torch.Tensor]:
+    """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, moved to disk as soon as it
+    is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
     from capsense.compress.calibration import calibration_samples
     from capsense.compress.sensitivity import fisher_diagonal
+    from capsense.compress.spill import spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
     samples, _ = calibration_samples(source, tokenizer, n, max_tokens=256)
     log(f"sensitivity: {len(samples)} backward passes on {source}")
-    fisher = fisher_diagonal(model, targets, samples)
+    fisher = spill_fisher(targets, fisher_diagonal(model, targets, samples), source)
     if cache is not None:
         cache[key] = fisher
     return fisher
@@ -199,7 +202,7 @@ class GuidedPlan:
     heads: Any
     budget: Budget
     prot: dict
-    fisher: dict[str, torch.Tensor] | None  # None for a measured sensitivity
+    fisher: Mapping[str, torch.Tensor] | None  # None for a measured sensitivity; read one matrix at a time
     levels: list[Setting]
 
 
@@ -216,7 +219,7 @@ def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, 
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
     top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
-    fisher_by_cap: dict[str, dict[str, torch.Tensor]] = {}
+    fisher_by_cap: dict[str, Mapping[str, torch.Tensor]] = {}
     if guide.sensitivity == "kept" or (top_k and guide.heads is None):
         fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache) for c in guide.keep}
     heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
@@ -229,7 +232,11 @@ def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, 
 
 def _sensitivity(model, tokenizer, targets, guide: Guide, fisher_by_cap, log, cache: dict | None):
     """The per-weight sensitivity the levels are priced with (None: measured), kept in ``cache`` so that
-    the other pricing's allocation reads the same tensors (one copy held, :mod:`.guided_sequential`)."""
+    the other pricing's allocation reads the same tensors (:mod:`.guided_sequential`). Nothing of the
+    model's size is held: the kept capabilities' sum is made one matrix at a time from their spilled
+    Fishers when read (the same sum, in the same order, as summing them all at once), flat's ones too."""
+    from capsense.compress.spill import Lazy
+
     if guide.sensitivity == "measured":
         return None
     if guide.sensitivity == "generic":
@@ -237,10 +244,13 @@ def _sensitivity(model, tokenizer, targets, guide: Guide, fisher_by_cap, log, ca
     key = (guide.sensitivity, tuple(guide.keep), guide.samples, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
+    names = [t.name for t in targets]
     if guide.sensitivity == "kept":
-        fisher = {t.name: sum(f[t.name] for f in fisher_by_cap.values()) for t in targets}
+        parts = tuple(fisher_by_cap.values())
+        fisher = Lazy(names, lambda name: sum(f[name] for f in parts))
     else:  # flat
-        fisher = {t.name: torch.ones(t.shape) for t in targets}
+        shapes = {t.name: t.shape for t in targets}
+        fisher = Lazy(names, lambda name: torch.ones(shapes[name]))
     if cache is not None:
         cache[key] = fisher
     return fisher

@@ -76,7 +76,10 @@ class Guide:
     ``check_uniform`` (a run at the uniform setting's size): compress with the allocation and with the
     uniform setting, keep the one with the lowest kept-capability loss on the calibration documents
     (:mod:`capsense.compress.select`; the Fisher estimate picked allocations worse than uniform), on
-    ``check_docs`` documents per kept capability (default: the ``samples`` the Fisher read).
+    ``check_docs`` documents per kept capability (default: the ``samples`` the Fisher read). ``fisher_groups``:
+    sum the Fisher over that many runs of consecutive decoder layers in turn, a pass over the texts each:
+    the sums held at once (4 bytes per target weight; 26 GiB on Llama-3.1-8B) divided by it, the backward
+    passes multiplied by it, the same sums bit for bit (:mod:`capsense.compress.spill`).
     """
 
     keep: list[str]
@@ -93,6 +96,7 @@ class Guide:
     pricing: str | None = None  # gptq/sparsegpt: "output" (the default), "rtn"/"wanda" (capsense.compress.compensated)
     check_uniform: bool = True  # ship uniform (or the other pricing) when it measures better (capsense.compress.select)
     check_docs: int | None = None  # documents per kept capability that check measures; None: ``samples`` (the Fisher's)
+    fisher_groups: int = 1  # the Fisher summed over this many runs of decoder layers in turn (memory / n, passes x n)
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)
@@ -100,6 +104,8 @@ class Guide:
         if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
         check_unit(self.unit)
+        if self.fisher_groups < 1:
+            raise BudgetError(f"fisher_groups must be at least 1, got {self.fisher_groups}")
         if self.rounds < 1:
             raise BudgetError(f"rounds must be at least 1, got {self.rounds}")
         if self.n_levels < 2:
@@ -121,19 +127,24 @@ class Allocation:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None) -> Mapping[str, torch.Tensor]:
-    """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, moved to disk as soon as it
-    is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
+def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None,
+            groups: int = 1) -> Mapping[str, torch.Tensor]:
+    """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, summed over ``groups`` runs
+    of decoder layers in turn (a pass over the texts each; the same sums) and moved to disk as soon as a
+    run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
     from capsense.compress.calibration import calibration_samples
     from capsense.compress.sensitivity import fisher_diagonal
-    from capsense.compress.spill import spill_fisher
+    from capsense.compress.spill import Spill, layer_groups, spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
     samples, _ = calibration_samples(source, tokenizer, n, max_tokens=256)
-    log(f"sensitivity: {len(samples)} backward passes on {source}")
-    fisher = spill_fisher(targets, fisher_diagonal(model, targets, samples), source)
+    parts = layer_groups(targets, groups)
+    log(f"sensitivity: {len(samples) * len(parts)} backward passes on {source}")
+    fisher = Spill(f"fisher-{source}")
+    for part in parts:
+        spill_fisher(part, fisher_diagonal(model, part, samples), fisher)
     if cache is not None:
         cache[key] = fisher
     return fisher
@@ -221,7 +232,8 @@ def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, 
     top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
     fisher_by_cap: dict[str, Mapping[str, torch.Tensor]] = {}
     if guide.sensitivity == "kept" or (top_k and guide.heads is None):
-        fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache) for c in guide.keep}
+        fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache, guide.fisher_groups)
+                         for c in guide.keep}
     heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     fisher = _sensitivity(model, tokenizer, targets, guide, fisher_by_cap, log, fisher_cache)
@@ -240,7 +252,7 @@ def _sensitivity(model, tokenizer, targets, guide: Guide, fisher_by_cap, log, ca
     if guide.sensitivity == "measured":
         return None
     if guide.sensitivity == "generic":
-        return _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, cache)
+        return _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, cache, guide.fisher_groups)
     key = (guide.sensitivity, tuple(guide.keep), guide.samples, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]

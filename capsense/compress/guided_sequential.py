@@ -58,6 +58,7 @@ from capsense.compress.guided import Allocation, GuidedPlan, allocation_from_pri
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
+from capsense.compress.spill import layer_groups
 from capsense.compress.targets import find_targets
 from capsense.errors import CapsenseError
 
@@ -78,8 +79,9 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
                         packed: bool = False, available: int | None = None) -> dict[str, int]:
     """Refuse, before the Fisher and the calibration passes, a guided sequential run whose phases hold more
     than ``available`` beside the model; the bytes of each phase. ``sensitivity``: one capability's Fisher
-    sums (4 bytes per target weight: the one tensor of the model's size a guided run holds, while its
-    backward passes run; each is then moved to disk, :mod:`.spill`) and one layer's gradients. ``pricing``:
+    sums (4 bytes per target weight of the largest of ``guide.fisher_groups`` runs of layers: the one tensor
+    of the model's size a guided run holds, while its backward passes run; then moved to disk, :mod:`.spill`)
+    and one layer's gradients. ``pricing``:
     one layer's Gram matrices, the cached hidden states, the kept prices, one matrix's Fisher read back (and
     summed over the kept capabilities) and (low rank) one layer's factors. ``compressing`` the candidates:
     one layer's Grams, the hidden states and one layer's target weights being written to disk or read
@@ -94,7 +96,8 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
     n_prices = len(targets) * len(guided_levels(base, guide, targets, packed)) * len(_pricings(uniform, guide))
     layers = {t.layer for t in targets}
     layer_bytes = max(sum(t.n_params * t.module.weight.element_size() for t in targets if t.layer == i) for i in layers)
-    fisher = {"Fisher sums": 4 * sum(t.n_params for t in targets), "one layer's gradients": layer_bytes}
+    fisher = {"Fisher sums": 4 * max(sum(t.n_params for t in part) for part in layer_groups(targets, guide.fisher_groups)),
+              "one layer's gradients": layer_bytes}
     pricing = {"cached hidden states": hidden, "one matrix's Fisher, read back and summed": 2 * 4 * max(
         t.n_params for t in targets), "kept prices": PRICE_BYTES * n_prices}
     if base.family == "lowrank":
@@ -119,7 +122,8 @@ def _check_held(what: str, held: dict[str, int], available: int | None) -> int:
     if total > have:
         kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(held.items()))
         raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of CPU memory beside the model ({kinds}), but "
-                            f"{have / 2**30:.1f} GiB is available: compress fewer matrices (`targets` attn or mlp)")
+                            f"{have / 2**30:.1f} GiB is available: sum the Fisher over more groups of layers in turn "
+                            "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)")
     return total
 
 

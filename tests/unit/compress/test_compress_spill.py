@@ -167,3 +167,37 @@ def test_the_one_pass_run_on_disk_is_the_in_memory_run(monkeypatch):
     assert [(n, a.info) for n, a in new_allocs] == [(n, a.info) for n, a in old_allocs]
     assert new_budget.describe() == old_budget.describe() and isinstance(new_budget, Budget)
     assert all(torch.equal(old[k], new[k]) for k in old)
+
+
+def test_layer_groups_are_runs_of_whole_consecutive_layers():
+    targets = find_targets(make_tiny_model("llama"))  # 3 layers
+    assert [len(g) for g in spill.layer_groups(targets, 1)] == [len(targets)]
+    for n in (2, 3, 7):
+        groups = spill.layer_groups(targets, n)
+        assert [t for g in groups for t in g] == targets and len(groups) == min(n, 3)
+        assert all(len({t.layer for t in g}) >= 1 for g in groups)
+        assert all(max(t.layer for t in a) < min(t.layer for t in b) for a, b in zip(groups, groups[1:]))
+
+
+@pytest.mark.parametrize("arch,overrides", MODELS)
+def test_the_fisher_summed_a_group_of_layers_at_a_time_ships_the_same_model(arch, overrides, monkeypatch):
+    """``fisher_groups`` 3 (a layer per pass over the texts): the same Fisher, prices, choice and weights."""
+    guide = Guide(["math", "code"], samples=2, protect_top_k=0)
+    one_allocs, (_, one_budget, one_al), one, samples = _run(arch, overrides, guide)
+    fisher, layers = sensitivity.fisher_diagonal, []
+    monkeypatch.setattr(sensitivity, "fisher_diagonal",
+                        lambda model, targets, *a, **k: (layers.append({t.layer for t in targets}), fisher(model, targets, *a, **k))[1])
+    three_allocs, (_, three_budget, three_al), three, _ = _run(arch, overrides, Guide(
+        ["math", "code"], samples=2, protect_top_k=0, fisher_groups=3))
+    assert layers == [{0}, {1}, {2}] * 2  # each kept capability's Fisher, one layer per pass over its texts
+    assert [(n, a.info) for n, a in three_allocs] == [(n, a.info) for n, a in one_allocs]
+    assert three_al.info["selection"] == one_al.info["selection"] and three_budget.describe() == one_budget.describe()
+    a, b = one.state_dict(), three.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    need = {g: gs.check_guided_memory(three, uniform_budget(GPTQ), samples, Guide(["math"], fisher_groups=g))
+            for g in (1, 3)}
+    targets = find_targets(three)
+    layer = max(sum(4 * t.n_params for t in targets if t.layer == i) for i in range(3))
+    assert need[1]["sensitivity"] == 4 * sum(t.n_params for t in targets) + layer
+    assert need[3]["sensitivity"] == 2 * layer  # one layer's sums (float32, as the model) and its gradients
+    assert need[1]["pricing"] == need[3]["pricing"] and need[1]["compressing"] == need[3]["compressing"]

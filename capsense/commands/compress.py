@@ -42,7 +42,9 @@ from capsense.commands.output import echo_written, log
 @dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed, "
               "or bfloat16 for the unpacked tensors of a compressed-tensors checkpoint).")
 @click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
-              "the uniform setting (or --budget-size), their most important whole heads protected.")
+              "the uniform setting (or --budget-size), their most important whole heads protected. The Fisher diagonals "
+              "and the original and chosen weights wait in a temporary folder ($TMPDIR; 4 bytes per target weight per "
+              "capability, plus two copies of the target weights), not in memory.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
               "of the gradient's choice.")
 @click.option("--protect-top-k", type=int, default=None,
@@ -60,6 +62,10 @@ from capsense.commands.output import echo_written, log
               "kept-capability loss on the kept capabilities' calibration documents (both recorded in capsense.json).")
 @click.option("--budget-size", type=float, default=None, help="With --keep: model size ratio to match instead of the "
               "uniform setting's.")
+@click.option("--fisher-groups", type=click.IntRange(min=1), default=None,
+              help="With --keep: sum the gradient Fisher over this many runs of decoder layers in turn, a pass over "
+              "its texts each: its memory (4 bytes per target weight, 26 GiB for an 8B model) divided by N, its "
+              "backward passes multiplied by N, the same result (default 1).")
 @click.option("--format", "fmt", type=click.Choice(["auto", "compressed-tensors", "dense"]), default="auto",
               show_default=True, help="Checkpoint format. compressed-tensors: quantized matrices packed as integer codes "
               "with 16-bit group scales (real size on disk; loads with compressed-tensors installed). dense: every weight "
@@ -80,8 +86,8 @@ from capsense.commands.output import echo_written, log
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
-             pricing, check_uniform, budget_size, fmt, sequential, sequential_propagate, device_map, parallelize, out,
-             overwrite):
+             pricing, check_uniform, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device_map,
+             parallelize, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -105,7 +111,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, r
     result = compress_request(
         model, out, setting, targets=targets, budget_file=budget_file, keep=keep, sensitivity=sensitivity,
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
-        check_uniform=check_uniform, calibration=calibration,
+        check_uniform=check_uniform, fisher_groups=fisher_groups, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
         device_map=placed, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate, log=log,
     )

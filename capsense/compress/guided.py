@@ -76,7 +76,10 @@ class Guide:
     ``check_uniform`` (a run at the uniform setting's size): compress with the allocation and with the
     uniform setting, keep the one with the lowest kept-capability loss on the calibration documents
     (:mod:`capsense.compress.select`; the Fisher estimate picked allocations worse than uniform), on
-    ``check_docs`` documents per kept capability (default: the ``samples`` the Fisher read).
+    ``check_docs`` documents per kept capability (default: the ``samples`` the Fisher read). ``fisher_groups``:
+    sum the Fisher over that many runs of consecutive decoder layers in turn, a pass over the texts each:
+    the sums held at once (4 bytes per target weight; 26 GiB on Llama-3.1-8B) divided by it, the backward
+    passes multiplied by it, the same sums bit for bit (:mod:`capsense.compress.spill`).
     """
 
     keep: list[str]
@@ -93,6 +96,7 @@ class Guide:
     pricing: str | None = None  # gptq/sparsegpt: "output" (the default), "rtn"/"wanda" (capsense.compress.compensated)
     check_uniform: bool = True  # ship uniform (or the other pricing) when it measures better (capsense.compress.select)
     check_docs: int | None = None  # documents per kept capability that check measures; None: ``samples`` (the Fisher's)
+    fisher_groups: int = 1  # the Fisher summed over this many runs of decoder layers in turn (memory / n, passes x n)
 
     def __post_init__(self) -> None:
         self.keep = parse_capabilities(self.keep)
@@ -100,6 +104,8 @@ class Guide:
         if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
         check_unit(self.unit)
+        if self.fisher_groups < 1:
+            raise BudgetError(f"fisher_groups must be at least 1, got {self.fisher_groups}")
         if self.rounds < 1:
             raise BudgetError(f"rounds must be at least 1, got {self.rounds}")
         if self.n_levels < 2:
@@ -121,16 +127,24 @@ class Allocation:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None) -> dict[str, torch.Tensor]:
+def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None,
+            groups: int = 1) -> Mapping[str, torch.Tensor]:
+    """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, summed over ``groups`` runs
+    of decoder layers in turn (a pass over the texts each; the same sums) and moved to disk as soon as a
+    run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
     from capsense.compress.calibration import calibration_samples
     from capsense.compress.sensitivity import fisher_diagonal
+    from capsense.compress.spill import Spill, layer_groups, spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
     samples, _ = calibration_samples(source, tokenizer, n, max_tokens=256)
-    log(f"sensitivity: {len(samples)} backward passes on {source}")
-    fisher = fisher_diagonal(model, targets, samples)
+    parts = layer_groups(targets, groups)
+    log(f"sensitivity: {len(samples) * len(parts)} backward passes on {source}")
+    fisher = Spill(f"fisher-{source}")
+    for part in parts:
+        spill_fisher(part, fisher_diagonal(model, part, samples), fisher)
     if cache is not None:
         cache[key] = fisher
     return fisher
@@ -199,7 +213,7 @@ class GuidedPlan:
     heads: Any
     budget: Budget
     prot: dict
-    fisher: dict[str, torch.Tensor] | None  # None for a measured sensitivity
+    fisher: Mapping[str, torch.Tensor] | None  # None for a measured sensitivity; read one matrix at a time
     levels: list[Setting]
 
 
@@ -216,9 +230,10 @@ def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, 
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
     top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
-    fisher_by_cap: dict[str, dict[str, torch.Tensor]] = {}
+    fisher_by_cap: dict[str, Mapping[str, torch.Tensor]] = {}
     if guide.sensitivity == "kept" or (top_k and guide.heads is None):
-        fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache) for c in guide.keep}
+        fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache, guide.fisher_groups)
+                         for c in guide.keep}
     heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     fisher = _sensitivity(model, tokenizer, targets, guide, fisher_by_cap, log, fisher_cache)
@@ -229,18 +244,25 @@ def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, 
 
 def _sensitivity(model, tokenizer, targets, guide: Guide, fisher_by_cap, log, cache: dict | None):
     """The per-weight sensitivity the levels are priced with (None: measured), kept in ``cache`` so that
-    the other pricing's allocation reads the same tensors (one copy held, :mod:`.guided_sequential`)."""
+    the other pricing's allocation reads the same tensors (:mod:`.guided_sequential`). Nothing of the
+    model's size is held: the kept capabilities' sum is made one matrix at a time from their spilled
+    Fishers when read (the same sum, in the same order, as summing them all at once), flat's ones too."""
+    from capsense.compress.spill import Lazy
+
     if guide.sensitivity == "measured":
         return None
     if guide.sensitivity == "generic":
-        return _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, cache)
+        return _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, cache, guide.fisher_groups)
     key = (guide.sensitivity, tuple(guide.keep), guide.samples, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
+    names = [t.name for t in targets]
     if guide.sensitivity == "kept":
-        fisher = {t.name: sum(f[t.name] for f in fisher_by_cap.values()) for t in targets}
+        parts = tuple(fisher_by_cap.values())
+        fisher = Lazy(names, lambda name: sum(f[name] for f in parts))
     else:  # flat
-        fisher = {t.name: torch.ones(t.shape) for t in targets}
+        shapes = {t.name: t.shape for t in targets}
+        fisher = Lazy(names, lambda name: torch.ones(shapes[name]))
     if cache is not None:
         cache[key] = fisher
     return fisher

@@ -9,8 +9,8 @@ once: ~61 GiB of float64 for Llama-3.1-8B, ~610 GiB for 70B. But the allocation 
 weights, Gram, protection and the Fisher only. So here:
 
 1. The Fisher diagonals and protected heads are computed first, on the whole model, exactly as in one
-   pass (:func:`~capsense.compress.guided.plan_guided`, one plan per pricing; the per-capability
-   diagonals are dropped once both plans hold their summed one: one Fisher copy is held).
+   pass (:func:`~capsense.compress.guided.plan_guided`, one plan per pricing); each capability's diagonal
+   is moved to disk once summed (:mod:`.spill`) and read back one matrix at a time when priced.
 2. One sequential pass (:mod:`.sequential`, propagate "original"): per decoder layer, its targets'
    statistics are accumulated on the uncompressed layers' outputs, each plan prices that layer's
    matrices (:func:`~capsense.compress.guided.price_matrices`; the solved errors shared by the plans),
@@ -28,10 +28,13 @@ group 64 keep math, 16 texts: all 692 checkpoint tensors equal, peak RSS 3.11 ->
 8:03, recipes/results/RESULTS-compress.md round 16). The cost is time: a
 calibration pass for the prices and one per candidate (3 for GPTQ/SparseGPT at the default pricing),
 where one pass calibrates once; storing every candidate's compressed weights to calibrate once would
-hold a copy of the target weights per candidate instead (the model's size, each). Memory beside one
-layer's Grams and the cached hidden states: while pricing, the summed Fisher diagonal (4 bytes per
-target weight), the prices and one layer's low-rank factors (low-rank methods); while compressing the
-candidates, the original and the chosen candidate's target weights (:func:`check_guided_memory`).
+hold a copy of the target weights per candidate instead (the model's size, each). Memory beside the
+model (:func:`check_guided_memory`): while the Fisher is summed, 4 bytes per target weight (one
+capability's sums; no longer the gradients beside them); while pricing, one layer's Grams, the cached
+hidden states, the prices, one matrix's Fisher and one layer's low-rank factors (low-rank methods);
+while compressing the candidates, one layer's Grams, the hidden states and one layer's weights on their
+way to or from disk (the original and the chosen candidate's target weights live there; round 16 held
+both in memory, and the summed Fisher through pricing).
 
 Not here: a ``measured`` sensitivity (it measures each layer's levels in the uniformly compressed model,
 which needs every layer's statistics first) and propagating the compressed outputs (the prices are
@@ -55,6 +58,7 @@ from capsense.compress.guided import Allocation, GuidedPlan, allocation_from_pri
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
+from capsense.compress.spill import layer_groups
 from capsense.compress.targets import find_targets
 from capsense.errors import CapsenseError
 
@@ -73,32 +77,54 @@ def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
 
 def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
                         packed: bool = False, available: int | None = None) -> dict[str, int]:
-    """Refuse, before the Fisher and the calibration passes, a guided sequential run whose largest layer's
-    Gram matrices and what is held beside them exceed ``available``; the bytes of both phases (pricing,
-    compressing). Pricing holds the cached hidden states, the summed Fisher diagonal, the prices and (low
-    rank) one layer's factors; compressing the candidates holds the hidden states and two copies of the
-    target weights (the original and the chosen candidate's, :func:`~capsense.compress.select.compress_better`;
-    those of weights a device map put in CPU memory)."""
+    """Refuse, before the Fisher and the calibration passes, a guided sequential run whose phases hold more
+    than ``available`` beside the model; the bytes of each phase. ``sensitivity``: one capability's Fisher
+    sums (4 bytes per target weight of the largest of ``guide.fisher_groups`` runs of layers: the one tensor
+    of the model's size a guided run holds, while its backward passes run; then moved to disk, :mod:`.spill`)
+    and one layer's gradients. ``pricing``:
+    one layer's Gram matrices, the cached hidden states, the kept prices, one matrix's Fisher read back (and
+    summed over the kept capabilities) and (low rank) one layer's factors. ``compressing`` the candidates:
+    one layer's Grams, the hidden states and one layer's target weights being written to disk or read
+    back (the original and the chosen candidate's weights are kept on disk,
+    :func:`~capsense.compress.select.compress_better`; held in memory they were two copies of all target
+    weights)."""
     planned = plan(model, uniform)
     _, gram = needs_calibration(planned)
     base = parse_setting(uniform.default)
     targets = find_targets(model, uniform.targets)
     hidden = cached_bytes(model, samples)
     n_prices = len(targets) * len(guided_levels(base, guide, targets, packed)) * len(_pricings(uniform, guide))
-    pricing = {"cached hidden states": hidden, "Fisher diagonal": 4 * sum(t.n_params for t in targets),
-               "kept prices": PRICE_BYTES * n_prices}
+    layers = {t.layer for t in targets}
+    layer_bytes = max(sum(t.n_params * t.module.weight.element_size() for t in targets if t.layer == i) for i in layers)
+    fisher = {"Fisher sums": 4 * max(sum(t.n_params for t in part) for part in layer_groups(targets, guide.fisher_groups)),
+              "one layer's gradients": layer_bytes}
+    pricing = {"cached hidden states": hidden, "one matrix's Fisher, read back and summed": 2 * 4 * max(
+        t.n_params for t in targets), "kept prices": PRICE_BYTES * n_prices}
     if base.family == "lowrank":
-        pricing["one layer's low-rank factors"] = max(_factor_bytes([t for t in targets if t.layer == i])
-                                                      for i in {t.layer for t in targets})
-    on_cpu = [t for t in targets if t.module.weight.device.type == "cpu"]  # copies of the others stay on their device
-    copies = 2 * sum(t.n_params * t.module.weight.element_size() for t in on_cpu) if checks_uniform(guide) else 0
-    compressing = {"cached hidden states": hidden, "original and chosen weights": copies}
+        pricing["one layer's low-rank factors"] = max(_factor_bytes([t for t in targets if t.layer == i]) for i in layers)
+    compressing = {"cached hidden states": hidden,
+                   "one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}
     calibrated = [t for t, s in planned if s and s.calibrated]
-    out = {}
+    top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
+    needs_fisher = guide.sensitivity in ("kept", "generic") or (top_k and guide.heads is None)
+    out = {"sensitivity": _check_held("the Fisher diagonal (guided sensitivity)", fisher, available) if needs_fisher else 0}
     for phase, held in (("pricing", pricing), ("compressing", compressing)):
         out[phase] = (check_gram_memory(model, calibrated, samples[0], available, sequential=True, held=held) if gram
                       else sum(held.values()))  # no Gram (wanda, asvd): statistics of vectors, not checked (as one pass)
     return out
+
+
+def _check_held(what: str, held: dict[str, int], available: int | None) -> int:
+    """The bytes of ``held`` (by what they are), refused when above ``available`` (default: what the system has)."""
+    from capsense.core.placement import available_cpu_memory
+
+    total, have = sum(held.values()), available_cpu_memory() if available is None else available
+    if total > have:
+        kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(held.items()))
+        raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of CPU memory beside the model ({kinds}), but "
+                            f"{have / 2**30:.1f} GiB is available: sum the Fisher over more groups of layers in turn "
+                            "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)")
+    return total
 
 
 def _factor_bytes(targets) -> int:
@@ -116,7 +142,7 @@ def guided_candidates_sequential(model: nn.Module, tokenizer, uniform: Budget, s
         raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
     cache: dict = {}
     plans = [(name, plan_guided(model, tokenizer, uniform, g, log, cache, packed)) for name, g in _pricings(uniform, guide)]
-    cache.clear()  # the per-capability Fisher diagonals: each plan holds the summed one it prices with
+    cache.clear()  # the plans hold what they price with (the Fishers on disk, summed when read)
     prices = price_layer_by_layer(model, uniform, samples, [p for _, p in plans], log)
     return [(name, allocation_from_prices(p, pr)) for (name, p), pr in zip(plans, prices)]
 

@@ -51,7 +51,8 @@ def _check_guide_options(keep: str | None, **options: Any) -> None:
                             "(the capabilities to keep) or leave them out")
 
 
-def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform):
+def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform,
+           fisher_groups=None):
     """The :class:`~capsense.compress.guided.Guide` of a request that keeps ``keep``; ``check_uniform`` None is on
     at the uniform setting's size, and asked for with ``budget_size`` (another size) an error."""
     from capsense.compress.guided import Guide
@@ -60,7 +61,8 @@ def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_siz
         raise CapsenseError("`check_uniform` compares the allocation with the uniform setting of the same size; with "
                             "`budget_size` the sizes differ: leave one out")
     return Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
-                 size_ratio=budget_size, samples=samples, pricing=pricing, check_uniform=check_uniform is not False)
+                 size_ratio=budget_size, samples=samples, pricing=pricing, check_uniform=check_uniform is not False,
+                 fisher_groups=fisher_groups or 1)
 
 
 def default_calibration(budget, guide) -> str:
@@ -88,7 +90,7 @@ def compress_request(
     protect_heads: str | None = None,
     budget_size: float | None = None,
     pricing: str | None = None,
-    check_uniform: bool | None = None,
+    check_uniform: bool | None = None, fisher_groups: int | None = None,
     calibration: str | None = None,
     calibration_samples: int = 64,
     dtype: str = "float32",
@@ -103,17 +105,16 @@ def compress_request(
     """Compress ``model`` as asked and write the checkpoint to ``out``; the
     :class:`~capsense.compress.engine.CompressionResult` (its ``budget`` names the targets).
 
-    ``setting``: values of :data:`SETTING_PARAMETERS` (None = not given). With ``budget_file``
-    they override its default setting (a different ``method`` starts from that method's
-    defaults); without, they are the one setting of every ``targets`` matrix. ``keep``
-    (comma-separated capabilities) asks for a guided allocation at the uniform setting's size
-    (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept
-    capability (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT
-    allocation prices its levels and ``check_uniform`` (None: on) whether the uniform setting is shipped
-    when it measures better on calibration documents (:class:`~capsense.compress.guided.Guide`). Those guide options
-    without ``keep`` are an error, not ignored. ``calibration`` None is the default sources, and
-    for an error-compensating method (GPTQ, SparseGPT) guided by ``keep``, those plus the kept
-    capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
+    ``setting``: values of :data:`SETTING_PARAMETERS` (None = not given). With ``budget_file`` they override its
+    default setting (a different ``method`` starts from that method's defaults); without, they are the one setting
+    of every ``targets`` matrix. ``keep`` (comma-separated capabilities) asks for a guided allocation at the uniform
+    setting's size (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept capability
+    (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT allocation prices its levels,
+    ``check_uniform`` (None: on) whether the uniform setting is shipped when it measures better on calibration
+    documents, ``fisher_groups`` over how many runs of layers the Fisher is summed in turn (None: 1)
+    (:class:`~capsense.compress.guided.Guide`); given without ``keep`` they are an error, not ignored.
+    ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided by
+    ``keep``, those plus the kept capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
     ``sequential``: one decoder layer at a time (:mod:`capsense.compress.sequential`, ``sequential_propagate``).
     """
     from capsense.compress.budget import load_budget, uniform_budget
@@ -121,7 +122,8 @@ def compress_request(
     from capsense.compress.sequential import DEFAULT_PROPAGATE
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
-                         pricing=pricing, check_uniform=check_uniform, sensitivity=None if sensitivity == "kept" else sensitivity)
+                         pricing=pricing, check_uniform=check_uniform, fisher_groups=fisher_groups,
+                         sensitivity=None if sensitivity == "kept" else sensitivity)
     if sequential_propagate is not None and not sequential:
         raise CapsenseError("`sequential_propagate` says how `sequential` calibrates: give both or leave it out")
     unknown = set(setting) - set(SETTING_PARAMETERS)
@@ -130,7 +132,7 @@ def compress_request(
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
-                   check_uniform) if keep else None
+                   check_uniform, fisher_groups) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,

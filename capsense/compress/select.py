@@ -29,7 +29,10 @@ nothing in expectation where the candidates are within noise and wins where they
 calibration documents (the SE falls as 1/sqrt(n)) are the way to resolve close candidates.
 
 Cost: one more compression pass and one forward over the kept capabilities' calibration documents
-per candidate; memory: a copy of the target matrices (the original) and of the chosen candidate's.
+per candidate. Memory: none of the model's size beside it; the original target weights (put back before
+each candidate) and the chosen candidate's (put back at the end, when it was not the last compressed) are
+written to disk and read back one matrix at a time (:mod:`.spill`: the same weights bit for bit; held in
+memory they were two copies of the target weights, 52 GiB on Llama-3.1-8B in float32).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from torch import nn
 
 from capsense.compress.budget import Budget
 from capsense.compress.engine import CompressionResult, compress_model
-from capsense.compress.targets import find_targets, restore, snapshot
+from capsense.compress.spill import Spill, spill_weights
+from capsense.compress.targets import find_targets, restore
 from capsense.errors import BudgetError
 
 MARGIN_SE = 0.0  # a challenger displaces the allocation when lower by more than this many standard errors (0: lower at all)
@@ -84,7 +88,26 @@ def compress_better(
     sets = {cap: capability_probe(cap, tokenizer, n_docs, use="calibration") for cap in keep}
     before = measure(model, sets)
     targets = find_targets(model, candidates[0][1].targets)
-    original, chosen_weights = snapshot(targets), None
+    with Spill("original") as original, Spill("chosen") as chosen_weights:
+        if len(candidates) > 1:
+            spill_weights(targets, original)
+        dls, paired, chosen = _compress_each(model, targets, candidates, sets, before, f"{n_docs} calibration documents",
+                                             log, (original, chosen_weights),
+                                             compress or (lambda budget: compress_model(model, budget, stats)))
+    record = {"documents": "last", "n_docs": n_docs, "capabilities": list(keep), "dL": dls,
+              "allocation": candidates[0][0], "margin_se": MARGIN_SE, "paired": paired, "chosen": chosen[1],
+              "reason": _reason(candidates[0][0], chosen[1], paired)}
+    return Selection(chosen[1], chosen[2], chosen[3], record)
+
+
+def _compress_each(model, targets, candidates, sets, before, docs: str, log, spills, compress):
+    """:func:`compress_better`'s loop: each candidate compressed from the original weights (put back from
+    ``spills[0]`` before each but the first) and measured on ``sets``; the chosen one's weights kept in
+    ``spills[1]`` while later ones are compressed, and put back at the end. (dL by candidate, paired
+    differences, (summed dL, name, budget, result) of the chosen one)."""
+    from capsense.compress.capability_loss import measure
+
+    keep, (original, chosen_weights) = list(sets), spills
     dls: dict[str, dict[str, float]] = {}
     paired: dict[str, dict[str, Any]] = {}
     first: dict = {}
@@ -92,11 +115,11 @@ def compress_better(
     for i, (name, budget) in enumerate(candidates):
         if i:
             restore(targets, original)
-        result = compress(budget) if compress is not None else compress_model(model, budget, stats)
+        result = compress(budget)
         after = measure(model, sets)
         dls[name] = {cap: after[cap].nll - before[cap].nll for cap in keep}
         score = sum(dls[name].values())
-        msg = f"{name}: dL on {n_docs} calibration documents of {', '.join(keep)}: {score:+.4f}"
+        msg = f"{name}: dL on {docs} of {', '.join(keep)}: {score:+.4f}"
         if i == 0:
             first, take = after, True
         else:
@@ -107,14 +130,12 @@ def compress_better(
         log(msg)
         if take:
             chosen = (score, name, budget, result)
-            chosen_weights = snapshot(targets) if i < len(candidates) - 1 else None
+            if i < len(candidates) - 1:
+                spill_weights(targets, chosen_weights)
     assert chosen is not None
-    if chosen_weights is not None:  # the chosen one was not the last one compressed
+    if chosen[1] != candidates[-1][0]:  # the chosen one was not the last one compressed
         restore(targets, chosen_weights)
-    record = {"documents": "last", "n_docs": n_docs, "capabilities": list(keep), "dL": dls,
-              "allocation": candidates[0][0], "margin_se": MARGIN_SE, "paired": paired, "chosen": chosen[1],
-              "reason": _reason(candidates[0][0], chosen[1], paired)}
-    return Selection(chosen[1], chosen[2], chosen[3], record)
+    return dls, paired, chosen
 
 
 def paired_vs_allocation(allocation: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:

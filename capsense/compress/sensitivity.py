@@ -28,28 +28,40 @@ def fisher_diagonal(
     samples: Sequence[Sequence[int]],
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Sum over ``samples`` (token id lists) of the squared gradient of each target weight, ``[out, in]``."""
+    """Sum over ``samples`` (token id lists) of the squared gradient of each target weight, ``[out, in]``.
+
+    Each weight's gradient is squared into its sum as soon as the backward pass has accumulated it and
+    then dropped (a post-accumulate-grad hook), so the gradients of all targets are never held at once
+    beside the sums (they were: 4 more bytes per target weight at float32, e.g. 26 GiB on Llama-3.1-8B);
+    the same operations on the same gradients, so the same sums bit for bit."""
     params = list(model.parameters())
     was = [p.requires_grad for p in params]
     fisher = {t.name: torch.zeros(t.shape, dtype=torch.float32) for t in targets}
     device = input_device(model)
+    hooks = []
+
+    def fold(t: Target) -> Callable[[torch.Tensor], None]:
+        def hook(w: torch.Tensor) -> None:
+            g = w.grad.t() if t.transposed else w.grad
+            fisher[t.name] += g.detach().float().pow(2).cpu()
+            w.grad = None
+        return hook
+
     try:
         for p in params:
             p.requires_grad_(False)
         for t in targets:
             t.module.weight.requires_grad_(True)
+            hooks.append(t.module.weight.register_post_accumulate_grad_hook(fold(t)))
         for ids in samples:
             x = torch.tensor([list(ids)], device=device)
             model.zero_grad(set_to_none=True)
-            loss = model(input_ids=x, labels=x, use_cache=False).loss
-            loss.backward()
-            for t in targets:
-                g = t.module.weight.grad
-                g = g.t() if t.transposed else g
-                fisher[t.name] += g.detach().float().pow(2).cpu()
+            model(input_ids=x, labels=x, use_cache=False).loss.backward()
             if progress:
                 progress(1)
     finally:
+        for h in hooks:
+            h.remove()
         model.zero_grad(set_to_none=True)
         for p, w in zip(params, was):
             p.requires_grad_(w)

@@ -122,6 +122,7 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
     (["--method", "sparsegpt", "--density", "0.6", "--scope", "2:4"], "density must be 0.5"),
     ([], "give --method"),
     (["--method", "gptq", "--bits", "4", "--pricing", "rtn"], "--pricing shape(s) a guided allocation: give --keep"),
+    (["--method", "gptq", "--bits", "4", "--fisher-groups", "2"], "--fisher-groups shape(s) a guided allocation"),
     (["--method", "wanda", "--density", "0.5", "--protect-top-k", "2", "--sensitivity", "flat"],
      "--protect-top-k, --sensitivity shape(s) a guided allocation"),
     (["--method", "wanda", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing applies to methods gptq, sparsegpt, not wanda"),

@@ -112,27 +112,35 @@ def test_pricing_holds_one_layers_statistics_and_one_fisher(monkeypatch):
 
 
 def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams():
+    """Nothing of the model's size beside one Fisher's sums while they are summed: the Fisher read back one
+    matrix at a time, the original and chosen weights one layer at a time (capsense.compress.spill)."""
     model, tok = make_tiny_model("llama"), make_char_tokenizer()
     samples, _ = calibration_samples(CALIBRATION, tok, N)
     guide, uni = Guide(["math"], samples=2, protect_top_k=0), uniform_budget(GPTQ)
     targets = find_targets(model)
     grams = check_gram_memory(model, targets, samples[0], sequential=True)
     hidden, n_params = cached_bytes(model, samples), sum(t.n_params for t in targets)
+    layer = max(sum(4 * t.n_params for t in targets if t.layer == i) for i in range(3))
+    matrix = 2 * 4 * max(t.n_params for t in targets)
     n_levels = len(gs.guided_levels(gs.parse_setting(GPTQ), guide, targets))
     need = gs.check_guided_memory(model, uni, samples, guide)
-    assert need == {"pricing": grams + hidden + 4 * n_params + gs.PRICE_BYTES * len(targets) * n_levels * 2,
-                    "compressing": grams + hidden + 2 * 4 * n_params}
-    top = max(need.values())
-    assert gs.check_guided_memory(model, uni, samples, guide, available=top) == need
-    with pytest.raises(CapsenseError, match="original and chosen weights") as e:  # the larger phase here
-        gs.check_guided_memory(model, uni, samples, guide, available=top - 1)
-    assert "one decoder layer at a time" in str(e.value) and "cached hidden states" in str(e.value)
-    unchecked = Guide(["math"], samples=2, protect_top_k=0, check_uniform=False)  # one pricing, no weight copies
+    assert need == {"sensitivity": 4 * n_params + layer,
+                    "pricing": grams + hidden + matrix + gs.PRICE_BYTES * len(targets) * n_levels * 2,
+                    "compressing": grams + hidden + layer}
+    assert gs.check_guided_memory(model, uni, samples, guide, available=max(need.values())) == need
+    with pytest.raises(CapsenseError, match="Fisher sums") as e:  # the first phase checked
+        gs.check_guided_memory(model, uni, samples, guide, available=need["sensitivity"] - 1)
+    assert "one layer's gradients" in str(e.value)
+    flat = Guide(["math"], sensitivity="flat", protect_top_k=0)  # no Fisher: no sensitivity phase
+    flat_need = gs.check_guided_memory(model, uni, samples, flat)
+    assert flat_need["sensitivity"] == 0 and flat_need["compressing"] == need["compressing"]
+    with pytest.raises(CapsenseError, match="kept prices") as e:
+        gs.check_guided_memory(model, uni, samples, flat, available=flat_need["pricing"] - 1)
+    assert "one decoder layer at a time" in str(e.value) and "Fisher, read back" in str(e.value)
+    unchecked = Guide(["math"], samples=2, protect_top_k=0, check_uniform=False)  # one pricing, no weights on disk
     alone = gs.check_guided_memory(model, uni, samples, unchecked)
-    assert alone == {"pricing": need["pricing"] - gs.PRICE_BYTES * len(targets) * n_levels, "compressing": grams + hidden}
-    with pytest.raises(CapsenseError, match="Fisher diagonal") as e:
-        gs.check_guided_memory(model, uni, samples, unchecked, available=alone["pricing"] - 1)
-    assert "kept prices" in str(e.value)
+    assert alone == {"sensitivity": need["sensitivity"], "compressing": grams + hidden,
+                     "pricing": need["pricing"] - gs.PRICE_BYTES * len(targets) * n_levels}
 
 
 def _compress(tiny_model_dir, out, *extra):

@@ -227,6 +227,8 @@ class QuantSetting(Setting):
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
+        if not (fr.any() and fc.any()):  # wholly protected (one key/value head, protected): nothing to quantize
+            return Applied(w.clone(), *self.size(tuple(w.shape), prot, base_bits), None)
         scales = None
         if _n_protected(tuple(w.shape), prot) == 0:
             new, scales = rtn_quantize_scaled(w, self.bits, self.group_size)
@@ -269,6 +271,8 @@ class LowRankSetting(Setting):
 
     def rank(self, shape, prot) -> int:
         fr, fc = prot.free_shape(shape) if prot is not None else shape
+        if fr * fc == 0:  # wholly protected: nothing factorized, the matrix stored whole
+            return 0
         try:
             return rank_for_ratio((fr, fc), self.ratio)
         except CapsenseError as e:
@@ -281,6 +285,8 @@ class LowRankSetting(Setting):
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
+        if not (fr.any() and fc.any()):  # wholly protected: no factors to take
+            return Applied(w.clone(), *self.size(tuple(w.shape), prot, base_bits))
         key = (self.method, name, self.alpha, _block_key(fr, fc))
         factors = cache.get(key) if cache is not None else None
         if factors is None:

@@ -118,3 +118,18 @@ def dialogue(**metadata):
 
 def recall(**metadata):
     return to_dataset(_recall.make_docs(), metadata)
+
+
+# -- the held-out suite's round-17 families (capsense.tasks.suite.HELD_OUT): never scored by the search --
+from capsense.tasks import comparisons as _comparisons  # noqa: E402
+from capsense.tasks import translation as _translation  # noqa: E402
+
+__all__ += ["comparisons", "translation"]
+
+
+def comparisons(**metadata):
+    return to_dataset(_comparisons.make_docs(), metadata, choices=True)
+
+
+def translation(**metadata):
+    return to_dataset(_translation.make_docs(), metadata)

@@ -49,7 +49,8 @@ def test_every_suite_task_is_declared():
     assert set(SCREEN) | set(HELD_OUT) <= local_task_names()
 
 
-@pytest.mark.parametrize("module", ["facts", "names", "dates", "syntax", "dialogue", "recall", "conversions", "categories"])
+@pytest.mark.parametrize("module", ["facts", "names", "dates", "syntax", "dialogue", "recall", "conversions", "categories",
+                                    "translation"])
 def test_suite_task_documents(module):
     docs = importlib.import_module(f"capsense.tasks.{module}").make_docs()
     assert len(docs) >= 30

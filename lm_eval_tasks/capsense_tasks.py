@@ -121,14 +121,19 @@ def recall(**metadata):
 
 
 # -- the held-out suite's round-17 families (capsense.tasks.suite.HELD_OUT): never scored by the search --
-from capsense.tasks import comparisons as _comparisons  # noqa: E402
+from capsense.tasks import agreement as _agreement  # noqa: E402
+from capsense.tasks import letters as _letters  # noqa: E402
 from capsense.tasks import translation as _translation  # noqa: E402
 
-__all__ += ["comparisons", "translation"]
+__all__ += ["agreement", "letters", "translation"]
 
 
-def comparisons(**metadata):
-    return to_dataset(_comparisons.make_docs(), metadata, choices=True)
+def agreement(**metadata):
+    return to_dataset(_agreement.make_docs(), metadata, choices=True)
+
+
+def letters(**metadata):
+    return to_dataset(_letters.make_docs(), metadata)
 
 
 def translation(**metadata):

@@ -1,13 +1,15 @@
 """Translation: common English words into French and Spanish (held-out suite).
 
 ``English: water\\nFrench:`` continues with `` eau``. Everyday nouns, colours, adjectives and
-numbers whose translation is one word and not in doubt (``car`` is left out of Spanish: coche or
-carro). Written for round 17: the default suite grew in round 16 with few-shot questions after the
+numbers whose translation is one word and not in doubt (``car`` is left out: coche or carro in
+Spanish). Written for round 17: the default suite grew in round 16 with few-shot questions after the
 held-out suite had caught a head that wrecked word problems and QA, so for questions in words the
 held-out verdict had become weaker evidence. No task the search scores asks for a word in another
 language as a family (``capsense_dialogue`` has two translation turns among 30 replies), so this
-one checks what the search could not fit. Items are written for capsense; documents alternate the
-two languages in a seeded order, each after ``shots`` solved words of the same language.
+one checks what the search could not fit. Two solved words of the same language come first: on
+SmolLM2-135M (float32, all 60 documents) zero shots got 0.050 (3.34 nats/token; the answer's form is
+not pinned), two shots 0.217 (2.39 nats/token) at 27.9 tokens a document. Items are written for
+capsense; documents alternate the two languages in a seeded order.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ SPANISH = (
 LANGUAGES = {"French": FRENCH, "Spanish": SPANISH}
 
 
-def make_docs(shots: int = 0, seed: int = 1789) -> list[dict[str, Any]]:
+def make_docs(shots: int = 2, seed: int = 1789) -> list[dict[str, Any]]:
     """One document per (language, word), the languages alternating, the words in a seeded order;
     each after ``shots`` other solved words of the same language."""
     rng = random.Random(seed)

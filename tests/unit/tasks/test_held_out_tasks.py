@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from capsense.scoring.probe import build_probe
-from capsense.tasks import comparisons, translation
+from capsense.tasks import agreement, letters, translation
 from conftest import make_char_tokenizer
 
 
-def test_translation_asks_each_word_once_per_language_and_never_shows_its_answer():
+def test_translation_asks_each_word_once_per_language_after_two_solved_words_of_that_language():
     docs = translation.make_docs()
     assert docs == translation.make_docs() and len(docs) == 2 * len(translation.FRENCH) == 60
     assert [d["language"] for d in docs[:4]] == ["French", "Spanish", "French", "Spanish"]
@@ -20,34 +20,40 @@ def test_translation_asks_each_word_once_per_language_and_never_shows_its_answer
         answer = dict(pairs)
         for d, word in zip(ours, asked):
             assert d["context"].endswith(f"English: {word}\n{lang}:") and d["continuation"] == f" {answer[word]}"
-    assert all(d["context"].count("English:") == 1 for d in docs)  # zero shots by default
-    for d in translation.make_docs(shots=2):  # shots: other words of the same language, solved
-        *shots, last = d["context"].split("\n\n")
-        assert len(shots) == 2 and all(s.split("\n")[1].startswith(d["language"] + ": ") for s in shots)
-        assert d["continuation"].strip() not in {s.split(": ")[-1] for s in shots}
+            *shots, _ = d["context"].split("\n\n")
+            assert len(shots) == 2 and all(s.split("\n")[1].startswith(lang + ": ") for s in shots)
+            assert answer[word] not in {s.split(": ")[-1] for s in shots}  # answering is not copying
+    assert all(d["context"].count("English:") == 1 for d in translation.make_docs(shots=0))
 
 
-def test_comparisons_score_the_two_things_and_the_right_one_is_not_always_first():
-    docs = comparisons.make_docs()
-    assert docs == comparisons.make_docs() and len(docs) == len(comparisons.ITEMS) >= 40
-    firsts = 0
+def test_agreement_puts_an_attractor_of_the_other_number_between_subject_and_verb():
+    docs = agreement.make_docs()
+    assert docs == agreement.make_docs() and len(docs) == 48
+    plural = {p for _, p in agreement.NOUNS}
     for d in docs:
-        assert len(d["choices"]) == 2 and d["choices"][0] != d["choices"][1]
-        word = d["context"].split()[3].rstrip(",")
-        more, = [m for w, m, l in comparisons.ITEMS if w == word and {m, l} == set(d["choices"])]
-        assert d["context"] == f"Question: Which is {word}, {d['choices'][0]} or {d['choices'][1]}?\nAnswer:"
-        assert d["choices"][d["gold"]] == more
-        firsts += d["gold"] == 0
-    assert 0.35 <= firsts / len(docs) <= 0.65  # answering "the first one" is no better than chance
+        words = d["context"].split()
+        subject, attractor = words[1], words[-1]
+        assert d["context"].startswith("The ") and tuple(d["choices"]) in agreement.VERBS
+        assert d["gold"] == (subject in plural) and (attractor in plural) != (subject in plural)
+    golds = [d["gold"] for d in docs]
+    assert 0.35 <= sum(golds) / len(golds) <= 0.65  # "always plural" is no better than chance
     assert len({d["context"] for d in docs}) == len(docs)
-    assert len({frozenset(d["choices"]) for d in docs}) == len(docs)  # no pair of things asked twice
-    one = comparisons.make_docs(shots=1)
-    assert all(d["context"].count("Question:") == 2 and d["context"].split("\n\n")[-1] in {e["context"] for e in docs}
-               for d in one)
+
+
+def test_letters_ask_each_word_once_after_a_solved_other_word():
+    docs = letters.make_docs()
+    assert docs == letters.make_docs() and len(docs) == len(letters.WORDS) == len(set(letters.WORDS))
+    asked = [d["context"].rsplit('"', 2)[-2] for d in docs]
+    assert sorted(asked) == sorted(letters.WORDS)
+    for d, word in zip(docs, asked):
+        shot, last = d["context"].split("\n\n")
+        assert d["continuation"] == f" {word[0]}" and last.endswith("Answer:") and word not in shot
+        assert shot.endswith(" " + shot.split('"')[1][0])  # the shot is solved right
 
 
 @pytest.mark.parametrize("task,module,kind", [
-    ("capsense_translation", translation, "loglikelihood"), ("capsense_comparisons", comparisons, "multiple_choice"),
+    ("capsense_translation", translation, "loglikelihood"), ("capsense_letters", letters, "loglikelihood"),
+    ("capsense_agreement", agreement, "multiple_choice"),
 ])
 def test_lm_eval_loads_the_yaml_into_a_probe(task, module, kind):
     docs = module.make_docs()

@@ -118,3 +118,23 @@ def dialogue(**metadata):
 
 def recall(**metadata):
     return to_dataset(_recall.make_docs(), metadata)
+
+
+# -- the held-out suite's round-17 families (capsense.tasks.suite.HELD_OUT): never scored by the search --
+from capsense.tasks import agreement as _agreement  # noqa: E402
+from capsense.tasks import letters as _letters  # noqa: E402
+from capsense.tasks import translation as _translation  # noqa: E402
+
+__all__ += ["agreement", "letters", "translation"]
+
+
+def agreement(**metadata):
+    return to_dataset(_agreement.make_docs(), metadata, choices=True)
+
+
+def letters(**metadata):
+    return to_dataset(_letters.make_docs(), metadata)
+
+
+def translation(**metadata):
+    return to_dataset(_translation.make_docs(), metadata)

@@ -12,7 +12,12 @@ default, with two suites of short probe sets built offline in code:
   added in round 16 after a set that spared every other control cut held-out word problems by 54.5%).
 * ``held-out`` (:data:`HELD_OUT`): never scored by the search; ``capsense validate`` evaluates the
   chosen set on it, so the verdict rests on controls the choice could not fit: everyday
-  knowledge, few-shot QA, list continuation, math word problems. (``capsense_rhyme``, three-shot
+  knowledge, few-shot QA, list continuation, math word problems, and (round 17) words translated
+  into French and Spanish, subject-verb agreement and the first letters of words. The default suite
+  grew in round 16 with questions in words written after this suite had caught a head (L16H0) the
+  search missed, so this suite grew too, with families neither suite had, chosen by coverage, the
+  clean model's signal and cost, not by which heads they catch (comparisons of two everyday things
+  were dropped: SmolLM2 scored 0.46 and 0.60 of them, chance 0.5). (``capsense_rhyme``, three-shot
   multiple choice, costs about 175 tokens a document: name it with ``--tasks`` when wanted.)
 
 A control spec is a list of task names and suite names; ``-name`` drops a task (or a suite's
@@ -31,7 +36,10 @@ SCREEN: tuple[str, ...] = (
     "capsense_facts", "capsense_names", "capsense_dates", "capsense_syntax", "capsense_dialogue",
     "capsense_prose", "capsense_antonyms", "capsense_conversions", "capsense_categories",
 )
-HELD_OUT: tuple[str, ...] = ("capsense_recall", "capsense_qa", "capsense_sequence", "capsense_math_problems")
+HELD_OUT: tuple[str, ...] = (
+    "capsense_recall", "capsense_qa", "capsense_sequence", "capsense_math_problems",
+    "capsense_translation", "capsense_agreement", "capsense_letters",
+)
 SUITES: dict[str, tuple[str, ...]] = {"default": SCREEN, "held-out": HELD_OUT}
 #: Suite tasks built on another task's capability: a suite leaves them out when that task is the
 #: target, as it leaves out the target itself (worked unit conversions and word problems are

@@ -41,6 +41,7 @@ def test_bad_specs_are_refused(spec, match):
 
 def test_held_out_suite_is_disjoint_from_the_screen_and_from_what_the_search_used():
     assert not set(SCREEN) & set(HELD_OUT)
+    assert {"capsense_translation", "capsense_agreement", "capsense_letters"} <= set(HELD_OUT)  # round 17's families
     assert held_out_controls("capsense_qa", ["capsense_recall"]) == [t for t in HELD_OUT if t not in ("capsense_qa", "capsense_recall")]
     assert suite_of("capsense_facts") == "default" and suite_of("capsense_qa") == "held-out" and suite_of("x") is None
 
@@ -49,7 +50,8 @@ def test_every_suite_task_is_declared():
     assert set(SCREEN) | set(HELD_OUT) <= local_task_names()
 
 
-@pytest.mark.parametrize("module", ["facts", "names", "dates", "syntax", "dialogue", "recall", "conversions", "categories"])
+@pytest.mark.parametrize("module", ["facts", "names", "dates", "syntax", "dialogue", "recall", "conversions", "categories",
+                                    "translation", "letters"])
 def test_suite_task_documents(module):
     docs = importlib.import_module(f"capsense.tasks.{module}").make_docs()
     assert len(docs) >= 30

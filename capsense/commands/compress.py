@@ -44,7 +44,8 @@ from capsense.commands.output import echo_written, log
 @click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
               "the uniform setting (or --budget-size), their most important whole heads protected. The Fisher diagonals "
               "and the original and chosen weights wait in a temporary folder ($TMPDIR; 4 bytes per target weight per "
-              "capability, plus two copies of the target weights), not in memory.")
+              "capability, plus two copies of the target weights), not in memory; refused before any pass when its disk has not "
+              "the room.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
               "of the gradient's choice.")
 @click.option("--protect-top-k", type=int, default=None,

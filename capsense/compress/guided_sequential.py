@@ -58,7 +58,7 @@ from capsense.compress.guided import Allocation, GuidedPlan, allocation_from_pri
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
-from capsense.compress.spill import layer_groups
+from capsense.compress.spill import check_disk, layer_groups
 from capsense.compress.targets import find_targets
 from capsense.errors import CapsenseError
 
@@ -112,6 +112,17 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
         out[phase] = (check_gram_memory(model, calibrated, samples[0], available, sequential=True, held=held) if gram
                       else sum(held.values()))  # no Gram (wanda, asvd): statistics of vectors, not checked (as one pass)
     return out
+
+
+def check_guided_disk(model: nn.Module, uniform: Budget, guide, folder: str | None = None) -> int:
+    """Refuse, before any pass, a guided run (one pass or sequential) whose spill (:mod:`.spill`) the temporary
+    folder's disk cannot hold: at most a Fisher per kept capability and the generic one (4 bytes per target
+    weight each) and, when the candidates are measured against the uniform setting, two copies of the target
+    weights (the original and the chosen candidate's). The bytes counted."""
+    targets = find_targets(model, uniform.targets)
+    fishers, copies = len(guide.keep) + 1, 2 if checks_uniform(guide) else 0
+    need = sum(t.n_params * (4 * fishers + copies * t.module.weight.element_size()) for t in targets)
+    return check_disk(need, "the guided run's Fisher diagonals and weight copies", folder)
 
 
 def _check_held(what: str, held: dict[str, int], available: int | None) -> int:

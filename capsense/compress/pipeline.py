@@ -126,6 +126,10 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL).
     ``planned``: ``budget``'s plan, made once by the caller."""
     needed, _ = needs_calibration(planned)
+    if guide is not None:
+        from capsense.compress.guided_sequential import check_guided_disk
+
+        check_guided_disk(model, budget, guide)  # before the calibration and the Fisher passes
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({n_samples} samples)")
@@ -149,10 +153,11 @@ def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_s
         result = compress_sequential(model, budget, samples, propagate, log=log)
         result.calibration = calib_info
         return result, budget, None, None
-    from capsense.compress.guided_sequential import check_guided_memory, guided_candidates_sequential
+    from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory, guided_candidates_sequential
 
     packed = fmt == "compressed-tensors"
     check_guided_memory(model, budget, samples, guide, packed)  # before the Fisher and the calibration passes
+    check_guided_disk(model, budget, guide)
     allocations = guided_candidates_sequential(model, tokenizer, budget, samples, guide, log, packed)
     _check_allocations(model, allocations, fmt)
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if probes > 0 else None

@@ -37,6 +37,21 @@ from pathlib import Path
 import torch
 
 
+def check_disk(need: int, what: str, folder: str | None = None) -> int:
+    """Refuse, before any pass, a spill of ``need`` bytes that the temporary folder's disk cannot hold (a
+    full disk would otherwise fail the run hours in, at its first write); ``need`` returned."""
+    import shutil
+
+    from capsense.errors import CapsenseError
+
+    folder = folder or tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise CapsenseError(f"{what} writes up to {need / 2**30:.1f} GiB to the temporary folder {folder!r}, whose disk "
+                            f"has {free / 2**30:.1f} GiB free: point TMPDIR at a disk with room")
+    return need
+
+
 class Spill(Mapping[str, torch.Tensor]):
     """Named tensors in a temporary folder, removed by :meth:`close` or when the spill is garbage-collected
     (or the interpreter exits); read back by name (``spill[name]``), one tensor at a time."""

@@ -201,3 +201,36 @@ def test_the_fisher_summed_a_group_of_layers_at_a_time_ships_the_same_model(arch
     assert need[1]["sensitivity"] == 4 * sum(t.n_params for t in targets) + layer
     assert need[3]["sensitivity"] == 2 * layer  # one layer's sums (float32, as the model) and its gradients
     assert need[1]["pricing"] == need[3]["pricing"] and need[1]["compressing"] == need[3]["compressing"]
+
+
+def test_a_spill_the_temporary_disk_cannot_hold_is_refused_before_anything_runs(monkeypatch, tmp_path, tiny_model_dir):
+    """The disk check counts a Fisher per kept capability and the generic one plus two weight copies, refuses one
+    byte short of it naming $TMPDIR, and the command refuses before anything is written or computed."""
+    import shutil
+    from collections import namedtuple
+
+    from click.testing import CliRunner
+
+    from capsense.cli import main
+    from capsense.errors import CapsenseError
+
+    model = make_tiny_model("llama")
+    uni = uniform_budget(GPTQ)
+    n = sum(t.n_params for t in find_targets(model, uni.targets))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 10**15))
+    assert gs.check_guided_disk(model, uni, Guide(["math", "code"])) == n * (4 * 3 + 2 * 4)
+    assert gs.check_guided_disk(model, uni, Guide(["math"], check_uniform=False)) == n * 4 * 2
+    need = n * (4 * 2 + 2 * 4)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need))
+    assert gs.check_guided_disk(model, uni, Guide(["math"])) == need  # exactly enough
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need - 1))
+    with pytest.raises(CapsenseError, match="point TMPDIR at a disk with room"):
+        gs.check_guided_disk(model, uni, Guide(["math"]))
+    for extra in ([], ["--sequential"]):
+        monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 1))
+        r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "3", "--group-size",
+                                      "32", "--keep", "math", "--calibration-samples", "4", "--out", str(tmp_path / "no"),
+                                      *extra])
+        assert r.exit_code == 1 and "TMPDIR" in r.output and r.output.count("Error") == 1, r.output
+        assert not (tmp_path / "no").exists()

@@ -62,6 +62,7 @@ from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
 from capsense.compress.spill import check_disk, layer_groups
 from capsense.compress.targets import find_targets
+from capsense.core.placement import check_cpu_memory
 from capsense.errors import CapsenseError
 
 #: Bytes one kept price takes in memory (a Candidate, its slot in its matrix's list, the list and name by
@@ -108,7 +109,9 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
                    "one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}
     calibrated = [t for t, s in planned if s and s.calibrated]
     summed = fisher_sources(guide, base)
-    out = {"sensitivity": _check_held("the Fisher diagonal (guided sensitivity)", fisher, available) if summed else 0}
+    out = {"sensitivity": check_cpu_memory(
+        fisher, "the Fisher diagonal (guided sensitivity)", "sum the Fisher over more groups of layers in turn "
+        "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)", available) if summed else 0}
     for phase, held in (("pricing", pricing), ("compressing", compressing)):
         out[phase] = (check_gram_memory(model, calibrated, samples[0], available, sequential=True, held=held) if gram
                       else sum(held.values()))  # no Gram (wanda, asvd): statistics of vectors, not checked (as one pass)
@@ -126,19 +129,6 @@ def check_guided_disk(model: nn.Module, uniform: Budget, guide, folder: str | No
     fishers, copies = len(fisher_sources(guide, guided_setting(uniform))), 2 if checks_uniform(guide) else 0
     need = sum(t.n_params * (4 * fishers + copies * t.module.weight.element_size()) for t in targets)
     return check_disk(need, "the guided run's Fisher diagonals and weight copies", folder)
-
-
-def _check_held(what: str, held: dict[str, int], available: int | None) -> int:
-    """The bytes of ``held`` (by what they are), refused when above ``available`` (default: what the system has)."""
-    from capsense.core.placement import available_cpu_memory
-
-    total, have = sum(held.values()), available_cpu_memory() if available is None else available
-    if total > have:
-        kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(held.items()))
-        raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of CPU memory beside the model ({kinds}), but "
-                            f"{have / 2**30:.1f} GiB is available: sum the Fisher over more groups of layers in turn "
-                            "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)")
-    return total
 
 
 def _factor_bytes(targets) -> int:

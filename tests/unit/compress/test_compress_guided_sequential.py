@@ -130,13 +130,14 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     assert gs.check_guided_memory(model, uni, samples, guide, available=max(need.values())) == need
     with pytest.raises(CapsenseError, match="Fisher sums") as e:  # the first phase checked
         gs.check_guided_memory(model, uni, samples, guide, available=need["sensitivity"] - 1)
-    assert "one layer's gradients" in str(e.value)
+    assert "one layer's gradients" in str(e.value) and "(`fisher_groups`)" in str(e.value)  # what to do
     flat = Guide(["math"], sensitivity="flat", protect_top_k=0)  # no Fisher: no sensitivity phase
     flat_need = gs.check_guided_memory(model, uni, samples, flat)
     assert flat_need["sensitivity"] == 0 and flat_need["compressing"] == need["compressing"]
     with pytest.raises(CapsenseError, match="kept prices") as e:
         gs.check_guided_memory(model, uni, samples, flat, available=flat_need["pricing"] - 1)
     assert "one decoder layer at a time" in str(e.value) and "Fisher, read back" in str(e.value)
+    assert "compress fewer matrices" in str(e.value) and "`sequential`" not in str(e.value)  # already one at a time
     unchecked = Guide(["math"], samples=2, protect_top_k=0, check_uniform=False)  # one pricing, no weights on disk
     alone = gs.check_guided_memory(model, uni, samples, unchecked)
     assert alone == {"sensitivity": need["sensitivity"], "compressing": grams + hidden,

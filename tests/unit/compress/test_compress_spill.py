@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from _guided_run import run_guided_sequential
 from conftest import make_char_tokenizer, make_tiny_model
 
 import capsense.compress.guided_sequential as gs
@@ -109,17 +110,6 @@ def test_a_spill_reads_back_the_bytes_written_and_removes_its_folder():
         lazy["b"]
 
 
-def _run(arch, overrides, guide, check=None):
-    """A guided sequential GPTQ run: (allocations, shipped (result, budget, allocation), the model)."""
-    model, tok = make_tiny_model(arch, **overrides), make_char_tokenizer()
-    uni = uniform_budget(GPTQ)
-    samples, _ = calibration_samples(CALIBRATION, tok, N)
-    allocations = gs.guided_candidates_sequential(model, tok, uni, samples, guide)
-    shipped = compress_guided(model, tok, uni, allocations, None, guide,
-                              compress=lambda b: compress_sequential(model, b, samples, "original"))
-    return allocations, shipped, model, samples
-
-
 @pytest.mark.parametrize("arch,overrides", MODELS)
 @pytest.mark.parametrize("keep_first", [False, True])  # True: the allocation kept, put back from disk at the end
 def test_guided_sequential_on_disk_is_the_in_memory_run(arch, overrides, keep_first, monkeypatch, tmp_path):
@@ -129,11 +119,13 @@ def test_guided_sequential_on_disk_is_the_in_memory_run(arch, overrides, keep_fi
         monkeypatch.setattr(select, "paired_vs_allocation", lambda a, b: {**paired(a, b), "clears": False})
     with monkeypatch.context() as m:
         in_memory(m)
-        old_allocs, (old_result, old_budget, old_al), old, _ = _run(arch, overrides, guide)
+        old, old_allocs, (old_result, old_budget, old_al), _ = run_guided_sequential(arch, overrides, GPTQ, guide,
+                                                                                     CALIBRATION, N)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     made = []
     monkeypatch.setattr(spill.Spill, "write", lambda self, g, t, w=spill.Spill.write: (made.append(g), w(self, g, t))[1])
-    new_allocs, (new_result, new_budget, new_al), new, samples = _run(arch, overrides, guide)
+    new, new_allocs, (new_result, new_budget, new_al), samples = run_guided_sequential(arch, overrides, GPTQ, guide,
+                                                                                       CALIBRATION, N)
     assert [(n, a.info) for n, a in new_allocs] == [(n, a.info) for n, a in old_allocs]
     assert new_al.info["selection"] == old_al.info["selection"] and new_budget.describe() == old_budget.describe()
     assert [a.to_dict() for a in new_result.accounts] == [a.to_dict() for a in old_result.accounts]
@@ -184,12 +176,12 @@ def test_layer_groups_are_runs_of_whole_consecutive_layers():
 def test_the_fisher_summed_a_group_of_layers_at_a_time_ships_the_same_model(arch, overrides, monkeypatch):
     """``fisher_groups`` 3 (a layer per pass over the texts): the same Fisher, prices, choice and weights."""
     guide = Guide(["math", "code"], samples=2, protect_top_k=0)
-    one_allocs, (_, one_budget, one_al), one, samples = _run(arch, overrides, guide)
+    one, one_allocs, (_, one_budget, one_al), samples = run_guided_sequential(arch, overrides, GPTQ, guide, CALIBRATION, N)
     fisher, layers = sensitivity.fisher_diagonal, []
     monkeypatch.setattr(sensitivity, "fisher_diagonal",
                         lambda model, targets, *a, **k: (layers.append({t.layer for t in targets}), fisher(model, targets, *a, **k))[1])
-    three_allocs, (_, three_budget, three_al), three, _ = _run(arch, overrides, Guide(
-        ["math", "code"], samples=2, protect_top_k=0, fisher_groups=3))
+    three, three_allocs, (_, three_budget, three_al), _ = run_guided_sequential(arch, overrides, GPTQ, Guide(
+        ["math", "code"], samples=2, protect_top_k=0, fisher_groups=3), CALIBRATION, N)
     assert layers == [{0}, {1}, {2}] * 2  # each kept capability's Fisher, one layer per pass over its texts
     assert [(n, a.info) for n, a in three_allocs] == [(n, a.info) for n, a in one_allocs]
     assert three_al.info["selection"] == one_al.info["selection"] and three_budget.describe() == one_budget.describe()

@@ -30,7 +30,7 @@ from capsense.compress.capabilities import (
     CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message,
 )
 from capsense.compress.targets import Target
-from capsense.core.placement import input_device
+from capsense.core.placement import check_cpu_memory, input_device
 
 DEFAULT_CALIBRATION = "prose,math,code,qa"
 
@@ -160,22 +160,15 @@ def check_gram_memory(model: nn.Module, targets: Sequence[Target], ids: Sequence
     calibration's cached hidden states), refused before calibration starts when they exceed
     ``available`` (default: :func:`~capsense.core.placement.available_cpu_memory`): on
     Llama-3.1-70B one pass would hold ~655 GB, and running out of memory an hour into
-    calibration loses the hour."""
-    from capsense.core.placement import available_cpu_memory
-
+    calibration loses the hour. The refusal (:func:`~capsense.core.placement.check_cpu_memory`) names the
+    parts and what to do: calibrate one layer at a time, fewer matrices, or a method without Gram matrices."""
     need = gram_memory(model, targets, ids, per_layer=sequential) | dict(held or {})
-    total = sum(need.values())
-    have = available_cpu_memory() if available is None else available
-    if total > have:
-        kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(need.items()))
-        scope = "of one decoder layer at a time" if sequential else "for the whole model"
-        fix = "" if sequential else "calibrate one decoder layer at a time (`sequential`), "
-        raise CapsenseError(
-            f"calibrating {len(targets)} matrices for gptq, sparsegpt or svd-llm keeps one float64 Gram matrix per "
-            f"distinct matrix input in CPU memory, {scope}: {total / 2**30:.1f} GiB ({kinds}), but "
-            f"{have / 2**30:.1f} GiB is available; {fix}compress fewer matrices (`targets` attn or mlp) or use a "
-            f"method without it (rtn, wanda, magnitude, svd, asvd)")
-    return total
+    scope = "of one decoder layer at a time" if sequential else "for the whole model"
+    fix = "" if sequential else "calibrate one decoder layer at a time (`sequential`), "
+    return check_cpu_memory(
+        need, f"calibrating {len(targets)} matrices for gptq, sparsegpt or svd-llm (one float64 Gram matrix per "
+        f"distinct matrix input, {scope})", f"{fix}compress fewer matrices (`targets` attn or mlp) or use a method "
+        "without Gram matrices (rtn, wanda, magnitude, svd, asvd)", available)
 
 
 @torch.no_grad()

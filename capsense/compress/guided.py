@@ -150,7 +150,9 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
     return fisher
 
 
-def _protected_heads(model, targets, guide: Guide, top_k: int, fisher_by_cap: Mapping[str, Mapping[str, torch.Tensor]]):
+def _protected_heads(model, targets, guide: Guide, top_k: int, fishers: Mapping[str, Mapping[str, torch.Tensor]]):
+    """The heads kept whole: ``guide.heads`` when given, else each kept capability's ``top_k`` by its Fisher
+    (``fishers``, by source); None when none are."""
     from capsense.core.heads import HeadSet
     from capsense.errors import HeadSpecError
     from capsense.compress.sensitivity import head_scores, top_heads
@@ -164,7 +166,7 @@ def _protected_heads(model, targets, guide: Guide, top_k: int, fisher_by_cap: Ma
             raise BudgetError(f"protect: {e}") from None
     picked: list = []
     for cap in guide.keep:
-        picked += list(top_heads(head_scores(model, targets, fisher_by_cap[cap]), top_k))
+        picked += list(top_heads(head_scores(model, targets, fishers[cap]), top_k))
     return HeadSet(tuple(picked))
 
 
@@ -217,48 +219,70 @@ class GuidedPlan:
     levels: list[Setting]
 
 
-def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, log: Callable[[str], None],
-                fisher_cache: dict | None = None, packed: bool = False) -> GuidedPlan:
-    """Everything :func:`guided_budget` fixes before pricing a matrix (the Fisher diagonals are computed
-    here: backward passes through the whole model); no calibration statistics are read."""
-    base = parse_setting(base_budget.default)
+def guided_setting(budget: Budget) -> Setting:
+    """The uniform setting (``budget.default``) whose levels a guided allocation prices: refused unless its method
+    has row or matrix scope."""
+    base = parse_setting(budget.default)
     if base is None or getattr(base, "scope", "row") == "global":
         raise BudgetError("guided allocation needs a method with row or matrix scope (not skip or global)")
+    return base
+
+
+def _top_k(guide: Guide, base: Setting) -> int:
+    """Heads protected per kept capability: ``guide.protect_top_k``, or the method's default when None."""
+    return base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
+
+
+def fisher_sources(guide: Guide, base: Setting) -> list[str]:
+    """The calibration sources whose Fisher diagonal a run guided by ``guide`` at ``base`` sums, each once, in
+    the order summed: every kept capability when the sensitivity is theirs (``kept``) or their Fishers pick the
+    heads to protect (a ``protect_top_k`` above 0, no ``heads`` given), then the generic text for a ``generic``
+    sensitivity (once, when it is also kept: the same Fisher); none for a ``flat`` or ``measured`` run that picks
+    no heads. The one rule for what :func:`plan_guided` sums and for what a guided run's checks count: the
+    Fisher's memory (``check_guided_memory``) and its files on disk, one per source (``check_guided_disk``)."""
+    kept = guide.keep if guide.sensitivity == "kept" or (_top_k(guide, base) and guide.heads is None) else []
+    return list(dict.fromkeys([*kept, *([guide.generic] if guide.sensitivity == "generic" else [])]))
+
+
+def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, log: Callable[[str], None],
+                fisher_cache: dict | None = None, packed: bool = False) -> GuidedPlan:
+    """Everything :func:`guided_budget` fixes before pricing a matrix (the Fisher diagonals of
+    :func:`fisher_sources` are computed here: backward passes through the whole model); no calibration
+    statistics are read."""
+    base = guided_setting(base_budget)
     if guide.pricing is not None and guide.sensitivity == "measured":
         raise BudgetError("`pricing` applies to a Fisher, generic or flat sensitivity, not measured (which measures the loss)")
     pricing, price = level_pricer(base.method, guide.pricing)
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
-    top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
-    fisher_by_cap: dict[str, Mapping[str, torch.Tensor]] = {}
-    if guide.sensitivity == "kept" or (top_k and guide.heads is None):
-        fisher_by_cap = {c: _fisher(model, tokenizer, targets, c, guide.samples, log, fisher_cache, guide.fisher_groups)
-                         for c in guide.keep}
-    heads = _protected_heads(model, targets, guide, top_k, fisher_by_cap)
+    fishers = {s: _fisher(model, tokenizer, targets, s, guide.samples, log, fisher_cache, guide.fisher_groups)
+               for s in fisher_sources(guide, base)}
+    heads = _protected_heads(model, targets, guide, _top_k(guide, base), fishers)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
-    fisher = _sensitivity(model, tokenizer, targets, guide, fisher_by_cap, log, fisher_cache)
+    fisher = _sensitivity(targets, guide, fishers, fisher_cache)
     levels = guided_levels(base, guide, targets, packed)
     return GuidedPlan(guide, base, pricing, price, targets, goal, heads, budget, protections(model, budget, targets),
                       fisher, levels)
 
 
-def _sensitivity(model, tokenizer, targets, guide: Guide, fisher_by_cap, log, cache: dict | None):
-    """The per-weight sensitivity the levels are priced with (None: measured), kept in ``cache`` so that
-    the other pricing's allocation reads the same tensors (:mod:`.guided_sequential`). Nothing of the
-    model's size is held: the kept capabilities' sum is made one matrix at a time from their spilled
-    Fishers when read (the same sum, in the same order, as summing them all at once), flat's ones too."""
+def _sensitivity(targets, guide: Guide, fishers: Mapping[str, Mapping[str, torch.Tensor]], cache: dict | None):
+    """The per-weight sensitivity the levels are priced with (None: measured), from ``fishers`` (by source:
+    :func:`fisher_sources`), kept in ``cache`` so that the other pricing's allocation reads the same tensors
+    (:mod:`.guided_sequential`). Nothing of the model's size is held: the kept capabilities' sum is made one
+    matrix at a time from their spilled Fishers when read (the same sum, in the same order, as summing them all
+    at once), flat's ones too."""
     from capsense.compress.spill import Lazy
 
     if guide.sensitivity == "measured":
         return None
     if guide.sensitivity == "generic":
-        return _fisher(model, tokenizer, targets, guide.generic, guide.samples, log, cache, guide.fisher_groups)
+        return fishers[guide.generic]
     key = (guide.sensitivity, tuple(guide.keep), guide.samples, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
     names = [t.name for t in targets]
     if guide.sensitivity == "kept":
-        parts = tuple(fisher_by_cap.values())
+        parts = tuple(fishers[c] for c in guide.keep)
         fisher = Lazy(names, lambda name: sum(f[name] for f in parts))
     else:  # flat
         shapes = {t.name: t.shape for t in targets}

@@ -54,12 +54,15 @@ from capsense.compress.allocate import Candidate
 from capsense.compress.budget import Budget
 from capsense.compress.calibration import accumulate_stats, check_gram_memory
 from capsense.compress.engine import needs_calibration, plan
-from capsense.compress.guided import Allocation, GuidedPlan, allocation_from_prices, guided_levels, plan_guided, price_matrices
+from capsense.compress.guided import (
+    Allocation, GuidedPlan, allocation_from_prices, fisher_sources, guided_levels, guided_setting, plan_guided, price_matrices,
+)
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
 from capsense.compress.spill import check_disk, layer_groups
 from capsense.compress.targets import find_targets
+from capsense.core.placement import check_cpu_memory
 from capsense.errors import CapsenseError
 
 #: Bytes one kept price takes in memory (a Candidate, its slot in its matrix's list, the list and name by
@@ -78,10 +81,10 @@ def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
 def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
                         packed: bool = False, available: int | None = None) -> dict[str, int]:
     """Refuse, before the Fisher and the calibration passes, a guided sequential run whose phases hold more
-    than ``available`` beside the model; the bytes of each phase. ``sensitivity``: one capability's Fisher
-    sums (4 bytes per target weight of the largest of ``guide.fisher_groups`` runs of layers: the one tensor
-    of the model's size a guided run holds, while its backward passes run; then moved to disk, :mod:`.spill`)
-    and one layer's gradients. ``pricing``:
+    than ``available`` beside the model; the bytes of each phase. ``sensitivity`` (0 when the run sums no Fisher:
+    :func:`~capsense.compress.guided.fisher_sources`): one capability's Fisher sums (4 bytes per target weight of
+    the largest of ``guide.fisher_groups`` runs of layers: the one tensor of the model's size a guided run holds,
+    while its backward passes run; then moved to disk, :mod:`.spill`) and one layer's gradients. ``pricing``:
     one layer's Gram matrices, the cached hidden states, the kept prices, one matrix's Fisher read back (and
     summed over the kept capabilities) and (low rank) one layer's factors. ``compressing`` the candidates:
     one layer's Grams, the hidden states and one layer's target weights being written to disk or read
@@ -105,9 +108,10 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
     compressing = {"cached hidden states": hidden,
                    "one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}
     calibrated = [t for t, s in planned if s and s.calibrated]
-    top_k = base.protect_heads_default if guide.protect_top_k is None else guide.protect_top_k
-    needs_fisher = guide.sensitivity in ("kept", "generic") or (top_k and guide.heads is None)
-    out = {"sensitivity": _check_held("the Fisher diagonal (guided sensitivity)", fisher, available) if needs_fisher else 0}
+    summed = fisher_sources(guide, base)
+    out = {"sensitivity": check_cpu_memory(
+        fisher, "the Fisher diagonal (guided sensitivity)", "sum the Fisher over more groups of layers in turn "
+        "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)", available) if summed else 0}
     for phase, held in (("pricing", pricing), ("compressing", compressing)):
         out[phase] = (check_gram_memory(model, calibrated, samples[0], available, sequential=True, held=held) if gram
                       else sum(held.values()))  # no Gram (wanda, asvd): statistics of vectors, not checked (as one pass)
@@ -116,26 +120,15 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
 
 def check_guided_disk(model: nn.Module, uniform: Budget, guide, folder: str | None = None) -> int:
     """Refuse, before any pass, a guided run (one pass or sequential) whose spill (:mod:`.spill`) the temporary
-    folder's disk cannot hold: at most a Fisher per kept capability and the generic one (4 bytes per target
-    weight each) and, when the candidates are measured against the uniform setting, two copies of the target
-    weights (the original and the chosen candidate's). The bytes counted."""
+    folder's disk cannot hold: the Fishers it sums (:func:`~capsense.compress.guided.fisher_sources`: 4 bytes per
+    target weight each; none for a flat sensitivity that protects no gradient-picked heads) and, when the
+    candidates are measured against the uniform setting, two copies of the target weights (the original and the
+    chosen candidate's). The bytes counted (round 17 counted a Fisher per kept capability and the generic one
+    whatever the guide: an upper bound that could refuse a run for disk it never writes)."""
     targets = find_targets(model, uniform.targets)
-    fishers, copies = len(guide.keep) + 1, 2 if checks_uniform(guide) else 0
+    fishers, copies = len(fisher_sources(guide, guided_setting(uniform))), 2 if checks_uniform(guide) else 0
     need = sum(t.n_params * (4 * fishers + copies * t.module.weight.element_size()) for t in targets)
     return check_disk(need, "the guided run's Fisher diagonals and weight copies", folder)
-
-
-def _check_held(what: str, held: dict[str, int], available: int | None) -> int:
-    """The bytes of ``held`` (by what they are), refused when above ``available`` (default: what the system has)."""
-    from capsense.core.placement import available_cpu_memory
-
-    total, have = sum(held.values()), available_cpu_memory() if available is None else available
-    if total > have:
-        kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(held.items()))
-        raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of CPU memory beside the model ({kinds}), but "
-                            f"{have / 2**30:.1f} GiB is available: sum the Fisher over more groups of layers in turn "
-                            "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)")
-    return total
 
 
 def _factor_bytes(targets) -> int:

@@ -128,6 +128,20 @@ def available_cpu_memory() -> int:
     return int(psutil.virtual_memory().available * 0.9)
 
 
+def check_cpu_memory(held: dict[str, int], what: str, advice: str, available: int | None = None) -> int:
+    """The bytes of ``held`` (by what they are), refused before the work that holds them when above ``available``
+    (default: :func:`available_cpu_memory`): running out of memory hours into a calibration or a Fisher loses the
+    hours. The error names ``what`` holds them, each part's size and what is available, then ``advice`` (what to
+    do instead): one refusal for every such check (a calibration's Gram matrices, a guided run's Fisher)."""
+    total = sum(held.values())
+    have = available_cpu_memory() if available is None else available
+    if total > have:
+        kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(held.items()))
+        raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of CPU memory beside the model ({kinds}), but "
+                            f"{have / 2**30:.1f} GiB is available: {advice}")
+    return total
+
+
 def _offload_folder() -> str:
     """A private folder for weights offloaded to disk, removed when the process exits."""
     from capsense.core.files import cache_dir

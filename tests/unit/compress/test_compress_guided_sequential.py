@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from _guided_run import run_guided_sequential
 from conftest import make_char_tokenizer, make_tiny_model
 
 import capsense.compress.guided_sequential as gs
@@ -18,7 +19,7 @@ from capsense.compress.calibration import InputStats, calibration_samples, check
 from capsense.compress.engine import calibrate
 from capsense.compress.guided import Guide
 from capsense.compress.select import compress_guided, guided_candidates
-from capsense.compress.sequential import cached_bytes, check_sequential, compress_sequential
+from capsense.compress.sequential import cached_bytes, check_sequential
 from capsense.compress.targets import find_targets
 from capsense.errors import CapsenseError
 
@@ -42,16 +43,6 @@ def _one_pass(arch, overrides, setting, guide):
     return model, allocations, compress_guided(model, tok, uni, allocations, stats, guide)
 
 
-def _sequential(arch, overrides, setting, guide):
-    model, tok = make_tiny_model(arch, **overrides), make_char_tokenizer()
-    uni = uniform_budget(setting)
-    samples, _ = calibration_samples(CALIBRATION, tok, N)
-    allocations = gs.guided_candidates_sequential(model, tok, uni, samples, guide)
-    shipped = compress_guided(model, tok, uni, allocations, None, guide,
-                              compress=lambda b: compress_sequential(model, b, samples, "original"))
-    return model, allocations, shipped
-
-
 def _weights(model) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -61,7 +52,8 @@ def test_guided_sequential_is_the_one_pass_guided_run(arch, overrides, setting, 
     """Same prices (estimated cost to the bit), allocations, candidates' dL, choice and weights."""
     guide = Guide(["math"], samples=2, protect_top_k=top_k)
     one, one_allocs, (one_result, one_budget, one_al) = _one_pass(arch, overrides, setting, guide)
-    seq, seq_allocs, (seq_result, seq_budget, seq_al) = _sequential(arch, overrides, setting, guide)
+    seq, seq_allocs, (seq_result, seq_budget, seq_al), _ = run_guided_sequential(arch, overrides, setting, guide,
+                                                                                 CALIBRATION, N)
     proxy = {"gptq": ["guided-rtn"], "sparsegpt": ["guided-wanda"]}.get(setting["method"], [])
     assert [n for n, _ in seq_allocs] == [n for n, _ in one_allocs] == ["guided", *proxy]
     for (_, a), (_, b) in zip(one_allocs, seq_allocs):
@@ -130,13 +122,14 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     assert gs.check_guided_memory(model, uni, samples, guide, available=max(need.values())) == need
     with pytest.raises(CapsenseError, match="Fisher sums") as e:  # the first phase checked
         gs.check_guided_memory(model, uni, samples, guide, available=need["sensitivity"] - 1)
-    assert "one layer's gradients" in str(e.value)
+    assert "one layer's gradients" in str(e.value) and "(`fisher_groups`)" in str(e.value)  # what to do
     flat = Guide(["math"], sensitivity="flat", protect_top_k=0)  # no Fisher: no sensitivity phase
     flat_need = gs.check_guided_memory(model, uni, samples, flat)
     assert flat_need["sensitivity"] == 0 and flat_need["compressing"] == need["compressing"]
     with pytest.raises(CapsenseError, match="kept prices") as e:
         gs.check_guided_memory(model, uni, samples, flat, available=flat_need["pricing"] - 1)
     assert "one decoder layer at a time" in str(e.value) and "Fisher, read back" in str(e.value)
+    assert "compress fewer matrices" in str(e.value) and "`sequential`" not in str(e.value)  # already one at a time
     unchecked = Guide(["math"], samples=2, protect_top_k=0, check_uniform=False)  # one pricing, no weights on disk
     alone = gs.check_guided_memory(model, uni, samples, unchecked)
     assert alone == {"sensitivity": need["sensitivity"], "compressing": grams + hidden,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
+from dataclasses import replace
 
 import pytest
 import torch
+from _guided_run import run_guided_sequential
 from conftest import make_char_tokenizer, make_tiny_model
 
 import capsense.compress.guided_sequential as gs
@@ -108,17 +110,6 @@ def test_a_spill_reads_back_the_bytes_written_and_removes_its_folder():
         lazy["b"]
 
 
-def _run(arch, overrides, guide, check=None):
-    """A guided sequential GPTQ run: (allocations, shipped (result, budget, allocation), the model)."""
-    model, tok = make_tiny_model(arch, **overrides), make_char_tokenizer()
-    uni = uniform_budget(GPTQ)
-    samples, _ = calibration_samples(CALIBRATION, tok, N)
-    allocations = gs.guided_candidates_sequential(model, tok, uni, samples, guide)
-    shipped = compress_guided(model, tok, uni, allocations, None, guide,
-                              compress=lambda b: compress_sequential(model, b, samples, "original"))
-    return allocations, shipped, model, samples
-
-
 @pytest.mark.parametrize("arch,overrides", MODELS)
 @pytest.mark.parametrize("keep_first", [False, True])  # True: the allocation kept, put back from disk at the end
 def test_guided_sequential_on_disk_is_the_in_memory_run(arch, overrides, keep_first, monkeypatch, tmp_path):
@@ -128,11 +119,13 @@ def test_guided_sequential_on_disk_is_the_in_memory_run(arch, overrides, keep_fi
         monkeypatch.setattr(select, "paired_vs_allocation", lambda a, b: {**paired(a, b), "clears": False})
     with monkeypatch.context() as m:
         in_memory(m)
-        old_allocs, (old_result, old_budget, old_al), old, _ = _run(arch, overrides, guide)
+        old, old_allocs, (old_result, old_budget, old_al), _ = run_guided_sequential(arch, overrides, GPTQ, guide,
+                                                                                     CALIBRATION, N)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     made = []
     monkeypatch.setattr(spill.Spill, "write", lambda self, g, t, w=spill.Spill.write: (made.append(g), w(self, g, t))[1])
-    new_allocs, (new_result, new_budget, new_al), new, samples = _run(arch, overrides, guide)
+    new, new_allocs, (new_result, new_budget, new_al), samples = run_guided_sequential(arch, overrides, GPTQ, guide,
+                                                                                       CALIBRATION, N)
     assert [(n, a.info) for n, a in new_allocs] == [(n, a.info) for n, a in old_allocs]
     assert new_al.info["selection"] == old_al.info["selection"] and new_budget.describe() == old_budget.describe()
     assert [a.to_dict() for a in new_result.accounts] == [a.to_dict() for a in old_result.accounts]
@@ -183,12 +176,12 @@ def test_layer_groups_are_runs_of_whole_consecutive_layers():
 def test_the_fisher_summed_a_group_of_layers_at_a_time_ships_the_same_model(arch, overrides, monkeypatch):
     """``fisher_groups`` 3 (a layer per pass over the texts): the same Fisher, prices, choice and weights."""
     guide = Guide(["math", "code"], samples=2, protect_top_k=0)
-    one_allocs, (_, one_budget, one_al), one, samples = _run(arch, overrides, guide)
+    one, one_allocs, (_, one_budget, one_al), samples = run_guided_sequential(arch, overrides, GPTQ, guide, CALIBRATION, N)
     fisher, layers = sensitivity.fisher_diagonal, []
     monkeypatch.setattr(sensitivity, "fisher_diagonal",
                         lambda model, targets, *a, **k: (layers.append({t.layer for t in targets}), fisher(model, targets, *a, **k))[1])
-    three_allocs, (_, three_budget, three_al), three, _ = _run(arch, overrides, Guide(
-        ["math", "code"], samples=2, protect_top_k=0, fisher_groups=3))
+    three, three_allocs, (_, three_budget, three_al), _ = run_guided_sequential(arch, overrides, GPTQ, Guide(
+        ["math", "code"], samples=2, protect_top_k=0, fisher_groups=3), CALIBRATION, N)
     assert layers == [{0}, {1}, {2}] * 2  # each kept capability's Fisher, one layer per pass over its texts
     assert [(n, a.info) for n, a in three_allocs] == [(n, a.info) for n, a in one_allocs]
     assert three_al.info["selection"] == one_al.info["selection"] and three_budget.describe() == one_budget.describe()
@@ -204,8 +197,9 @@ def test_the_fisher_summed_a_group_of_layers_at_a_time_ships_the_same_model(arch
 
 
 def test_a_spill_the_temporary_disk_cannot_hold_is_refused_before_anything_runs(monkeypatch, tmp_path, tiny_model_dir):
-    """The disk check counts a Fisher per kept capability and the generic one plus two weight copies, refuses one
-    byte short of it naming $TMPDIR, and the command refuses before anything is written or computed."""
+    """The disk check counts the Fishers the run sums (a kept sensitivity: one per kept capability) plus two weight
+    copies, refuses one byte short of it naming $TMPDIR, and the command refuses before anything is written or
+    computed."""
     import shutil
     from collections import namedtuple
 
@@ -219,9 +213,9 @@ def test_a_spill_the_temporary_disk_cannot_hold_is_refused_before_anything_runs(
     n = sum(t.n_params for t in find_targets(model, uni.targets))
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 10**15))
-    assert gs.check_guided_disk(model, uni, Guide(["math", "code"])) == n * (4 * 3 + 2 * 4)
-    assert gs.check_guided_disk(model, uni, Guide(["math"], check_uniform=False)) == n * 4 * 2
-    need = n * (4 * 2 + 2 * 4)
+    assert gs.check_guided_disk(model, uni, Guide(["math", "code"])) == n * (4 * 2 + 2 * 4)
+    assert gs.check_guided_disk(model, uni, Guide(["math"], check_uniform=False)) == n * 4 * 1
+    need = n * (4 * 1 + 2 * 4)
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need))
     assert gs.check_guided_disk(model, uni, Guide(["math"])) == need  # exactly enough
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need - 1))
@@ -234,3 +228,49 @@ def test_a_spill_the_temporary_disk_cannot_hold_is_refused_before_anything_runs(
                                       *extra])
         assert r.exit_code == 1 and "TMPDIR" in r.output and r.output.count("Error") == 1, r.output
         assert not (tmp_path / "no").exists()
+
+
+#: (guide, the Fishers its run sums) where round 17's count (a Fisher per kept capability and the generic one) was
+#: above the exact one; GPTQ protects no heads by default
+FEWER_FISHERS = [(Guide(["math", "code"], sensitivity="flat"), []),
+                 (Guide(["math", "code"], sensitivity="generic"), ["prose"]),
+                 (Guide(["prose"], sensitivity="generic", protect_top_k=1), ["prose"]),  # the generic text kept: one
+                 (Guide(["math"], sensitivity="measured", protect_top_k=1), ["math"]),  # heads picked by its Fisher
+                 (Guide(["math", "code"], sensitivity="flat", protect_top_k=1, heads="L0H1"), [])]  # heads given
+
+
+@pytest.mark.parametrize("guide,sources", FEWER_FISHERS)
+def test_the_disk_check_counts_exactly_the_fishers_the_run_writes(guide, sources, monkeypatch):
+    """A run that sums fewer Fishers than round 17's upper bound counted is accepted on the disk its spill takes
+    (the old count refused it), still refused one byte short; and planning the run (both pricings, as
+    guided_candidates_sequential does) writes exactly the Fishers counted."""
+    import shutil
+    from collections import namedtuple
+
+    from capsense.compress.guided import fisher_sources, plan_guided
+    from capsense.errors import CapsenseError
+
+    model, tok, uni = make_tiny_model("llama"), make_char_tokenizer(), uniform_budget(GPTQ)
+    assert fisher_sources(guide, gs.parse_setting(GPTQ)) == sources
+    n = sum(t.n_params for t in find_targets(model, uni.targets))
+    copies = 2 * 4 if select.checks_uniform(guide) else 0
+    exact, old = n * (4 * len(sources) + copies), n * (4 * (len(guide.keep) + 1) + copies)
+    assert exact < old  # round 17 refused this run on a disk with `exact` bytes free
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, exact))
+    assert gs.check_guided_disk(model, uni, guide) == exact
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, exact - 1))
+    with pytest.raises(CapsenseError, match="point TMPDIR at a disk with room"):
+        gs.check_guided_disk(model, uni, guide)
+    written = []
+
+    class Recorded(spill.Spill):
+        def __init__(self, what: str = "tensors") -> None:
+            super().__init__(what)
+            written.append(what)
+
+    monkeypatch.setattr(spill, "Spill", Recorded)
+    cache: dict = {}
+    plans = [plan_guided(model, tok, uni, g, lambda _m: None, cache) for _, g in gs._pricings(uni, replace(guide, samples=2))]
+    assert written == [f"fisher-{s}" for s in sources] and len(plans) == (2 if guide.sensitivity != "measured" else 1)
+

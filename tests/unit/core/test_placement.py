@@ -9,7 +9,8 @@ import torch
 
 from capsense.core.ablation import HeadAblator
 from capsense.core.models import load_model
-from capsense.core.placement import check_device, input_device, parse_device_map
+from capsense.core import placement
+from capsense.core.placement import check_cpu_memory, check_device, input_device, parse_device_map
 from capsense.errors import CapsenseError
 from conftest import N_LAYERS, save_tiny_folder, tiny_inputs
 
@@ -123,3 +124,17 @@ def test_checkpoint_export_with_a_device_map(folder, tmp_path):
                                   "--out", str(refused), "--device-map", json.dumps(SPLIT)])
     assert r.exit_code != 0 and "layers [1] were offloaded by the device map" in r.output
     assert not refused.exists()
+
+
+def test_a_memory_check_refuses_above_what_is_available_naming_the_parts_and_what_to_do(monkeypatch):
+    """One refusal for every check of memory held beside the model (Gram matrices, a guided run's Fisher): what
+    holds it, each part, what is available, then the caller's advice; exactly enough passes."""
+    held, gib = {"cached hidden states": 2**30, "Gram matrices": 3 * 2**30}, 2**30
+    assert check_cpu_memory(held, "calibrating", "calibrate less", available=4 * gib) == 4 * gib
+    with pytest.raises(CapsenseError) as e:
+        check_cpu_memory(held, "calibrating", "calibrate less", available=4 * gib - 1)
+    assert str(e.value) == ("calibrating holds 4.0 GiB of CPU memory beside the model (Gram matrices 3.0 GiB, cached "
+                            "hidden states 1.0 GiB), but 4.0 GiB is available: calibrate less")
+    monkeypatch.setattr(placement, "available_cpu_memory", lambda: gib)  # default: what the system has
+    with pytest.raises(CapsenseError, match="but 1.0 GiB is available: calibrate less"):
+        check_cpu_memory(held, "calibrating", "calibrate less")

@@ -11,7 +11,7 @@ Both fits return a :class:`LocateResult`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class LocateResult:
     forward_equivalents: float = 0.0
     screen: Screen | None = None  # the collateral screen of a selective run
     coverage: Coverage | None = None  # the heads not measured alone and a bound on what they hide
+    pool_singles: list[int] = field(default_factory=list)  # measured alone after the search, for refine (pool.py)
 
 
 def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:

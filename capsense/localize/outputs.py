@@ -110,9 +110,9 @@ def unpainted(cfg: LocateConfig, result: LocateResult) -> np.ndarray | None:
     collateral screen, whose importance is a rank placeholder (below every clean head), not an
     effect: painted, it stretched the colour scale and washed out the real importances."""
     grey = np.isnan(result.target_effect) if cfg.method == "prior-guided" else np.zeros(len(result.target_effect), bool)
-    if result.screen is not None:
+    if result.screen is not None or result.pool_singles:  # extra singles: measured after the fit, not ranked by it
         grey = grey.copy()
-        grey[list(result.screen.excluded)] = True
+        grey[list(result.screen.excluded if result.screen is not None else []) + list(result.pool_singles)] = True
     return grey if grey.any() else None
 
 
@@ -225,10 +225,30 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         f"than {100 * ref.quality.tolerance:.1f}%. Heads in order of how much the target misses each: "
         + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
         "",
+        *_widening_lines(ref, n_heads),
         "| set | heads | target |" + "".join(f" {c} |" for c in cfg.controls) + " within tolerance |",
         "|" + "---|" * (4 + len(cfg.controls)),
         row("first set measured", ref.start),
         row("chosen", ref.quality, ref.heads),
+    ]
+
+
+def _widening_lines(ref, n_heads: int) -> list[str]:
+    """The heads measure-and-choose measured alone before its swaps, and why (none: no lines)."""
+    w = ref.widening
+    if w is None:
+        return []
+    names = lambda hs: ", ".join(_name(h, n_heads) for h in hs) or "none"  # noqa: E731
+    return [
+        f"Extra singles: the first set broke the tolerance and the search left {w.clean_before} clean heads measured "
+        f"alone, fewer than K + {w.wanted - len(ref.heads)} = {w.wanted} (a round of swaps tries "
+        f"{w.wanted - len(ref.heads)} candidates outside the set), so {len(w.heads)} more heads were knocked out "
+        f"alone first (by attribution's estimated target effect, else the run's ranking; at most {w.cap}, what the budget leaves after one "
+        f"full round of swaps), each one evaluation of measure-and-choose's budget and screened like the "
+        f"search's: clean {names(w.clean)}; set aside {names([h for h in w.heads if h not in w.clean])}. "
+        "Their effects are in heads.json (`refine.extra_singles`, and per head); the fitted ranking never saw them "
+        "(grey in the heatmap).",
+        "",
     ]
 
 

@@ -28,6 +28,16 @@ stops there: the singles already ranked every other set below it, so only an int
 singles cannot see could change the choice, and the leave-one-out rounds exist to find those
 when the start breaks the tolerance.
 
+**Extra singles** (round 18, ``widen``): when the measured start breaks the tolerance and the search
+left fewer than K + :data:`SWAPS_PER_ROUND` clean heads measured alone, a round of swaps would have
+fewer than its candidates to try (on SmolLM2 antonyms exactly K were clean: nothing to swap, the
+infeasible start was handed on after one evaluation). The caller's ``widen(cap)`` then measures more
+heads alone (:mod:`capsense.localize.pool`), at most ``cap`` of them: what the budget leaves after one
+full round (a new start, K leave-one-out sets, :data:`SWAPS_PER_ROUND` swaps). They count against the
+budget; the search then starts again from the set the grown singles predict best (stopping there when it
+is within tolerance) or keeps the measured start when that is better. A start within tolerance never
+widens: the run is then the same as before, evaluation for evaluation (the SmolLM2 main job: 6 clean).
+
 Measured and not adopted (round 15, RESULTS-locate.md): naming the head to swap out from the singles
 instead of leave-one-out, and stopping once no swap is predicted to beat a feasible set. On the SmolLM2
 main job with groups at their real cost it measured 5 sets instead of 19 to the same set; on Gemma 3,
@@ -79,6 +89,38 @@ class SetQuality:
 
 
 @dataclass
+class Widening:
+    """Heads measured alone for measure-and-choose because the search left too few clean ones to swap
+    in (see the module's "Extra singles"), and the candidates afterwards."""
+
+    clean_before: int  # clean heads measured alone that the search left
+    wanted: int  # clean heads measured alone a round of swaps needs: K + SWAPS_PER_ROUND
+    cap: int  # the most extra singles the budget allowed (one full round of swaps left)
+    heads: list[int]  # knocked out alone here, in order (each one evaluation of the budget)
+    clean: list[int]  # of them, the ones the collateral screen kept
+    ranking: list[int] = field(default_factory=list, repr=False)  # the candidates afterwards
+    singles: Singles | None = field(default=None, repr=False)  # their single-head damages
+
+    def as_dict(self, name: Callable[[int], str]) -> dict:
+        return {
+            "why": f"the measured start broke the tolerance and the search left {self.clean_before} clean heads "
+                   f"measured alone, fewer than K + {SWAPS_PER_ROUND} = {self.wanted} (a round of swaps needs "
+                   f"{SWAPS_PER_ROUND} candidates outside the set)",
+            "clean_before": self.clean_before,
+            "wanted": self.wanted,
+            "cap": self.cap,
+            "n_measured": len(self.heads),
+            "measured": [name(h) for h in self.heads],
+            "clean": [name(h) for h in self.clean],
+            "set_aside": [name(h) for h in self.heads if h not in self.clean],
+        }
+
+
+#: ``widen(cap)``: at most ``cap`` more heads measured alone (None: the pool is large enough).
+Widen = Callable[[int], Widening | None]
+
+
+@dataclass
 class Refinement:
     """What the search chose and what it measured on the way."""
 
@@ -86,6 +128,7 @@ class Refinement:
     quality: SetQuality
     start: SetQuality
     measured: list[SetQuality] = field(default_factory=list)
+    widening: Widening | None = None  # extra singles measured before the swaps (None: none were needed)
 
     def as_dict(self, name: Callable[[int], str]) -> dict:
         def q(s: SetQuality) -> dict:
@@ -96,7 +139,7 @@ class Refinement:
                 "feasible": s.feasible,
             }
 
-        return {
+        out = {
             "heads": [name(h) for h in self.heads],
             "tolerance": self.quality.tolerance,
             "chosen": q(self.quality),
@@ -104,6 +147,9 @@ class Refinement:
             "n_evaluations": len(self.measured),
             "measured": [q(s) for s in self.measured],
         }
+        if self.widening is not None:  # its singles are evaluations of the same budget
+            out["extra_singles"] = self.widening.as_dict(name)
+        return out
 
 
 class _Measured:
@@ -168,6 +214,7 @@ def refine(
     pool: int | None = None,
     target_slack: float = DEFAULT_TARGET_SLACK,
     singles: Singles | None = None,
+    widen: Widen | None = None,
 ) -> Refinement:
     """Search K-head sets near the top of ``ranking``.
 
@@ -175,7 +222,9 @@ def refine(
     damage per control (positive = worse); it is called with only unmeasured sets and never
     with more than ``budget`` sets in total. ``singles``: per candidate head its single-head
     damage (target, controls); with them the search starts from the predicted best K-set
-    (:func:`predicted_best`) and stops there when it is within tolerance.
+    (:func:`predicted_best`) and stops there when it is within tolerance. ``widen``: called once
+    before the swaps, it may measure more heads alone (see "Extra singles"); its evaluations
+    count against ``budget``.
     """
     if k < 1 or k > len(ranking):
         raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
@@ -191,9 +240,12 @@ def refine(
         raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     if singles is not None and start.feasible:
         return Refinement(list(current), start, start, measured.order)
+    widened, ranking, current, stop = _widened(widen, ranking, k, pool, current, measured, target_slack)
+    if stop:
+        return Refinement(list(current), measured.get(current), start, measured.order, widened)
     queue = [h for h in ranking[: k + pool] if h not in current]
     tried: dict[int, set[int]] = {}
-    while len(measured.order) < budget and queue:
+    while len(measured.order) < measured.budget and queue:
         cur = measured.get(current)
         out = _head_to_swap(current, measured)
         if out is None:
@@ -211,7 +263,39 @@ def refine(
             current = best.heads
             tried = {}
     chosen = choose([q for q in measured.order if len(q.heads) == k], target_slack)
-    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order)
+    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened)
+
+
+def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured,
+             target_slack: float) -> tuple[Widening | None, list[int], tuple[int, ...], bool]:
+    """Extra singles when the measured start broke the tolerance (room kept for a new start and one full
+    round of swaps): the record, the candidates, the set to go on from, and whether to stop there."""
+    if widen is None or measured.get(current).feasible:
+        return None, ranking, current, False
+    widened = widen(max(0, measured.budget - len(measured.order) - (1 + k + SWAPS_PER_ROUND)))
+    if widened is None or not widened.heads:
+        return widened, ranking, current, False
+    ranking = [int(h) for h in widened.ranking]
+    current, stop = _restart(ranking[: k + pool], k, current, measured, len(widened.heads), widened.singles, target_slack)
+    return widened, ranking, current, stop
+
+
+def _restart(pool: list[int], k: int, current: tuple[int, ...], measured: _Measured, spent: int,
+             singles: Singles | None, target_slack: float) -> tuple[tuple[int, ...], bool]:
+    """After ``spent`` extra singles (taken off the budget): the set to search from, and whether to stop
+    there. With singles, the set the grown singles predict best is measured; within tolerance the search
+    stops there (as at the predicted start), else it goes on from the better of it and ``current``."""
+    measured.budget -= spent
+    if singles is None:
+        return current, False
+    again = predicted_best(pool, k, singles, measured.tolerance, target_slack)
+    measured.run([again])
+    q = measured.get(again)
+    if q is None:  # (the cap leaves room for it; a budget cut short by hand may not)
+        return current, False
+    if q.feasible:
+        return again, True
+    return (again if q.key() > measured.get(current).key() else current), False
 
 
 def predicted_best(pool: Sequence[int], k: int, singles: Singles, tolerance: float,

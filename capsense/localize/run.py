@@ -34,8 +34,9 @@ from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_s
 from capsense.localize.fit import LocateResult, put_first
 from capsense.localize.methods import Method, Search, get_method, no_knockout, refine_budget
 from capsense.localize.outputs import write_outputs
-from capsense.localize.choice import coverage_step, refine_candidates, refine_ranking, screen_step, single_effects
+from capsense.localize.choice import coverage_step, refine_ranking, screen_step
 from capsense.localize.lock import RunFolderLock
+from capsense.localize.pool import refine_candidates, single_effects, widener
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 from capsense.scoring import METRICS
 from capsense.scoring.attribution import check_gradient_metric
@@ -178,30 +179,34 @@ def locate_phases(cfg: LocateConfig, n_evaluations: int) -> list[Phase]:
 def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, result: LocateResult,
                  evals: list[Evaluation], done: int, log: Callable[[str], None],
                  progress: RunProgress | None, dtypes: tuple[str, str]) -> list[Evaluation]:
-    """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations.
+    """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations
+    (with the heads it measured alone to widen its pool, :mod:`capsense.localize.pool`).
     ``dtypes``: (the search's, measure-and-choose's); when they differ the model is recast in place and
     the clean model is evaluated again in the new precision (the base of every set's damage)."""
-    n = layout.n_total
-    ranking = refine_candidates(result, min(cfg.top_k, n), cfg.task)
+    n, k = layout.n_total, min(cfg.top_k, layout.n_total)
+    ranking = refine_candidates(result, k, cfg.task)
     singles = single_effects(result, cfg, ranking)
 
     def measure_and_choose() -> tuple:
-        base, clean = evals[0], []
+        base, clean, extra = evals[0], [], []
         if dtypes[1] != dtypes[0]:  # the handed-on set is measured in its own precision, against its own clean model
             runner.evaluate = runner.evaluate.recast(dtypes[1])
             log(f"refine: measuring sets in {dtypes[1]} (the search ran in {dtypes[0]})")
             clean = runner(no_knockout(n), REFINE_ROUND)
             base = clean[0]
-        found, spent = refine_ranking(runner, cfg, n, base, ranking, singles)
-        return found, clean + spent
+        found, spent = refine_ranking(runner, cfg, n, base, ranking, singles, widener(runner, cfg, n, base, result, k, extra))
+        return found, clean + extra + spent
 
     result.refinement, spent = _in_phase(runner, progress, "refine", max(0, done - len(evals)), measure_and_choose)
     result.scores = put_first(result.scores, result.refinement.heads)
     result.n_evaluations += len(spent)
-    q = result.refinement.quality
+    q, name = result.refinement.quality, lambda h: str(Head.from_index(h, layout.n_heads))  # noqa: E731
+    if (w := result.refinement.widening) is not None:
+        log(f"refine: {w.clean_before} clean heads measured alone, fewer than K + swaps per round = {w.wanted}: "
+            f"{len(w.heads)} more measured alone (at most {w.cap}), clean: {', '.join(map(name, w.clean)) or 'none'}")
     log(
         f"refine: {len(result.refinement.measured)} sets measured; chosen "
-        + ", ".join(str(Head.from_index(h, layout.n_heads)) for h in result.refinement.heads)
+        + ", ".join(map(name, result.refinement.heads))
         + f" (target {100 * q.target:+.1f}%, worst control {100 * q.control:+.1f}%, tolerance {100 * cfg.tolerance:.1f}%)"
     )
     return spent

@@ -38,6 +38,7 @@ MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"
 SHARD_GLOB = "evaluations.rank*.jsonl"
 REFINE_ROUND = -1  # ``round`` of the evaluations that measure candidate top-K sets (capsense.localize.refine)
+POOL_ROUND = -2  # ``round`` of the heads measure-and-choose measured alone to widen its pool (capsense.localize.pool)
 
 
 def shard_name(rank: int) -> str:
@@ -212,10 +213,11 @@ def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> l
     with its manifest's layout).
 
     ``design_only`` keeps the masks of the method's design and drops the candidate top-K
-    sets refine measured, which are not random and must not enter a fit.
+    sets refine measured and the single heads it measured to widen its pool, which follow from
+    the fit and must not enter one.
     """
     p = Path(run_dir)
     n_heads = int(json.loads((p / MANIFEST).read_text())["layout"]["n_heads"])
     done = _all_logs(p, n_heads, repair=False)
     evals = [done[i] for i in sorted(done)]
-    return [e for e in evals if e.round != REFINE_ROUND] if design_only else evals
+    return [e for e in evals if e.round not in (REFINE_ROUND, POOL_ROUND)] if design_only else evals

@@ -98,7 +98,7 @@ def test_noise_from_every_heads_estimate_not_the_biased_sample_measured_alone():
 
 def test_refine_draws_only_from_clean_heads_measured_alone():
     from capsense.localize.fit import LocateResult
-    from capsense.localize.choice import refine_candidates
+    from capsense.localize.pool import refine_candidates
 
     imp = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2])
     effect = np.array([0.9, 0.8, np.nan, 0.6, 0.5, np.nan, 0.3, 0.2])  # 2 and 5 never knocked out alone

@@ -262,8 +262,15 @@ def refine(
             queue = [h for h in queue if h not in best.heads] + [out]
             current = best.heads
             tried = {}
-    chosen = choose([q for q in measured.order if len(q.heads) == k], target_slack)
+    chosen = choose(_candidate_sets(measured, k, ranking), target_slack)
     return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened)
+
+
+def _candidate_sets(measured: _Measured, k: int, ranking: list[int]) -> list[SetQuality]:
+    """The measured K-sets the choice is made over: after widening, none holding a head its screen set
+    aside (no longer in ``ranking``), unless every one does."""
+    sets = [q for q in measured.order if len(q.heads) == k]
+    return [q for q in sets if set(q.heads) <= set(ranking)] or sets
 
 
 def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured,
@@ -276,26 +283,33 @@ def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current
     if widened is None or not widened.heads:
         return widened, ranking, current, False
     ranking = [int(h) for h in widened.ranking]
-    current, stop = _restart(ranking[: k + pool], k, current, measured, len(widened.heads), widened.singles, target_slack)
+    current, stop = _restart(ranking, k, pool, current, measured, len(widened.heads), widened.singles, target_slack)
     return widened, ranking, current, stop
 
 
-def _restart(pool: list[int], k: int, current: tuple[int, ...], measured: _Measured, spent: int,
+def _restart(ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured, spent: int,
              singles: Singles | None, target_slack: float) -> tuple[tuple[int, ...], bool]:
     """After ``spent`` extra singles (taken off the budget): the set to search from, and whether to stop
     there. With singles, the set the grown singles predict best is measured; within tolerance the search
-    stops there (as at the predicted start), else it goes on from the better of it and ``current``."""
+    stops there (as at the predicted start), else it goes on from the better of it and ``current``, unless
+    ``current`` holds a head the extra singles' screen set aside (no longer in ``ranking``): a start filled
+    with heads never measured alone can hold one, and going on from it handed that head on (Gemma 3's
+    main job, round 18: L2H1, L1H3 and L2H2, set aside for collateral damage, in the chosen set)."""
     measured.budget -= spent
+    stale = not set(current) <= set(ranking)
     if singles is None:
+        again = tuple(ranking[:k])
+    else:
+        again = predicted_best(ranking[: k + pool], k, singles, measured.tolerance, target_slack)
+    if singles is None and not stale:
         return current, False
-    again = predicted_best(pool, k, singles, measured.tolerance, target_slack)
     measured.run([again])
     q = measured.get(again)
     if q is None:  # (the cap leaves room for it; a budget cut short by hand may not)
         return current, False
-    if q.feasible:
+    if q.feasible and singles is not None:
         return again, True
-    return (again if q.key() > measured.get(current).key() else current), False
+    return (again if stale or q.key() > measured.get(current).key() else current), False
 
 
 def predicted_best(pool: Sequence[int], k: int, singles: Singles, tolerance: float,

@@ -141,3 +141,29 @@ def test_no_widening_leaves_every_evaluation_as_before(tmp_path, case):
     assert [e.heads for e in read_evaluations(new / "run")] == [e.heads for e in read_evaluations(old / "run")]
     if case == "feasible start":
         assert len(found.measured) == 1
+
+
+def test_a_head_the_extra_singles_set_aside_is_never_handed_on():
+    """Round 18, Gemma 3's main job: the measured start was filled with heads never measured alone; the
+    extra singles' screen set three of them aside, yet the search went on from that start (its control
+    damage the least of all) and handed them on. Now no set holding a set-aside head is a candidate."""
+    from capsense.localize.refine import Widening, refine
+
+    k, fill = 3, 9  # head 9: in the first set as a fill head, set aside once measured alone
+    ranking = [0, 1, 9, 2, 3, 4, 5]
+
+    def measure(sets):  # the first set (with 9) spares the controls most; every other set breaks 3% more
+        return [(0.5, {"c": 0.05 if 9 in s else 0.10 + 0.001 * sum(s)}) for s in sets]
+
+    singles = {h: (0.9 if h == fill else 0.5 - 0.01 * h, {"c": 0.0}) for h in ranking}  # 9: its estimate
+
+    def widen(cap):
+        new = [h for h in ranking if h != fill]
+        return Widening(2, k + SWAPS_PER_ROUND, cap, heads=[fill, 2, 3], clean=[2, 3], ranking=new,
+                        singles={h: singles[h] for h in new})
+
+    found = refine(ranking, k, measure, budget=12, tolerance=0.03, singles=singles, widen=widen)
+    assert found.start.heads == (0, 1, 9)  # the predicted start held the fill head
+    assert fill not in found.heads and fill not in found.quality.heads
+    assert not found.quality.feasible and found.quality.control == pytest.approx(min(
+        q.control for q in found.measured if len(q.heads) == k and fill not in q.heads))

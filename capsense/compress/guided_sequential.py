@@ -31,10 +31,11 @@ where one pass calibrates once; storing every candidate's compressed weights to 
 hold a copy of the target weights per candidate instead (the model's size, each). Memory beside the
 model (:func:`check_guided_memory`): while the Fisher is summed, 4 bytes per target weight (one
 capability's sums; no longer the gradients beside them); while pricing, one layer's Grams, the cached
-hidden states, the prices, one matrix's Fisher and one layer's low-rank factors (low-rank methods);
+hidden states, the prices, one matrix's Fisher and one layer's solved errors or low-rank factors;
 while compressing the candidates, one layer's Grams, the hidden states and one layer's weights on their
 way to or from disk (the original and the chosen candidate's target weights live there; round 16 held
-both in memory, and the summed Fisher through pricing).
+both in memory, and the summed Fisher through pricing). The same check counts a one-pass guided run
+(``sequential=False``), which holds every matrix's Grams through all three phases.
 
 Not here: a ``measured`` sensitivity (it measures each layer's levels in the uniformly compressed model,
 which needs every layer's statistics first) and propagating the compressed outputs (the prices are
@@ -52,7 +53,8 @@ from torch import nn
 
 from capsense.compress.allocate import Candidate
 from capsense.compress.budget import Budget
-from capsense.compress.calibration import accumulate_stats, check_gram_memory
+from capsense.compress.calibration import accumulate_stats, gram_memory
+from capsense.compress.compensated import level_pricer
 from capsense.compress.engine import needs_calibration, plan
 from capsense.compress.guided import (
     Allocation, GuidedPlan, allocation_from_prices, fisher_sources, guided_levels, guided_setting, plan_guided, price_matrices,
@@ -79,43 +81,87 @@ def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
 
 
 def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
-                        packed: bool = False, available: int | None = None) -> dict[str, int]:
-    """Refuse, before the Fisher and the calibration passes, a guided sequential run whose phases hold more
-    than ``available`` beside the model; the bytes of each phase. ``sensitivity`` (0 when the run sums no Fisher:
-    :func:`~capsense.compress.guided.fisher_sources`): one capability's Fisher sums (4 bytes per target weight of
-    the largest of ``guide.fisher_groups`` runs of layers: the one tensor of the model's size a guided run holds,
-    while its backward passes run; then moved to disk, :mod:`.spill`) and one layer's gradients. ``pricing``:
-    one layer's Gram matrices, the cached hidden states, the kept prices, one matrix's Fisher read back (and
-    summed over the kept capabilities) and (low rank) one layer's factors. ``compressing`` the candidates:
-    one layer's Grams, the hidden states and one layer's target weights being written to disk or read
-    back (the original and the chosen candidate's weights are kept on disk,
-    :func:`~capsense.compress.select.compress_better`; held in memory they were two copies of all target
-    weights)."""
+                        packed: bool = False, available: int | None = None, sequential: bool = True) -> dict[str, int]:
+    """Refuse, before the Fisher and the calibration passes, a guided run (``sequential``: one decoder layer at a
+    time; else in one pass) whose phases (:func:`guided_memory`) hold more than ``available`` beside the model
+    (default: :func:`~capsense.core.placement.available_cpu_memory`); the bytes of each phase (``sensitivity`` 0
+    when the run sums no Fisher: :func:`~capsense.compress.guided.fisher_sources`). Round 17 counted a one-pass
+    guided run for its Gram matrices alone (inside calibration), so a run whose Grams fit but whose Grams plus the
+    Fisher sums did not ran out of memory after calibration, an hour into an 8B run. The refusal
+    (:func:`~capsense.core.placement.check_cpu_memory`) names the phase, each part and what to do."""
+    phases = guided_memory(model, uniform, samples, guide, packed, sequential)
+    _, gram = needs_calibration(plan(model, uniform))
+    mode = ("one decoder layer at a time" if sequential else
+            "in one pass (every matrix's calibration statistics held from calibration to the end)")
+    return {phase: check_cpu_memory(held, f"a guided run {mode}, {_DOING[phase]},", _advice(phase, sequential, gram),
+                                    available) if held else 0 for phase, held in phases.items()}
+
+
+#: What a guided run does in each phase :func:`guided_memory` counts, for the refusal.
+_DOING = {"sensitivity": "while the Fisher diagonal is summed (guided sensitivity)",
+          "pricing": "while every matrix's levels are priced", "compressing": "while the candidates are compressed"}
+
+
+def _advice(phase: str, sequential: bool, gram: bool) -> str:
+    """What to do instead of a guided run refused in ``phase``: what lowers that phase's largest parts."""
+    fixes = [] if sequential else ["run one decoder layer at a time (`sequential`: one layer's Gram matrices held, "
+                                   "the Fisher summed before any)"]
+    if phase == "sensitivity":
+        fixes.append("sum the Fisher over more groups of layers in turn (`fisher_groups`)")
+    fixes.append("compress fewer matrices (`targets` attn or mlp)")
+    if gram and not (sequential and phase == "sensitivity"):
+        fixes.append("use a method without Gram matrices (rtn, wanda, magnitude, svd, asvd)")
+    return ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+
+
+def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide, packed: bool = False,
+                  sequential: bool = True) -> dict[str, dict[str, int]]:
+    """The bytes each phase of a guided run holds at once beside the model, by what they are (no check).
+
+    ``sensitivity`` (empty when the run sums no Fisher): one capability's Fisher sums (4 bytes per target weight of
+    the largest of ``guide.fisher_groups`` runs of layers, then moved to disk, :mod:`.spill`) and one layer's
+    gradients; in one pass also every matrix's Gram matrices (calibrated first and held to the end;
+    :func:`~capsense.compress.calibration.gram_memory`), where a sequential run sums the Fisher before any.
+    ``pricing``: the Grams (one layer's, sequential; all), the cached hidden states (sequential), the kept prices
+    (both pricings' sequential, where all are allocated at the end; one pricing's at a time in one pass), one
+    matrix's Fisher read back (and summed over the kept capabilities), and what the prices are computed from, kept
+    for the other pricing (:func:`~capsense.compress.guided.price_matrices`' cache: the output pricing's solved row
+    errors, 8 bytes per row and level; low rank: the SVD factors), one layer's sequential, every matrix's in one
+    pass. ``compressing`` the candidates: the Grams, the hidden states (sequential) and one layer's target weights
+    written to disk or read back (:func:`~capsense.compress.select.compress_better`; held in memory they were two
+    copies of all target weights). Not counted: one matrix's solve (GPTQ's float64 copies of one weight and its
+    Gram), smaller than the parts above on every model measured."""
     planned = plan(model, uniform)
     _, gram = needs_calibration(planned)
     base = parse_setting(uniform.default)
     targets = find_targets(model, uniform.targets)
-    hidden = cached_bytes(model, samples)
-    n_prices = len(targets) * len(guided_levels(base, guide, targets, packed)) * len(_pricings(uniform, guide))
-    layers = {t.layer for t in targets}
-    layer_bytes = max(sum(t.n_params * t.module.weight.element_size() for t in targets if t.layer == i) for i in layers)
+    calibrated = [t for t, s in planned if s and s.calibrated]
+    grams = {f"Gram matrices ({k})": v for k, v in gram_memory(model, calibrated, samples[0], per_layer=sequential).items()
+             } if gram and calibrated and samples else {}
+    hidden = {"cached hidden states": cached_bytes(model, samples)} if sequential else {}
+    layer_bytes = _most(targets, True, lambda ts: sum(t.n_params * t.module.weight.element_size() for t in ts))
     fisher = {"Fisher sums": 4 * max(sum(t.n_params for t in part) for part in layer_groups(targets, guide.fisher_groups)),
               "one layer's gradients": layer_bytes}
-    pricing = {"cached hidden states": hidden, "one matrix's Fisher, read back and summed": 2 * 4 * max(
-        t.n_params for t in targets), "kept prices": PRICE_BYTES * n_prices}
+    pricings = _pricings(uniform, guide)
+    levels = len(guided_levels(base, guide, targets, packed))
+    scope = "one layer's" if sequential else "every matrix's"
+    pricing = hidden | {"one matrix's Fisher, read back and summed": 2 * 4 * max(t.n_params for t in targets),
+                        "kept prices": PRICE_BYTES * len(targets) * levels * (len(pricings) if sequential else 1)}
+    if any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in pricings):
+        pricing[f"{scope} solved output errors"] = _most(targets, sequential, lambda ts: 8 * levels * sum(
+            t.shape[0] for t in ts))
     if base.family == "lowrank":
-        pricing["one layer's low-rank factors"] = max(_factor_bytes([t for t in targets if t.layer == i]) for i in layers)
-    compressing = {"cached hidden states": hidden,
-                   "one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}
-    calibrated = [t for t, s in planned if s and s.calibrated]
-    summed = fisher_sources(guide, base)
-    out = {"sensitivity": check_cpu_memory(
-        fisher, "the Fisher diagonal (guided sensitivity)", "sum the Fisher over more groups of layers in turn "
-        "(`fisher_groups`), or compress fewer matrices (`targets` attn or mlp)", available) if summed else 0}
-    for phase, held in (("pricing", pricing), ("compressing", compressing)):
-        out[phase] = (check_gram_memory(model, calibrated, samples[0], available, sequential=True, held=held) if gram
-                      else sum(held.values()))  # no Gram (wanda, asvd): statistics of vectors, not checked (as one pass)
-    return out
+        pricing[f"{scope} low-rank factors"] = _most(targets, sequential, _factor_bytes)
+    compressing = hidden | {"one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}
+    sensitivity = ({} if sequential else grams) | fisher if fisher_sources(guide, base) else {}
+    return {"sensitivity": sensitivity, "pricing": grams | pricing, "compressing": grams | compressing}
+
+
+def _most(targets, per_layer: bool, size: Callable[[list], int]) -> int:
+    """``size`` of all ``targets`` or, ``per_layer``, of the decoder layer's targets it is largest for."""
+    if not per_layer:
+        return size(list(targets))
+    return max(size([t for t in targets if t.layer == i]) for i in {t.layer for t in targets})
 
 
 def check_guided_disk(model: nn.Module, uniform: Budget, guide, folder: str | None = None) -> int:

@@ -126,10 +126,12 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL).
     ``planned``: ``budget``'s plan, made once by the caller."""
     needed, _ = needs_calibration(planned)
-    if guide is not None:
-        from capsense.compress.guided_sequential import check_guided_disk
+    if guide is not None:  # before the calibration and the Fisher passes: what the run holds, what it spills
+        from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory
 
-        check_guided_disk(model, budget, guide)  # before the calibration and the Fisher passes
+        samples = calibration_samples(calibration, tokenizer, n_samples)[0] if needed else []  # one finds the Grams
+        check_guided_memory(model, budget, samples, guide, fmt == "compressed-tensors", sequential=False)
+        check_guided_disk(model, budget, guide)
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({n_samples} samples)")

@@ -1,9 +1,10 @@
-"""What a guided sequential run holds beside the model on Llama-3.1-8B's shapes: check_guided_memory's arithmetic.
+"""What a guided run holds beside the model on Llama-3.1-8B's shapes: check_guided_memory's arithmetic, one
+decoder layer at a time (``--sequential``) and in one pass (round 18).
 
 The model is built on the meta device (no weights, no download: the config's shapes only), so the one
 forward the Gram count needs cannot run: one layer's float64 Grams are given by hand (Llama's q/k/v share
-an input, gate/up share one: 3 x 4096^2 + 14336^2 entries, 1.9 GiB). GPTQ 4 bits g128, keep math, 64
-calibration texts of 512 tokens::
+an input, gate/up share one: 3 x 4096^2 + 14336^2 entries, 1.9 GiB; 32 layers' in one pass, 61.0 GiB).
+GPTQ 4 bits g128, keep math, 64 calibration texts of 512 tokens::
 
     PYTHONPATH=. python recipes/bench/guided_memory_8b.py 1 4 8     # --fisher-groups values
 
@@ -22,7 +23,7 @@ from capsense.compress.budget import uniform_budget
 from capsense.compress.guided import Guide
 from capsense.compress.targets import find_targets
 
-GRAM = 8 * (3 * 4096**2 + 14336**2)  # one layer's float64 Gram matrices
+GRAM = {"attn": 8 * 2 * 4096**2, "mlp": 8 * (4096**2 + 14336**2)}  # one layer's float64 Gram matrices
 
 
 def main(groups: list[int]) -> None:
@@ -30,15 +31,16 @@ def main(groups: list[int]) -> None:
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    gs.check_gram_memory = lambda model, targets, ids, available=None, sequential=False, held=None: (
-        GRAM + sum((held or {}).values()))
+    gs.gram_memory = lambda model, targets, ids, per_layer=False: {k: v * (1 if per_layer else 32) for k, v in GRAM.items()}
     samples, uni = [[1] * 512] * 64, uniform_budget({"method": "gptq", "bits": 4, "group_size": 128})
     n = sum(t.n_params for t in find_targets(model))
     print(f"target weights {n:,} (4 bytes each: {4 * n / 2**30:.2f} GiB)")
-    for g in groups:
-        need = gs.check_guided_memory(model, uni, samples, Guide(["math"], samples=32, fisher_groups=g),
-                                      available=1 << 60)
-        print(f"fisher_groups {g}: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()))
+    for sequential in (True, False):
+        for g in groups:
+            need = gs.check_guided_memory(model, uni, samples, Guide(["math"], samples=32, fisher_groups=g),
+                                          available=1 << 60, sequential=sequential)
+            print(f"{'sequential' if sequential else 'one pass'}, fisher_groups {g}: "
+                  + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()))
 
 
 if __name__ == "__main__":

@@ -115,9 +115,10 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     layer = max(sum(4 * t.n_params for t in targets if t.layer == i) for i in range(3))
     matrix = 2 * 4 * max(t.n_params for t in targets)
     n_levels = len(gs.guided_levels(gs.parse_setting(GPTQ), guide, targets))
+    errors = 8 * n_levels * max(sum(t.shape[0] for t in targets if t.layer == i) for i in range(3))  # solved, per row
     need = gs.check_guided_memory(model, uni, samples, guide)
     assert need == {"sensitivity": 4 * n_params + layer,
-                    "pricing": grams + hidden + matrix + gs.PRICE_BYTES * len(targets) * n_levels * 2,
+                    "pricing": grams + hidden + matrix + gs.PRICE_BYTES * len(targets) * n_levels * 2 + errors,
                     "compressing": grams + hidden + layer}
     assert gs.check_guided_memory(model, uni, samples, guide, available=max(need.values())) == need
     with pytest.raises(CapsenseError, match="Fisher sums") as e:  # the first phase checked

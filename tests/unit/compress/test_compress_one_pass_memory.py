@@ -1,0 +1,105 @@
+"""What a one-pass guided run holds at once (capsense.compress.guided_sequential.check_guided_memory with
+``sequential=False``): every matrix's Gram matrices from calibration to the end, beside one capability's Fisher
+sums while they are summed, beside the prices and the cached solved errors while pricing, beside one layer's
+weights on their way to or from disk while compressing; refused before calibration, naming the parts."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from conftest import make_char_tokenizer, make_tiny_model
+
+import capsense.compress.guided_sequential as gs
+import capsense.core.placement as placement
+from capsense.cli import main
+from capsense.compress.budget import uniform_budget
+from capsense.compress.calibration import calibration_samples, gram_memory
+from capsense.compress.engine import calibrate
+from capsense.compress.guided import Guide
+from capsense.compress.select import guided_candidates
+from capsense.compress.targets import find_targets
+from capsense.errors import CapsenseError
+
+CALIBRATION, N = "prose,math", 6
+GPTQ = {"method": "gptq", "bits": 3, "group_size": 16}
+#: the tiny Llama (conftest): 3 layers, hidden 64, MLP 128; q/k/v share an input, gate/up share one
+GRAMS = 3 * 8 * (64**2 + 64**2 + 64**2 + 128**2)
+
+
+def _setup():
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    samples, _ = calibration_samples(CALIBRATION, tok, N)
+    return model, tok, samples, uniform_budget(GPTQ)
+
+
+def test_one_pass_counts_every_matrix_s_grams_in_every_phase():
+    """The exact bytes per phase; the solved output errors counted are the bytes the run's cache holds."""
+    model, tok, samples, uni = _setup()
+    guide = Guide(["math"], samples=2, protect_top_k=0)
+    targets = find_targets(model)
+    assert sum(gram_memory(model, targets, samples[0]).values()) == GRAMS
+    n_levels = len(gs.guided_levels(gs.parse_setting(GPTQ), guide, targets))
+    layer = max(sum(4 * t.n_params for t in targets if t.layer == i) for i in range(3))
+    errors = 8 * n_levels * sum(t.shape[0] for t in targets)  # one float64 per row and level, every matrix
+    need = gs.check_guided_memory(model, uni, samples, guide, sequential=False)
+    assert need == {"sensitivity": GRAMS + 4 * sum(t.n_params for t in targets) + layer,
+                    "pricing": GRAMS + 2 * 4 * max(t.n_params for t in targets)
+                    + gs.PRICE_BYTES * len(targets) * n_levels + errors,  # one pricing's prices at a time
+                    "compressing": GRAMS + layer}
+    cache: dict = {}
+    stats, _ = calibrate(model, tok, uni, CALIBRATION, N)
+    guided_candidates(model, tok, uni, stats, guide, cache=cache)
+    assert sum(e.numel() * e.element_size() for e in cache["level_costs"].values()) == errors
+    seq = gs.check_guided_memory(model, uni, samples, guide)  # sequential: the Fisher summed before any Gram
+    assert seq["sensitivity"] == need["sensitivity"] - GRAMS
+
+
+def test_one_pass_refused_one_byte_short_naming_the_parts_and_what_to_do():
+    model, _, samples, uni = _setup()
+    guide = Guide(["math"], samples=2, protect_top_k=0)
+    need = gs.check_guided_memory(model, uni, samples, guide, sequential=False)
+    assert gs.check_guided_memory(model, uni, samples, guide, sequential=False, available=max(need.values())) == need
+    with pytest.raises(CapsenseError) as e:
+        gs.check_guided_memory(model, uni, samples, guide, sequential=False, available=need["sensitivity"] - 1)
+    text = str(e.value)
+    assert "in one pass" in text and "while the Fisher diagonal is summed" in text
+    for part in ("Fisher sums", "one layer's gradients", "Gram matrices (attn)", "Gram matrices (mlp)"):
+        assert part in text
+    assert "(`sequential`" in text and "(`fisher_groups`)" in text and "compress fewer matrices" in text
+    flat = Guide(["math"], sensitivity="flat", protect_top_k=0)  # no Fisher summed: pricing is the first phase held
+    flat_need = gs.check_guided_memory(model, uni, samples, flat, sequential=False)
+    assert flat_need["sensitivity"] == 0 and flat_need["compressing"] == need["compressing"]
+    with pytest.raises(CapsenseError, match="while every matrix's levels are priced") as e:
+        gs.check_guided_memory(model, uni, samples, flat, sequential=False, available=flat_need["pricing"] - 1)
+    for part in ("kept prices", "every matrix's solved output errors", "Gram matrices (mlp)", "(`sequential`"):
+        assert part in str(e.value)
+    assert "fisher_groups" not in str(e.value)  # no Fisher in this phase: not the advice
+
+
+def test_one_pass_low_rank_counts_every_matrix_s_factors():
+    """SVD-LLM prices from each matrix's full factors, cached for the other pricing: every matrix's in one pass."""
+    model, _, samples, _ = _setup()
+    uni, guide = uniform_budget({"method": "svd-llm", "ratio": 0.5}), Guide(["math"], samples=2, protect_top_k=0)
+    targets = find_targets(model)
+    factors = sum(4 * (t.shape[0] + t.shape[1] + 1) * min(t.shape) for t in targets)
+    held = gs.guided_memory(model, uni, samples, guide, sequential=False)
+    assert held["pricing"]["every matrix's low-rank factors"] == factors
+    assert "one layer's low-rank factors" in gs.guided_memory(model, uni, samples, guide)["pricing"]
+
+
+def test_the_one_pass_command_is_refused_before_calibrating_or_writing(monkeypatch, tmp_path, tiny_model_dir):
+    """Memory enough for the Grams alone (round 17's only one-pass check) but not the Grams and the Fisher: the
+    command refuses with one Error line before calibration starts, and writes nothing."""
+    import capsense.compress.engine as engine
+
+    grams = {}
+    real = gs.gram_memory
+    monkeypatch.setattr(gs, "gram_memory", lambda *a, **k: grams.setdefault("need", real(*a, **k)))
+    monkeypatch.setattr(placement, "available_cpu_memory", lambda: sum(grams.get("need", {}).values()) + 1)
+    monkeypatch.setattr(engine, "collect_stats", lambda *a, **k: pytest.fail("calibrated before the memory check"))
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "3", "--group-size",
+                                  "32", "--keep", "math", "--calibration-samples", "4", "--out", str(tmp_path / "no")])
+    assert r.exit_code == 1 and r.output.count("Error") == 1, r.output
+    assert "in one pass" in r.output and "Fisher sums" in r.output and "Gram matrices (mlp)" in r.output
+    assert "(--sequential" in r.output and "(--fisher-groups)" in r.output  # the command's flags, what to do
+    assert not (tmp_path / "no").exists()

@@ -10,8 +10,9 @@ heads measured alone when the search left too few clean ones to swap in.
 measured alone, leaving exactly K = 5 clean: measure-and-choose measured that one set (beyond the
 tolerance), had nothing to swap in, and handed it on with most of its budget unspent. Rule, the same
 for every task and model: when the measured start breaks the tolerance (the search is about to swap)
-and fewer than K + ``SWAPS_PER_ROUND`` clean heads were measured alone (a round of swaps tries
-``SWAPS_PER_ROUND`` candidates outside the set), the next heads never measured alone are knocked out
+and measure-and-choose has fewer than K + ``SWAPS_PER_ROUND`` candidates (a round of swaps tries
+``SWAPS_PER_ROUND`` outside the set; :func:`refine_candidates` adds heads never measured alone only when
+fewer than K are clean, so this is a clean pool of K to K + 2 heads), the next heads never measured alone are knocked out
 alone, each on every probe with the run's runner (stored as round :data:`POOL_ROUND`, replayed on
 resume), recorded in the result like the search's singles, screened by the same collateral screen,
 until that many are clean, the heads run out, or the cap :func:`~capsense.localize.refine.refine`
@@ -22,6 +23,15 @@ Order: attribution's estimated target effect, largest first (the estimate that p
 singles; in the run's unit or not, it only orders); without estimates, the run's ranking. A start
 within tolerance never widens (the SmolLM2 main job, 6 clean heads: unchanged), nor does a pool of
 K + ``SWAPS_PER_ROUND`` clean heads.
+
+Measured and narrowed (round 18): first the rule counted clean heads measured alone only, so runs with
+fewer than K clean (SmolLM2 sequence 0, Gemma 3 induction 1), whose candidates were already filled with
+heads never measured alone, also widened, spending the whole cap (14 of 24) on singles and 9-10 sets
+where round 17 measured 24. Sequence then chose a set with worst control +13.6% on the search's
+documents (round 17: +7.9%) that held-out math word problems reject (-45.5%; round 17's set: -18.2%,
+selective), and Gemma's handed-on set kept three heads the extra singles set aside (see
+:func:`capsense.localize.refine._restart`). Such pools have heads to swap in; widening now fires only
+when the candidates run short.
 """
 
 from __future__ import annotations
@@ -119,16 +129,17 @@ def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluatio
 
 def widener(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, result: LocateResult, k: int,
             spent: list[Evaluation]) -> Widen:
-    """``widen(cap)`` for :func:`~capsense.localize.refine.refine`: None when K + ``SWAPS_PER_ROUND``
-    clean heads were measured alone, else the extra singles (at most ``cap``; their evaluations added to
+    """``widen(cap)`` for :func:`~capsense.localize.refine.refine`: None when measure-and-choose has K +
+    ``SWAPS_PER_ROUND`` candidates (:func:`refine_candidates`: clean heads measured alone, and heads never
+    measured alone when fewer than K are clean), else the extra singles (at most ``cap``; their evaluations added to
     ``spent``) and the candidates and singles afterwards. ``base``: the clean evaluation refine's sets
     are measured against (the same model and precision)."""
     wanted = k + SWAPS_PER_ROUND
 
     def widen(cap: int) -> Widening | None:
-        clean = clean_measured(result)
-        if len(clean) >= wanted:
+        if len(refine_candidates(result, k, cfg.task)) >= wanted:  # something to swap in (clean or never measured)
             return None
+        clean = clean_measured(result)
         before, order, heads = len(clean), unmeasured_by_estimate(result, cfg.task), []
         while len(clean) < wanted and len(heads) < min(cap, len(order)):
             batch = order[len(heads): len(heads) + min(wanted - len(clean), cap - len(heads))]

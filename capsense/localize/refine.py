@@ -29,8 +29,9 @@ singles cannot see could change the choice, and the leave-one-out rounds exist t
 when the start breaks the tolerance.
 
 **Extra singles** (round 18, ``widen``): when the measured start breaks the tolerance and the search
-left fewer than K + :data:`SWAPS_PER_ROUND` clean heads measured alone, a round of swaps would have
-fewer than its candidates to try (on SmolLM2 antonyms exactly K were clean: nothing to swap, the
+left fewer than K + :data:`SWAPS_PER_ROUND` candidates (clean heads measured alone, filled with heads
+never measured alone only when fewer than K are clean), a round of swaps would have fewer than its
+candidates to try (on SmolLM2 antonyms exactly K were clean: nothing to swap, the
 infeasible start was handed on after one evaluation). The caller's ``widen(cap)`` then measures more
 heads alone (:mod:`capsense.localize.pool`), at most ``cap`` of them: what the budget leaves after one
 full round (a new start, K leave-one-out sets, :data:`SWAPS_PER_ROUND` swaps). They count against the

@@ -167,3 +167,15 @@ def test_a_head_the_extra_singles_set_aside_is_never_handed_on():
     assert fill not in found.heads and fill not in found.quality.heads
     assert not found.quality.feasible and found.quality.control == pytest.approx(min(
         q.control for q in found.measured if len(q.heads) == k and fill not in q.heads))
+
+
+def test_a_pool_filled_with_heads_never_measured_alone_is_not_widened(tmp_path):
+    """Fewer than K clean heads measured alone: the candidates already hold heads never measured alone to
+    swap in, so no extra singles (round 18: widening such pools spent 14 of 24 evaluations on singles and
+    chose worse sets on SmolLM2 sequence and Gemma 3 induction)."""
+    cfg = _cfg(tmp_path)
+    _, _, result, spent = _refine(tmp_path, cfg, searched=(0, 1, 2, 5, 6, 7, 8, 9))  # 3 clean of the 8 measured
+    assert len(refine_candidates(result, 5, "t")) >= 5 + SWAPS_PER_ROUND
+    assert result.refinement.widening is None and result.pool_singles == []
+    assert not [e for e in read_evaluations(cfg.out) if e.round == POOL_ROUND]
+    assert len(result.refinement.measured) == len(spent) > 1  # the swaps ran on the filled pool

@@ -13,7 +13,11 @@ row fails, and names the rows beyond tolerance but within noise, and those withi
 above the random band, so a reader sees every caveat. Why noise counts: the first SmolLM2 run with
 the default suite moved numbers-and-dates accuracy from 0.36 to 0.32 on 25 held-out documents,
 one document, -11%, exactly what the worst random set did (-11%); a one-document flip is the
-resolution of such a control, not collateral damage.
+resolution of such a control, not collateral damage. So each accuracy row also says how many
+documents its change is, net (``documents_net`` of ``documents``: the change times the number of
+held-out documents, where both values are whole counts of them), and the verdict line quotes it:
+round 18's antonyms set halved held-out translation accuracy, which is 5 of 40 documents, where
+the worst random set moved 3. The count is reported, not judged: the rule above is unchanged.
 
 Which rows count: each task is judged by its task-level metric: its accuracy-like metrics
 where the clean model scores at least ``MIN_BASE_SCORE`` on them, else (an accuracy of 0.05
@@ -25,7 +29,7 @@ SmolLM2, few-shot QA's nats/token rose 42% under the old induction set while its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +54,8 @@ class OffTarget:
     random_band: float | None  # the random sets' worsening: up to max(mean + 2 sd, worst)
     within_tolerance: bool
     within_random: bool | None  # None: no random set to compare with
+    documents: int | None = None  # held-out documents the row was measured on (None: not given)
+    documents_net: int | None = None  # documents lost (+) or gained (-), net; None unless a whole count
 
     @property
     def fails(self) -> bool:
@@ -72,9 +78,23 @@ def worsening(base: float, value: float, lower_better: bool) -> float | None:
     return rel if lower_better else -rel
 
 
-def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float) -> list[OffTarget]:
+def net_documents(base: float, value: float, n: int | None, lower_better: bool) -> int | None:
+    """Documents lost (+) or gained (-) when an accuracy over ``n`` documents goes from ``base`` to
+    ``value``; None for a metric that is not a fraction of whole documents (nats/token, or a value
+    that is no multiple of 1/n)."""
+    if not n or lower_better or not (np.isfinite(base) and np.isfinite(value)):
+        return None
+    b, v = base * n, value * n
+    if abs(b - round(b)) > 1e-6 or abs(v - round(v)) > 1e-6:
+        return None
+    return int(round(b) - round(v))
+
+
+def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float,
+                 documents: Mapping[str, int] | None = None) -> list[OffTarget]:
     """Each task's task-level row (its accuracy where ``usable``, else nats/token) judged against the
     tolerance and the random K-head band; ``role(task)`` names it, or None to leave the task out."""
+    documents = documents or {}
     out = []
     for r in rows:
         low = _low(r)
@@ -89,7 +109,9 @@ def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float) 
         band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
         out.append(OffTarget(task=r.task, metric=r.metric, role=name, base=r.base, ablated=r.ablated, worsening=w,
                              random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
-                             within_random=(w <= max(0.0, band)) if rw else None))
+                             within_random=(w <= max(0.0, band)) if rw else None,
+                             documents=documents.get(r.task),
+                             documents_net=net_documents(r.base, r.ablated, documents.get(r.task), low)))
     return out
 
 
@@ -97,14 +119,16 @@ def _low(r: Any) -> bool:
     return lower_is_better(r.metric, getattr(r, "higher_is_better", None))
 
 
-def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
-    """The verdict over validation rows (:class:`capsense.evaluation.validate.ValidationRow`)."""
+def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: float = DEFAULT_TOLERANCE,
+          documents: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The verdict over validation rows (:class:`capsense.evaluation.validate.ValidationRow`);
+    ``documents``: each task's number of held-out documents, for the net document counts."""
     usable = {r.task for r in rows if not _low(r) and np.isfinite(r.base) and r.base >= MIN_BASE_SCORE}
     judged = _judged_rows(rows, usable, lambda t: None if t == target else ("searched" if t in searched else "held-out"),
-                          tolerance)
+                          tolerance, documents)
     # the target, judged the same way: it must be hurt beyond the tolerance and what K random heads do
     # (measured on Gemma 3: a set chosen by nats/token left induction accuracy at 1.00)
-    tgt = next(iter(_judged_rows(rows, usable, lambda t: "target" if t == target else None, tolerance)), None)
+    tgt = next(iter(_judged_rows(rows, usable, lambda t: "target" if t == target else None, tolerance, documents)), None)
     failing = [j for j in judged if j.fails]
     caution = [j for j in judged if not j.fails and j.within_random is not None and j.within_tolerance != j.within_random]
     worst = max(judged, key=lambda j: j.worsening, default=None)
@@ -115,7 +139,8 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
         line = ("NOT selective: the target itself is not clearly hurt ("
                 + ("no usable target row" if tgt is None else
                    f"{tgt.task} {tgt.metric} {100 * tgt.worsening:+.1f}% worse, tolerance {100 * tolerance:.0f}%"
-                   + ("" if tgt.random_worst is None else f", random-K worst {100 * tgt.random_worst:+.1f}%"))
+                   + ("" if tgt.random_worst is None else f", random-K worst {100 * tgt.random_worst:+.1f}%")
+                   + ("" if tgt.documents_net is None else f", net {tgt.documents_net} of {tgt.documents} documents"))
                 + "); off-target: " + line)
     return {
         "selective": not failing and bool(judged) and hit,
@@ -130,7 +155,8 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
 
 def _say(j: OffTarget) -> str:
     rnd = "" if j.random_worst is None else f", random-K worst {100 * j.random_worst:+.1f}%"
-    return f"{j.task} {j.metric} {100 * j.worsening:+.1f}% worse ({j.role}{rnd})"
+    docs = "" if j.documents_net is None else f", net {j.documents_net} of {j.documents} documents"
+    return f"{j.task} {j.metric} {100 * j.worsening:+.1f}% worse ({j.role}{rnd}{docs})"
 
 
 def verdict_line(judged, failing, caution, worst, tolerance: float) -> str:

@@ -175,13 +175,13 @@ def validate(
     raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
                              confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
                              display_names={"ablated": f"top-{top_k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
-    rows = validation_rows(raw, n_random)
+    rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
         "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
         "random_sets": [str(h) for h in randoms], "samples": samples,
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
-        "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance),
+        "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
     }
     return rows, info
 

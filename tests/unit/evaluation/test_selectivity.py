@@ -75,3 +75,26 @@ def test_a_set_that_spares_the_target_is_not_selective():
     v = judge(rows, "t", [], tolerance=0.10)
     assert not v["selective"] and v["line"].startswith("NOT selective: the target itself is not clearly hurt")
     assert v["target"]["worsening"] == 0.0
+
+
+def test_accuracy_rows_count_the_documents_their_change_is():
+    """Round 18's antonyms set: held-out translation 0.25 -> 0.125 on 40 documents is 5 documents, where
+    the worst random set moved 3; the count is quoted, the verdict rule is unchanged."""
+    rows = [row("t", "acc", 0.925, 0.8, [0.925, 0.9, 0.925]),
+            row("tr", "acc", 0.25, 0.125, [0.225, 0.175, 0.25]),
+            row("tr", "nats_per_token", 2.30, 2.36),
+            row("p", "nats_per_token", 3.27, 3.24, [3.3, 3.28, 3.27]),
+            row("q", "acc", 0.55, 0.53, [0.55, 0.55, 0.5])]  # 0.53 x 40 is no whole count: no documents quoted
+    docs = {"t": 40, "tr": 40, "p": 40, "q": 40}
+    v = judge(rows, "t", [], tolerance=0.10, documents=docs)
+    judged = {r["task"]: r for r in v["rows"]}
+    assert (judged["tr"]["documents_net"], judged["tr"]["documents"]) == (5, 40)
+    assert judged["p"]["documents_net"] is None and judged["q"]["documents_net"] is None  # nats/token; no whole count
+    assert v["target"]["documents_net"] == 5
+    assert not v["selective"] and "capsense" not in v["line"]
+    assert "tr acc +50.0% worse (held-out, random-K worst +30.0%, net 5 of 40 documents)" in v["line"]
+    gained = judge([row("t", "acc", 0.9, 0.1, [0.9]), row("g", "acc", 0.5, 0.6, [0.5])], "t", [], documents={"g": 20})
+    assert gained["rows"][0]["documents_net"] == -2  # two documents gained
+    plain = judge(rows, "t", [], tolerance=0.10)  # no counts given: the same verdict, no counts quoted
+    assert plain["selective"] == v["selective"] and "documents" not in plain["line"]
+    assert plain["line"] == v["line"].replace(", net 5 of 40 documents", "")

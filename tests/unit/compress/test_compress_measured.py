@@ -108,8 +108,12 @@ def test_planted_sensitive_unit_gets_the_highest_level(trained):
     base_bits = QuantSetting("rtn", 3, 128).size((64, 128), None, 16)[1]
     units = planted.info["per_unit"]
     assert bits_of(planted, "L0.mlp") == max(bits_of(planted, u) for u in units) > base_bits
-    assert bits_of(control, "L0.mlp") < max(bits_of(control, u) for u in units)  # the plant made the difference
     costs = planted.info["measured_costs"]["L0.mlp"]
+    # the plant made the difference: it raised L0.mlp's level, and what more bits save there is 5x what they save
+    # unplanted (round 19: "not the highest level unplanted" was chance; on an Intel AVX-512 CPU the fitted
+    # model's unplanted L0.mlp tied at the top, 3b/g32, saving 0.023 nats where the planted one saves 0.578)
+    assert bits_of(control, "L0.mlp") < bits_of(planted, "L0.mlp")
+    assert min(costs.values()) < 5 * min(control.info["measured_costs"]["L0.mlp"].values()) < 0
     assert costs["rtn@2b/g0"] > 0.1 > costs["rtn@3b/g128"] == 0.0 > costs[units["L0.mlp"]]
 
 

@@ -68,13 +68,19 @@ def calibrate(
     n_samples: int = 64,
     max_tokens: int = 512,
     progress: Callable[[int], None] | None = None,
+    samples: tuple[list[list[int]], list[dict[str, Any]]] | None = None,
 ) -> tuple[dict[str, InputStats], list[dict[str, Any]]]:
-    """Input statistics of the matrices whose method needs them (empty if none does)."""
+    """Input statistics of the matrices whose method needs them (empty if none does).
+
+    ``samples``: the calibration token ids and their provenance, already built by
+    :func:`~capsense.compress.calibration.calibration_samples` (then ``calibration``, ``n_samples`` and
+    ``max_tokens`` are not read), so a caller that needs them before calibrating (the one-pass guided
+    memory check, :mod:`.pipeline`) builds them once; None builds them here."""
     planned = plan(model, budget)
     needed, gram = needs_calibration(planned)
     if not needed:
         return {}, []
-    samples, info = calibration_samples(calibration, tokenizer, n_samples, max_tokens)
+    samples, info = samples if samples is not None else calibration_samples(calibration, tokenizer, n_samples, max_tokens)
     targets = [t for t, s in planned if s and s.calibrated]
     return collect_stats(model, targets, samples, gram=gram, progress=progress), info
 

@@ -126,16 +126,17 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL).
     ``planned``: ``budget``'s plan, made once by the caller."""
     needed, _ = needs_calibration(planned)
+    # built once: the guided memory check counts the Gram matrices from them, then calibration runs on them
+    samples = calibration_samples(calibration, tokenizer, n_samples) if needed else ([], [])
     if guide is not None:  # before the calibration and the Fisher passes: what the run holds, what it spills
         from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory
 
-        samples = calibration_samples(calibration, tokenizer, n_samples)[0] if needed else []  # one finds the Grams
-        check_guided_memory(model, budget, samples, guide, fmt == "compressed-tensors", sequential=False)
+        check_guided_memory(model, budget, samples[0], guide, fmt == "compressed-tensors", sequential=False)
         check_guided_disk(model, budget, guide)
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({n_samples} samples)")
-        stats, calib_info = calibrate(model, tokenizer, budget, calibration, n_samples)
+        stats, calib_info = calibrate(model, tokenizer, budget, samples=samples)
     allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else []
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")

@@ -99,8 +99,8 @@ class Widening:
     cap: int  # the most extra singles the budget allowed (one full round of swaps left)
     heads: list[int]  # knocked out alone here, in order (each one evaluation of the budget)
     clean: list[int]  # of them, the ones the collateral screen kept
-    ranking: list[int] = field(default_factory=list, repr=False)  # the candidates afterwards
-    singles: Singles | None = field(default=None, repr=False)  # their single-head damages
+    ranking: list[int] = field(repr=False)  # the candidates afterwards
+    singles: Singles = field(repr=False)  # their single-head damages
 
     def as_dict(self, name: Callable[[int], str]) -> dict:
         return {
@@ -289,26 +289,21 @@ def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current
 
 
 def _restart(ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured, spent: int,
-             singles: Singles | None, target_slack: float) -> tuple[tuple[int, ...], bool]:
+             singles: Singles, target_slack: float) -> tuple[tuple[int, ...], bool]:
     """After ``spent`` extra singles (taken off the budget): the set to search from, and whether to stop
-    there. With singles, the set the grown singles predict best is measured; within tolerance the search
+    there. The set the grown ``singles`` predict best is measured; within tolerance the search
     stops there (as at the predicted start), else it goes on from the better of it and ``current``, unless
     ``current`` holds a head the extra singles' screen set aside (no longer in ``ranking``): a start filled
     with heads never measured alone can hold one, and going on from it handed that head on (Gemma 3's
     main job, round 18: L2H1, L1H3 and L2H2, set aside for collateral damage, in the chosen set)."""
     measured.budget -= spent
     stale = not set(current) <= set(ranking)
-    if singles is None:
-        again = tuple(ranking[:k])
-    else:
-        again = predicted_best(ranking[: k + pool], k, singles, measured.tolerance, target_slack)
-    if singles is None and not stale:
-        return current, False
+    again = predicted_best(ranking[: k + pool], k, singles, measured.tolerance, target_slack)
     measured.run([again])
     q = measured.get(again)
     if q is None:  # (the cap leaves room for it; a budget cut short by hand may not)
         return current, False
-    if q.feasible and singles is not None:
+    if q.feasible:
         return again, True
     return (again if stale or q.key() > measured.get(current).key() else current), False
 

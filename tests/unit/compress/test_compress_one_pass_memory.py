@@ -103,3 +103,35 @@ def test_the_one_pass_command_is_refused_before_calibrating_or_writing(monkeypat
     assert "in one pass" in r.output and "Fisher sums" in r.output and "Gram matrices (mlp)" in r.output
     assert "(--sequential" in r.output and "(--fisher-groups)" in r.output  # the command's flags, what to do
     assert not (tmp_path / "no").exists()
+
+
+def test_a_one_pass_guided_run_builds_its_calibration_samples_once(monkeypatch):
+    """The samples the memory check counts the Grams from are the ones calibration runs on (round 18 built them
+    twice: once for the check, once inside ``calibrate``); what ships equals a run on ``calibrate``'s own samples."""
+    import torch
+
+    import capsense.compress.engine as engine
+    import capsense.compress.pipeline as pipeline
+    from capsense.compress.select import compress_guided
+    from capsense.compress.targets import find_targets as targets_of
+
+    guide = Guide(["math"], samples=2, protect_top_k=0)
+    uni = uniform_budget(GPTQ)
+    model, tok = make_tiny_model("llama"), make_char_tokenizer()
+    stats, _ = calibrate(model, tok, uni, CALIBRATION, N)  # the path before: calibrate builds its own samples
+    want, _, want_al = compress_guided(model, tok, uni, guided_candidates(model, tok, uni, stats, guide), stats, guide)
+    built = []
+
+    def counted(spec, *a, **k):
+        built.append(spec)
+        return calibration_samples(spec, *a, **k)
+
+    monkeypatch.setattr(pipeline, "calibration_samples", counted)
+    monkeypatch.setattr(engine, "calibration_samples", counted)
+    one = make_tiny_model("llama")
+    got, shipped, al, _ = pipeline._compress_one_pass(one, tok, uni, engine.plan(one, uni), CALIBRATION, N, guide, 0,
+                                                      "float32", lambda _m: None, "dense")
+    assert built == [CALIBRATION]
+    assert [a.to_dict() for a in got.accounts] == [a.to_dict() for a in want.accounts]
+    assert al.info["selection"]["chosen"] == want_al.info["selection"]["chosen"]
+    assert all(torch.equal(t.get(), w.get()) for t, w in zip(targets_of(one), targets_of(model)))

@@ -9,8 +9,9 @@ attention the unit is the query head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from capsense.errors import CapsenseError
+from capsense.errors import BudgetError, CapsenseError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -28,19 +29,66 @@ class ArchSpec:
 
 _LLAMA_LIKE = ArchSpec("llama-like", "model.layers", "self_attn.o_proj")
 
+#: Dense families laid out as Llama: ``model.layers[i].self_attn.o_proj``.
+_DENSE_LLAMA_LIKE = (
+    "llama", "mistral", "ministral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
+    "olmo3", "granite", "starcoder2", "cohere", "cohere2", "glm", "glm4", "smollm3", "helium", "exaone4",
+    "seed_oss", "arcee", "ernie4_5", "internlm3", "stablelm", "nemotron", "hunyuan_v1_dense",
+)
+#: Mixture-of-experts families laid out as Llama (attention as above, experts in the MLP).
+MOE_FAMILIES = (
+    "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "glm4_moe", "phimoe",
+    "ernie4_5_moe", "hunyuan_v1_moe",
+)
+
 ARCHITECTURES: dict[str, ArchSpec] = {
-    "llama": _LLAMA_LIKE,
-    "mistral": _LLAMA_LIKE,
-    "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma2": _LLAMA_LIKE,
-    "gemma3_text": _LLAMA_LIKE,
+    **dict.fromkeys(_DENSE_LLAMA_LIKE + MOE_FAMILIES, _LLAMA_LIKE),
     "gemma3": ArchSpec("gemma3", "model.language_model.layers", "self_attn.o_proj"),
-    "phi3": _LLAMA_LIKE,
-    "olmo2": _LLAMA_LIKE,
+    "phi": ArchSpec("phi", "model.layers", "self_attn.dense"),
     "gpt_neox": ArchSpec("gpt_neox", "gpt_neox.layers", "attention.dense"),
     "gpt2": ArchSpec("gpt2", "transformer.h", "attn.c_proj", transposed=True),
 }
+
+_MLA = (
+    "multi-head latent attention: queries, keys and values come from low-rank latent projections "
+    "shared by all heads (q_a_proj/q_b_proj, kv_a_proj_with_mqa/kv_b_proj), with a value width "
+    "different from the query/key width, so there is no per-head q/k/v layout for capsense to edit"
+)
+_HYBRID = (
+    "a hybrid model: some decoder layers have no softmax attention (state-space or linear-attention "
+    "layers), so not every layer has heads"
+)
+#: Families known not to fit, with the reason (the error says it instead of the generic one).
+UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "minicpm3", "sarvam_mla"), _MLA),
+    **dict.fromkeys(
+        ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "granitemoehybrid", "jamba",
+         "bamba", "falcon_h1", "zamba", "zamba2", "nemotron_h", "lfm2", "lfm2_moe", "kimi_linear", "olmo_hybrid"),
+        _HYBRID,
+    ),
+    "falcon": (
+        "Falcon fuses q, k and v into one query_key_value projection whose row layout depends on "
+        "multi_query / new_decoder_architecture, and runs attention and MLP in parallel; not verified"
+    ),
+    "dbrx": "DBRX fuses q, k and v into one Wqkv projection and keeps its blocks under transformer.blocks; not verified",
+}
+
+
+def check_compress_kinds(model_type: str | None, kinds: Sequence[str], has_experts: bool = False) -> None:
+    """Refuse compressing the MLP of a mixture-of-experts model (``model_type`` in
+    :data:`MOE_FAMILIES`, or ``has_experts``: a decoder block holds an ``experts`` module).
+
+    transformers 5 stores the experts' weights as fused 3-D tensors (``experts.gate_up_proj``,
+    ``experts.down_proj``), not the linear layers compression acts on: an MLP target set would hold
+    only the router and the shared experts, a silent and misleading compression. Attention
+    projections are plain linear layers there, compressed as in a dense model.
+    """
+    if "mlp" in kinds and (has_experts or model_type in MOE_FAMILIES):
+        raise BudgetError(
+            f"compressing the MLP of a mixture-of-experts model ({model_type}) is not supported: its experts' "
+            "weights are fused 3-D tensors (experts.gate_up_proj, experts.down_proj), not the linear layers "
+            "compression acts on. Valid: `targets` attn (the attention projections; the experts stay as they are)"
+        )
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -53,6 +101,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 def arch_spec(model: nn.Module) -> ArchSpec:
     """The :class:`ArchSpec` for ``model``; a clear error for an unknown architecture."""
     model_type = getattr(getattr(unwrap(model), "config", None), "model_type", None)
+    if model_type in UNSUPPORTED:
+        raise CapsenseError(
+            f"unsupported architecture {model_type!r}: {UNSUPPORTED[model_type]}. Head ablation needs an "
+            "attention output projection whose input is the concatenation of per-query-head outputs; "
+            f"capsense supports {', '.join(sorted(ARCHITECTURES))}."
+        )
     if model_type not in ARCHITECTURES:
         raise CapsenseError(
             f"unsupported architecture {model_type!r}: capsense supports "

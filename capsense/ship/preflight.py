@@ -34,7 +34,15 @@ MEAN_FOLD_SUPPORT: dict[str, str] = {
     "mistral": "never (o_proj is built with bias=False)",
     "qwen2": "never (o_proj is built with bias=False)",
     "phi3": "never (o_proj is built with bias=False)",
+    "phi": "always (self_attn.dense has a bias)",
+    "starcoder2": "when config.use_bias is true (the default)",
+    **dict.fromkeys(
+        ("mixtral", "qwen2_moe", "glm4_moe", "glm", "glm4", "ministral", "helium", "exaone4", "seed_oss", "stablelm"),
+        "never (o_proj is built with bias=False)",
+    ),
 }
+#: What a supported family not listed above allows (checked on tiny models: attention_bias builds the bias).
+MEAN_FOLD_OTHERWISE = "only when config.attention_bias is true"
 
 
 def resolve_heads(heads: HeadsLike, top_k: int | None = None) -> tuple[HeadSet, HeadsFile | None, Path | None]:
@@ -74,12 +82,12 @@ def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
     missing = [l for l in heads.layers() if getattr(base_layer(projections[l]), "bias", None) is None]
     if missing:
         model_type = model.config.model_type
-        support = MEAN_FOLD_SUPPORT.get(model_type, "unknown")
+        support = MEAN_FOLD_SUPPORT.get(model_type, MEAN_FOLD_OTHERWISE)
         raise CapsenseError(
             f"mean ablation cannot be folded into this {model_type} checkpoint: its attention output "
             f"projection has no bias to carry the head means (layers {missing}; {model_type}: {support}). "
-            "A checkpoint can carry mean ablation for gpt2 and gpt_neox, and for llama, qwen3, gemma2, "
-            "gemma3 and olmo2 configs with attention_bias=true. Use "
+            "A checkpoint can carry mean ablation for gpt2, gpt_neox and phi, and for llama, qwen3, gemma2, "
+            "gemma3, olmo2 and most other families' configs with attention_bias=true. Use "
             "`ablation` zero, or evaluate mean ablation without exporting: "
             "lm_eval --model capsense-masked --model_args ...,ablation=mean"
         )

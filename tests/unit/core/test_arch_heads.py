@@ -5,7 +5,7 @@ import pytest
 from capsense.core.arch import arch_spec, head_layout, out_projections
 from capsense.errors import CapsenseError, HeadSpecError
 from capsense.core.heads import Head, HeadSet, load_heads_file
-from conftest import HEAD_DIM, N_HEADS, N_LAYERS, make_tiny_model
+from conftest import ARCHS, EXTRA_ARCHS, HEAD_DIM, N_HEADS, N_LAYERS, make_tiny_model, tiny_inputs
 
 
 def test_layout_of_every_architecture(tiny_model):
@@ -14,14 +14,71 @@ def test_layout_of_every_architecture(tiny_model):
     assert len(out_projections(tiny_model)) == N_LAYERS
 
 
+# Families whose modelling code assumes hidden_size == heads x head_dim (their q/k norms span hidden_size).
+_HEAD_DIM_TIED = ("olmoe", "helium", "stablelm")
+
+
+@pytest.mark.parametrize("arch", [a for a in EXTRA_ARCHS if a not in ARCHS])
+def test_projection_input_is_the_heads_outputs_in_order(arch):
+    """What capsense's ablation assumes, checked independently of capsense: the output projection's
+    input is, slice by slice, head h's attention weights times its KV group's values (head order,
+    GQA: 4 query heads on 2 KV heads), here with head_dim 24 apart from hidden_size / heads = 16."""
+    import torch
+
+    hd = HEAD_DIM if arch in _HEAD_DIM_TIED else 24
+    model = make_tiny_model(arch, head_dim=hd)
+    layout = head_layout(model)
+    assert (layout.n_layers, layout.n_heads, layout.head_dim) == (N_LAYERS, N_HEADS, hd)
+    attn = out_projections(model)[1]
+    block_attn = model.get_submodule(f"{arch_spec(model).layers}.1.self_attn")
+    seen = {}
+    attn.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0]))
+    block_attn.v_proj.register_forward_hook(lambda m, a, out: seen.__setitem__("v", out))
+    x = tiny_inputs(batch=2, seq=9)
+    with torch.no_grad():
+        weights = model(x, output_attentions=True).attentions[1]  # [batch, heads, query, key]
+    n_kv = block_attn.v_proj.weight.shape[0] // hd
+    assert n_kv == 2
+    values = seen["v"].reshape(2, 9, n_kv, hd)
+    per_head = [weights[:, h] @ values[:, :, h // (N_HEADS // n_kv)] for h in range(N_HEADS)]
+    assert torch.allclose(torch.cat(per_head, dim=-1), seen["x"], atol=1e-6)
+
+
 def test_unknown_architecture_names_supported_ones():
     import transformers as T
 
     model = T.AutoModelForCausalLM.from_config(
         T.OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64)
     )
-    with pytest.raises(CapsenseError, match=r"unsupported architecture 'opt'.*gpt2.*llama.*qwen3"):
+    with pytest.raises(CapsenseError, match=r"unsupported architecture 'opt'.*gpt2.*llama.*mixtral.*qwen3_moe"):
         arch_spec(model)
+
+
+@pytest.mark.parametrize(
+    "model_type,why",
+    [("deepseek_v3", "multi-head latent attention"), ("deepseek_v2", "multi-head latent attention"),
+     ("qwen3_next", "hybrid model"), ("falcon", "query_key_value")],
+)
+def test_known_misfits_say_why(model_type, why):
+    """Families whose attention does not fit get the reason, not the generic list alone."""
+    import torch
+    import transformers as T
+
+    cfg = T.AutoConfig.for_model(model_type, vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    with torch.device("meta"):
+        model = T.AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(CapsenseError, match=rf"unsupported architecture '{model_type}': .*{why}.*capsense supports .*llama"):
+        arch_spec(model)
+
+
+def test_supported_and_misfit_families_are_disjoint_and_all_exist():
+    """Every listed model_type is one transformers knows (a typo would never match a model)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from capsense.core.arch import ARCHITECTURES, UNSUPPORTED
+
+    assert not set(ARCHITECTURES) & set(UNSUPPORTED)
+    assert set(ARCHITECTURES) | set(UNSUPPORTED) <= set(CONFIG_MAPPING_NAMES)
 
 
 @pytest.mark.parametrize(

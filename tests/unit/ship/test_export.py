@@ -16,7 +16,7 @@ from capsense.core.ablation import HeadAblator, compute_head_means
 from capsense.ship.export import export_adapter, export_checkpoint
 from capsense.errors import CapsenseError, HeadSpecError, OutputExistsError
 from capsense.core.files import atomic_output_dir
-from conftest import HEAD_DIM, N_HEADS, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
+from conftest import EXTRA_ARCHS, HEAD_DIM, N_HEADS, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
 
 HEADS = "L0H1+L2H0+L2H3"  # three heads in two layers (layer 1 untouched)
 EDITED_LAYERS = 2
@@ -55,6 +55,20 @@ def _nothing_at(out: Path) -> bool:
 
 
 def test_checkpoint_and_adapter_equal_hook_ablation(arch, folders, tmp_path):
+    _check_exports_equal_hook_ablation(arch, folders, tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "granitemoe", "gemma", "cohere", "phi"])
+def test_exports_of_more_families(arch, folders, tmp_path):
+    """Families outside ``ARCHS``: three mixture-of-experts (Mixtral, Qwen3-MoE, GraniteMoE: experts
+    under ``block_sparse_moe``) and three dense (Gemma 1; Cohere, no post-attention norm; Phi-2,
+    whose projection is ``dense``): the checkpoint reloaded by plain transformers and the adapter
+    reproduce the hook's ablated logits."""
+    assert arch in EXTRA_ARCHS
+    _check_exports_equal_hook_ablation(arch, folders, tmp_path)
+
+
+def _check_exports_equal_hook_ablation(arch, folders, tmp_path):
     from peft import PeftModel
 
     base_dir = folders(arch)
@@ -119,7 +133,8 @@ def test_bf16_adapter_vectors_when_asked(folders, tmp_path):
 
 @pytest.mark.parametrize(
     "arch,overrides",
-    [("gpt2", {}), ("gpt_neox", {}), ("llama", {"attention_bias": True}), ("qwen3", {"attention_bias": True})],
+    [("gpt2", {}), ("gpt_neox", {}), ("llama", {"attention_bias": True}), ("qwen3", {"attention_bias": True}),
+     ("phi", {}), ("qwen3_moe", {"attention_bias": True})],
 )
 def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
     base_dir = folders(arch, **overrides)
@@ -141,10 +156,13 @@ def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
     assert _maxdiff(got, expected) <= TOL
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "phi3", "llama"])
-def test_mean_ablation_refused_without_bias(arch, folders, tmp_path):
+@pytest.mark.parametrize("arch,support", [
+    ("mistral", "never"), ("qwen2", "never"), ("phi3", "never"), ("llama", "only when"), ("mixtral", "never"),
+    ("gemma", "only when config.attention_bias"),
+])
+def test_mean_ablation_refused_without_bias(arch, support, folders, tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(CapsenseError, match="has no bias") as e:
+    with pytest.raises(CapsenseError, match=f"has no bias .*{arch}: {support}") as e:
         export_checkpoint(str(folders(arch)), HEADS, out, ablation="mean")
     assert "`ablation` zero" in str(e.value) and "capsense-masked" in str(e.value)  # the CLI shows --ablation
     assert _nothing_at(out)

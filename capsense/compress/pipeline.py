@@ -33,6 +33,7 @@ from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
 from capsense.compress.select import compress_guided
 from capsense.compress.sequential import DEFAULT_PROPAGATE, check_sequential, compress_sequential
+from capsense.compress.targets import check_moe_config
 
 
 def resolve_format(fmt: str, budget: Budget) -> str:
@@ -104,6 +105,7 @@ def compress_checkpoint(
     check_output_dir(out, overwrite)  # fail before the slow part
     fmt = resolve_format(fmt, budget)
     check_calibration_given(budget, calibration, calibration_samples_n)
+    check_moe_config(model_name, budget.targets)  # MLP targets on a mixture-of-experts model
     if sequential:
         check_sequential(budget, guide, sequential_propagate)  # before the model loads
     model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from capsense.errors import BudgetError
-from capsense.core.arch import arch_spec, unwrap
+from capsense.core.arch import arch_spec, check_compress_kinds, unwrap
 
 KINDS = ("attn", "mlp")
 _ATTN_WORDS = ("attn", "attention")
@@ -82,10 +82,14 @@ def parse_kinds(targets: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> list[Target]:
-    """Every linear layer of every decoder block whose kind is in ``kinds``, in layer order."""
+    """Every linear layer of every decoder block whose kind is in ``kinds``, in layer order.
+
+    A mixture-of-experts model's MLP is refused (:func:`~capsense.core.arch.check_compress_kinds`)."""
     wanted = parse_kinds(kinds if kinds is None or isinstance(kinds, str) else list(kinds))
     spec = arch_spec(model)
     blocks = unwrap(model).get_submodule(spec.layers)
+    has_experts = any(path.rsplit(".", 1)[-1] == "experts" for block in blocks for path, _ in block.named_modules())
+    check_compress_kinds(getattr(unwrap(model).config, "model_type", None), wanted, has_experts)
     out: list[Target] = []
     for i, block in enumerate(blocks):
         for path, module in block.named_modules():
@@ -98,6 +102,16 @@ def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> 
     if not out:
         raise TargetError(f"no {'/'.join(wanted)} linear layers found in the decoder blocks of this model")
     return out
+
+
+def check_moe_config(model_name: str, kinds: Sequence[str]) -> None:
+    """Refuse MLP targets on a mixture-of-experts model from its local ``config.json``, before the
+    weights load; where the config is not on this machine yet, :func:`find_targets` refuses after loading."""
+    from capsense.core.models import local_config
+
+    config = local_config(model_name) or {}
+    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+    check_compress_kinds(config.get("model_type"), kinds)
 
 
 def snapshot(targets: Iterable[Target]) -> dict[str, torch.Tensor]:

@@ -207,21 +207,18 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head")
 
 
-def config_head_layout(name: str, revision: str | None = None) -> Any:
-    """The model's :class:`~capsense.core.arch.HeadLayout` read from its ``config.json`` (no torch), or None.
+def local_config(name: str, revision: str | None = None) -> dict | None:
+    """The model's ``config.json`` as a dict, read without torch, or None where it is not on this machine.
 
-    Found for local folders, the converted embedded model and Hub ids in the local cache; None
-    where the config is not on this machine or does not say (then the check waits for the model).
+    Found for local folders, the converted embedded model and Hub ids in the local cache (a GGUF
+    file not yet converted has none: its header is read by :func:`config_head_layout`).
     """
-    from capsense.core.arch import HeadLayout
-
     path: str | None = None
     if isinstance(name, str) and is_embedded(name):
         path = str(EMBEDDED_MODELS[name.lower()].target / "config.json")
     elif is_gguf_path(name) and os.path.isfile(name):
         if not is_converted(gguf_folder(name)):
-            header = check_gguf_file(name)
-            return HeadLayout(header["n_layers"], header["n_heads"], 0) if header["n_layers"] and header["n_heads"] else None
+            return None
         path = str(gguf_folder(name) / "config.json")
     elif isinstance(name, str) and os.path.isdir(name):
         path = os.path.join(name, "config.json")
@@ -238,6 +235,23 @@ def config_head_layout(name: str, revision: str | None = None) -> Any:
     try:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def config_head_layout(name: str, revision: str | None = None) -> Any:
+    """The model's :class:`~capsense.core.arch.HeadLayout` read from its ``config.json`` (no torch), or None.
+
+    None where the config is not on this machine (:func:`local_config`) or does not say (then
+    the check waits for the model).
+    """
+    from capsense.core.arch import HeadLayout
+
+    if is_gguf_path(name) and os.path.isfile(name) and not is_converted(gguf_folder(name)):
+        header = check_gguf_file(name)
+        return HeadLayout(header["n_layers"], header["n_heads"], 0) if header["n_layers"] and header["n_heads"] else None
+    config = local_config(name, revision)
+    if config is None:
         return None
     config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
     layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)

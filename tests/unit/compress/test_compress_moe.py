@@ -1,0 +1,62 @@
+"""Compression on mixture-of-experts models: the experts' fused 3-D weights are not linear layers,
+so MLP targets are refused with one clear error naming `targets` attn; attention compresses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+
+from capsense.compress.targets import find_targets
+from capsense.errors import BudgetError
+from conftest import MOE_ARCHS, make_tiny_model, save_tiny_folder
+
+REFUSAL = r"compressing the MLP of a mixture-of-experts model \({}\) is not supported.*Valid: `targets` attn"
+
+
+@pytest.fixture(scope="module")
+def mixtral_dir(tmp_path_factory):
+    return save_tiny_folder("mixtral", tmp_path_factory.mktemp("tiny-mixtral"))
+
+
+def test_moe_mlp_refused_before_the_weights_load(mixtral_dir, tmp_path, monkeypatch):
+    from capsense.compress.request import compress_request
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(T.AutoModelForCausalLM, "from_pretrained", no_load)
+    for targets in (None, "mlp", "attn,mlp"):
+        with pytest.raises(BudgetError, match=REFUSAL.format("mixtral")):
+            compress_request(str(mixtral_dir), tmp_path / "out", {"method": "rtn", "bits": 4}, targets=targets)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_find_targets_refuses_moe_mlp_and_finds_attention(arch):
+    model = make_tiny_model(arch)
+    with pytest.raises(BudgetError, match=REFUSAL.format(arch)):
+        find_targets(model)
+    attn = find_targets(model, "attn")
+    assert {t.short for t in attn} == {"q_proj", "k_proj", "v_proj", "o_proj"} and len(attn) == 12
+
+
+def test_experts_found_by_structure_whatever_the_model_type():
+    """A model_type not in MOE_FAMILIES whose blocks hold `experts` is refused all the same."""
+    model = make_tiny_model("qwen2_moe")
+    model.config.model_type = "qwen2"  # laid out as Llama: arch_spec accepts it
+    with pytest.raises(BudgetError, match=REFUSAL.format("qwen2")):
+        find_targets(model, "mlp")
+
+
+def test_moe_attention_compresses_and_experts_stay(mixtral_dir, tmp_path):
+    from capsense.compress.request import compress_request
+
+    result = compress_request(str(mixtral_dir), tmp_path / "out", {"method": "magnitude", "density": 0.5}, targets="attn")
+    assert result.budget["targets"] == ["attn"]
+    before = T.AutoModelForCausalLM.from_pretrained(mixtral_dir).state_dict()
+    after = T.AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    experts = [k for k in before if ".experts." in k]
+    assert experts and all(torch.equal(before[k], after[k]) for k in experts)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert (after[q] == 0).float().mean().item() == pytest.approx(0.5, abs=0.01)

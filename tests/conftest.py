@@ -32,11 +32,11 @@ N_LAYERS, N_HEADS, HEAD_DIM, VOCAB = 3, 4, 16, 128
 #: compression refusal) parametrize over this list. MoE families get 4 experts, 2 per token.
 EXTRA_ARCHS = (
     "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "glm4_moe", "phimoe",
-    "ernie4_5_moe", "hunyuan_v1_moe", "gemma", "granite", "starcoder2", "olmo", "olmo3", "cohere", "cohere2",
+    "ernie4_5_moe", "hunyuan_v1_moe", "gpt_oss", "gemma", "granite", "starcoder2", "olmo", "olmo3", "cohere", "cohere2",
     "phi", "glm", "glm4", "ministral", "smollm3", "helium", "exaone4", "seed_oss", "arcee", "ernie4_5",
-    "internlm3", "stablelm", "nemotron", "hunyuan_v1_dense",
+    "internlm3", "stablelm", "nemotron", "hunyuan_v1_dense", "apertus",
 )
-MOE_ARCHS = EXTRA_ARCHS[:10]
+MOE_ARCHS = EXTRA_ARCHS[:11]
 _MOE = dict(
     num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
     shared_expert_intermediate_size=32, first_k_dense_replace=0,

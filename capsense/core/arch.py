@@ -33,12 +33,12 @@ _LLAMA_LIKE = ArchSpec("llama-like", "model.layers", "self_attn.o_proj")
 _DENSE_LLAMA_LIKE = (
     "llama", "mistral", "ministral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
     "olmo3", "granite", "starcoder2", "cohere", "cohere2", "glm", "glm4", "smollm3", "helium", "exaone4",
-    "seed_oss", "arcee", "ernie4_5", "internlm3", "stablelm", "nemotron", "hunyuan_v1_dense",
+    "seed_oss", "arcee", "ernie4_5", "internlm3", "stablelm", "nemotron", "hunyuan_v1_dense", "apertus",
 )
 #: Mixture-of-experts families laid out as Llama (attention as above, experts in the MLP).
 MOE_FAMILIES = (
     "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "glm4_moe", "phimoe",
-    "ernie4_5_moe", "hunyuan_v1_moe",
+    "ernie4_5_moe", "hunyuan_v1_moe", "gpt_oss",
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {

@@ -58,9 +58,9 @@ def test_checkpoint_and_adapter_equal_hook_ablation(arch, folders, tmp_path):
     _check_exports_equal_hook_ablation(arch, folders, tmp_path)
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "granitemoe", "gemma", "cohere", "phi"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "granitemoe", "gpt_oss", "gemma", "cohere", "phi"])
 def test_exports_of_more_families(arch, folders, tmp_path):
-    """Families outside ``ARCHS``: three mixture-of-experts (Mixtral, Qwen3-MoE, GraniteMoE: experts
+    """Families outside ``ARCHS``: four mixture-of-experts (Mixtral, Qwen3-MoE, gpt-oss, GraniteMoE: experts
     under ``block_sparse_moe``) and three dense (Gemma 1; Cohere, no post-attention norm; Phi-2,
     whose projection is ``dense``): the checkpoint reloaded by plain transformers and the adapter
     reproduce the hook's ablated logits."""

@@ -86,9 +86,11 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch
 
 
 def _trainable(student: nn.Module) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
-    from capsense.compress.targets import find_targets
+    from capsense.compress.targets import find_targets, has_experts
 
-    params = [t.module.weight for t in find_targets(student)]
+    # A mixture-of-experts student: its experts are fused 3-D tensors, never compressed (targets
+    # attn is the only choice there), so the attention projections are what distillation restores.
+    params = [t.module.weight for t in find_targets(student, "attn" if has_experts(student) else None)]
     masks = [p.detach() != 0 for p in params]
     for p in student.parameters():
         p.requires_grad_(False)

@@ -81,6 +81,12 @@ def parse_kinds(targets: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def has_experts(model: nn.Module) -> bool:
+    """Whether a decoder block holds an ``experts`` module (a mixture-of-experts MLP)."""
+    blocks = unwrap(model).get_submodule(arch_spec(model).layers)
+    return any(path.rsplit(".", 1)[-1] == "experts" for block in blocks for path, _ in block.named_modules())
+
+
 def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> list[Target]:
     """Every linear layer of every decoder block whose kind is in ``kinds``, in layer order.
 
@@ -88,8 +94,7 @@ def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> 
     wanted = parse_kinds(kinds if kinds is None or isinstance(kinds, str) else list(kinds))
     spec = arch_spec(model)
     blocks = unwrap(model).get_submodule(spec.layers)
-    has_experts = any(path.rsplit(".", 1)[-1] == "experts" for block in blocks for path, _ in block.named_modules())
-    check_compress_kinds(getattr(unwrap(model).config, "model_type", None), wanted, has_experts)
+    check_compress_kinds(getattr(unwrap(model).config, "model_type", None), wanted, has_experts(model))
     out: list[Target] = []
     for i, block in enumerate(blocks):
         for path, module in block.named_modules():

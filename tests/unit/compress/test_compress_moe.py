@@ -80,3 +80,15 @@ def test_moe_attention_sequential_equals_one_pass_and_counts_the_experts(mixtral
     assert tensors[0].keys() == tensors[1].keys() and all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
     model = T.AutoModelForCausalLM.from_pretrained(mixtral_dir)
     assert one.summary == seq.summary and one.summary["model_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_distillation_of_a_moe_student_trains_its_attention():
+    """distill has no `targets`: on a mixture-of-experts student it restores the attention projections
+    (the only matrices compression could have changed there) instead of failing on the refusal."""
+    from capsense.compress.distill import _trainable
+
+    model = make_tiny_model("mixtral")
+    params, masks = _trainable(model)
+    attn = {id(t.module.weight) for t in find_targets(model, "attn")}
+    assert len(params) == len(masks) == 12 and {id(p) for p in params} == attn
+    assert {id(p) for p in model.parameters() if p.requires_grad} == attn

@@ -263,7 +263,8 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
         model, tokenizer = model_and_tokenizer
     for s in spec.settings:  # validate against the model before measuring anything
         plan(model, uniform_budget(_setting(s).to_dict(), s["targets"]))
-    targets = find_targets(model)
+    # the kinds the settings name, not all: a mixture-of-experts model refuses MLP targets
+    targets = find_targets(model, sorted({k for s in spec.settings for k in parse_kinds(s["targets"])}))
     n_params = model_param_count(model)
     sess = _Session(
         spec, model, build_probes(tokenizer, spec.capabilities, spec.probes), targets,

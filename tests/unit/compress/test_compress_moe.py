@@ -92,3 +92,22 @@ def test_distillation_of_a_moe_student_trains_its_attention():
     attn = {id(t.module.weight) for t in find_targets(model, "attn")}
     assert len(params) == len(masks) == 12 and {id(p) for p in params} == attn
     assert {id(p) for p in model.parameters() if p.requires_grad} == attn
+
+
+def test_grid_on_a_moe_model_measures_attention_and_refuses_mlp(mixtral_dir, tmp_path, calib_file):
+    """`capsense grid --targets attn` runs on a mixture-of-experts model (the grid's own target set is
+    the kinds its settings name); without it, the one clear refusal."""
+    import json
+
+    from click.testing import CliRunner
+
+    from capsense.cli import main
+
+    args = ["grid", str(mixtral_dir), "--methods", "magnitude", "--densities", "0.5", "--capabilities", "qa",
+            "--probes", 2, "--calibration", str(calib_file), "--calibration-samples", 2, "--no-progress"]
+    r = CliRunner().invoke(main, [str(a) for a in args + ["--targets", "attn", "--out", tmp_path / "g.jsonl"]])
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in (tmp_path / "g.jsonl").read_text().splitlines()]
+    assert [x["label"] for x in recs] == ["dense", "magnitude@d0.5"] and recs[1]["targets"] == "attn"
+    r = CliRunner().invoke(main, [str(a) for a in args + ["--out", tmp_path / "h.jsonl"]])
+    assert r.exit_code == 1 and "mixture-of-experts model (mixtral) is not supported" in r.output

@@ -62,8 +62,18 @@ def float32_head(model: nn.Module) -> Iterator[None]:
         del _FLOAT32_HEADS[id(head)]
 
 
+#: Families whose causal-LM forward multiplies the head's logits by ``config.logit_scale``, or divides
+#: them by ``config.logits_scaling`` (transformers 5 modelling code; keyed by family, as the attribute
+#: names mean nothing elsewhere).
+_SCALES_LOGITS = ("cohere", "cohere2")
+_DIVIDES_LOGITS = ("granite", "granitemoe", "granitemoeshared")
+
+
 def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head on selected hidden states, in float32 (with Gemma's final logit soft-capping).
+    """The LM head on selected hidden states, in float32, with what the model's own forward does
+    after its head: Cohere's ``logit_scale`` (times), Granite's ``logits_scaling`` (divided by),
+    Gemma's final logit soft-capping. Without them a Cohere model's scores were those of logits 16x
+    too large (``logit_scale`` 0.0625).
 
     A bfloat16 model's logits come out rounded to 8 bits of mantissa: a logit of 20 moves in
     steps of 0.125 nats, far coarser than the 1% nll differences that separate heads. Only the
@@ -85,7 +95,13 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
             ], dim=-1)
     else:
         logits = head(hidden)
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind in _SCALES_LOGITS:
+        logits = logits * config.logit_scale
+    elif kind in _DIVIDES_LOGITS:
+        logits = logits / config.logits_scaling
+    cap = getattr(config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits

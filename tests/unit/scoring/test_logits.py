@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_bf16_lm_head_scores_in_float32():
     """A bf16 model's logits are computed in float32 (bf16 logits move in steps of 0.125 near 20)."""
@@ -77,3 +79,25 @@ def test_float32_head_block_keeps_gradients_to_the_weight():
     with L.float32_head(model):
         L.output_logits(model, hidden).sum().backward()
     assert head.weight.grad is not None and hidden.grad is not None
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    ("cohere", {"logit_scale": 0.25}), ("cohere2", {"logit_scale": 0.25}), ("granite", {"logits_scaling": 3.0}),
+    ("granitemoe", {"logits_scaling": 3.0}), ("gemma2", {"final_logit_softcapping": 2.0}),
+    ("llama", {"logit_scale": 0.25, "logits_scaling": 3.0}),  # attributes Llama's forward ignores
+])
+def test_scores_equal_the_models_own_logits(arch, overrides):
+    """output_logits on the final hidden states equals the model's own logits, whatever its forward
+    does after the head: Cohere scales them (logit_scale), Granite divides them (logits_scaling),
+    Gemma 2 soft-caps them (values away from 1 here, so a missed step shows)."""
+    import torch
+
+    from capsense.scoring.logits import output_logits, scored_hidden
+    from conftest import make_tiny_model, tiny_inputs
+
+    model = make_tiny_model(arch, **overrides)
+    x = tiny_inputs()
+    with torch.no_grad():
+        want = model(x).logits
+        got = output_logits(model, scored_hidden(model, x, torch.ones_like(x)))
+    assert (got - want).abs().max().item() <= 1e-5

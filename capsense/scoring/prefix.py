@@ -8,8 +8,8 @@ directly, then the final norm. For a single-head sweep this halves the
 work; for random masks it saves the layers before the earliest ablated one.
 
 It works for any architecture whose decoder blocks are called as ``block(hidden, ...)``
-and whose final norm sits beside the block list (``norm``, ``final_layer_norm`` or
-``ln_f``). On the first batch it checks that the replayed clean forward equals the
+and whose final norm sits beside the block list (``norm``, ``final_layer_norm``,
+``final_layernorm`` or ``ln_f``). On the first batch it checks that the replayed clean forward equals the
 model's own output; if not, or with several masks per forward, it falls back to the
 full forward.
 
@@ -32,7 +32,7 @@ from capsense.errors import CapsenseError
 from capsense.scoring.logits import scored_hidden
 from capsense.scoring.probe import ProbeScorer
 
-_NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
+_NORM_NAMES = ("norm", "final_layer_norm", "final_layernorm", "ln_f")  # final_layernorm: Phi-2
 
 
 def final_norm(model) -> torch.nn.Module | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from capsense.scoring.prefix import PrefixReuseScorer
@@ -26,6 +27,16 @@ def _masks() -> torch.Tensor:
 
 
 def test_prefix_reuse_equals_full_forward(arch):
+    _check_prefix_reuse(arch)
+
+
+@pytest.mark.parametrize("arch", ["phi", "mixtral", "gpt_oss", "cohere2"])
+def test_prefix_reuse_on_more_families(arch):
+    """Families outside ``ARCHS``: Phi-2's final norm is ``final_layernorm``; two MoE; Cohere 2."""
+    _check_prefix_reuse(arch)
+
+
+def _check_prefix_reuse(arch):
     model = make_tiny_model(arch)
     probe = _probe()
     full = ProbeScorer(model, probe, batch_size=4).score(_masks())

@@ -133,13 +133,13 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
     of decoder layers in turn (a pass over the texts each; the same sums) and moved to disk as soon as a
     run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
     from capsense.compress.calibration import calibration_samples
-    from capsense.compress.sensitivity import fisher_diagonal
+    from capsense.compress.sensitivity import FISHER_MAX_TOKENS, fisher_diagonal
     from capsense.compress.spill import Spill, layer_groups, spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
-    samples, _ = calibration_samples(source, tokenizer, n, max_tokens=256)
+    samples, _ = calibration_samples(source, tokenizer, n, max_tokens=FISHER_MAX_TOKENS)
     parts = layer_groups(targets, groups)
     log(f"sensitivity: {len(samples) * len(parts)} backward passes on {source}")
     fisher = Spill(f"fisher-{source}")

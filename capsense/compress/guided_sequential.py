@@ -30,7 +30,7 @@ calibration pass for the prices and one per candidate (3 for GPTQ/SparseGPT at t
 where one pass calibrates once; storing every candidate's compressed weights to calibrate once would
 hold a copy of the target weights per candidate instead (the model's size, each). Memory beside the
 model (:func:`check_guided_memory`): while the Fisher is summed, 4 bytes per target weight (one
-capability's sums; no longer the gradients beside them); while pricing, one layer's Grams, the cached
+capability's sums; no longer the gradients beside them) and a backward pass's activations; while pricing, one layer's Grams, the cached
 hidden states, the prices, one matrix's Fisher and one layer's solved errors or low-rank factors;
 while compressing the candidates, one layer's Grams, the hidden states and one layer's weights on their
 way to or from disk (the original and the chosen candidate's target weights live there; round 16 held
@@ -61,6 +61,7 @@ from capsense.compress.guided import (
 )
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
+from capsense.compress.sensitivity import backward_memory
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
 from capsense.compress.spill import check_disk, layer_groups
 from capsense.compress.targets import find_targets
@@ -107,7 +108,9 @@ def _advice(phase: str, sequential: bool, gram: bool) -> str:
     fixes = [] if sequential else ["run one decoder layer at a time (`sequential`: one layer's Gram matrices held, "
                                    "the Fisher summed before any)"]
     if phase == "sensitivity":
-        fixes.append("sum the Fisher over more groups of layers in turn (`fisher_groups`)")
+        fixes.append("sum the Fisher over more groups of layers in turn (`fisher_groups`; it lowers the sums, not the "
+                     "backward pass's activations)")
+        fixes.append("load the model in bfloat16 (`dtype`: half the weights, their gradients and most activations)")
     fixes.append("compress fewer matrices (`targets` attn or mlp)")
     if gram and not (sequential and phase == "sensitivity"):
         fixes.append("use a method without Gram matrices (rtn, wanda, magnitude, svd, asvd)")
@@ -119,8 +122,11 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     """The bytes each phase of a guided run holds at once beside the model, by what they are (no check).
 
     ``sensitivity`` (empty when the run sums no Fisher): one capability's Fisher sums (4 bytes per target weight of
-    the largest of ``guide.fisher_groups`` runs of layers, then moved to disk, :mod:`.spill`) and one layer's
-    gradients; in one pass also every matrix's Gram matrices (calibrated first and held to the end;
+    the largest of ``guide.fisher_groups`` runs of layers, then moved to disk, :mod:`.spill`), one layer's
+    gradients and one backward pass's activations (:func:`~capsense.compress.sensitivity.backward_memory`: what
+    autograd saves over a Fisher text, the log-softmax over the vocabulary and its gradients; the run of layers
+    that saves the most; counted beside the gradients, at most the logit gradients more than both at once: 2.9
+    GiB at Llama-3.1-8B's shapes in float32, round 18 counted none); in one pass also every matrix's Gram matrices (calibrated first and held to the end;
     :func:`~capsense.compress.calibration.gram_memory`), where a sequential run sums the Fisher before any.
     ``pricing``: the Grams (one layer's, sequential; all), the cached hidden states (sequential), the kept prices
     (both pricings' sequential, where all are allocated at the end; one pricing's at a time in one pass), one
@@ -130,7 +136,10 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     pass. ``compressing`` the candidates: the Grams, the hidden states (sequential) and one layer's target weights
     written to disk or read back (:func:`~capsense.compress.select.compress_better`; held in memory they were two
     copies of all target weights). Not counted: one matrix's solve (GPTQ's float64 copies of one weight and its
-    Gram), smaller than the parts above on every model measured."""
+    Gram), smaller than the parts above on every model measured; the no-grad forwards' activations (one layer's
+    while calibrating, one decoder layer's at the largest text x batch while the candidates are measured: below
+    the Fisher pass's, which saves every layer's); the Python runtime and libraries, already resident (and so
+    outside the available memory) when the check runs."""
     planned = plan(model, uniform)
     _, gram = needs_calibration(planned)
     base = parse_setting(uniform.default)
@@ -140,8 +149,10 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
              } if gram and calibrated and samples else {}
     hidden = {"cached hidden states": cached_bytes(model, samples)} if sequential else {}
     layer_bytes = _most(targets, True, lambda ts: sum(t.n_params * t.module.weight.element_size() for t in ts))
-    fisher = {"Fisher sums": 4 * max(sum(t.n_params for t in part) for part in layer_groups(targets, guide.fisher_groups)),
-              "one layer's gradients": layer_bytes}
+    parts = layer_groups(targets, guide.fisher_groups)
+    backward = max((backward_memory(model, layers={t.layer for t in part}) for part in parts), key=lambda b: sum(b.values()))
+    fisher = {"Fisher sums": 4 * max(sum(t.n_params for t in part) for part in parts),
+              "one layer's gradients": layer_bytes} | backward
     pricings = _pricings(uniform, guide)
     levels = len(guided_levels(base, guide, targets, packed))
     scope = "one layer's" if sequential else "every matrix's"

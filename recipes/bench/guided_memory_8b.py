@@ -8,7 +8,8 @@ GPTQ 4 bits g128, keep math, 64 calibration texts of 512 tokens::
 
     PYTHONPATH=. python recipes/bench/guided_memory_8b.py 1 4 8     # --fisher-groups values
 
-Round 17's output is in recipes/results/RESULTS-compress.md; round 16's check (main 72a987d) printed
+Each run's output is in recipes/results/RESULTS-compress.md (round 19: the Fisher pass's activations counted,
+2.9 GiB at these shapes, float32, 256 tokens per Fisher text); round 16's check (main 72a987d) printed
 pricing 28.91 GiB, compressing 2.91 GiB + the two copies of the target weights it counts only for weights
 in CPU memory (2 x 4 x 6.98e9 bytes = 52.0 GiB in float32).
 """
@@ -21,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import capsense.compress.guided_sequential as gs
 from capsense.compress.budget import uniform_budget
 from capsense.compress.guided import Guide
+from capsense.compress.sensitivity import backward_memory
 from capsense.compress.targets import find_targets
 
 GRAM = {"attn": 8 * 2 * 4096**2, "mlp": 8 * (4096**2 + 14336**2)}  # one layer's float64 Gram matrices
@@ -35,6 +37,8 @@ def main(groups: list[int]) -> None:
     samples, uni = [[1] * 512] * 64, uniform_budget({"method": "gptq", "bits": 4, "group_size": 128})
     n = sum(t.n_params for t in find_targets(model))
     print(f"target weights {n:,} (4 bytes each: {4 * n / 2**30:.2f} GiB)")
+    print("a Fisher pass (all layers' weights needing gradients): "
+          + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in backward_memory(model).items()))
     for sequential in (True, False):
         for g in groups:
             need = gs.check_guided_memory(model, uni, samples, Guide(["math"], samples=32, fisher_groups=g),

@@ -19,6 +19,7 @@ from capsense.compress.calibration import InputStats, calibration_samples, check
 from capsense.compress.engine import calibrate
 from capsense.compress.guided import Guide
 from capsense.compress.select import compress_guided, guided_candidates
+from capsense.compress.sensitivity import backward_memory
 from capsense.compress.sequential import cached_bytes, check_sequential
 from capsense.compress.targets import find_targets
 from capsense.errors import CapsenseError
@@ -116,14 +117,16 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     matrix = 2 * 4 * max(t.n_params for t in targets)
     n_levels = len(gs.guided_levels(gs.parse_setting(GPTQ), guide, targets))
     errors = 8 * n_levels * max(sum(t.shape[0] for t in targets if t.layer == i) for i in range(3))  # solved, per row
+    backward = sum(backward_memory(model).values())  # a Fisher pass's activations (test_compress_backward_memory)
     need = gs.check_guided_memory(model, uni, samples, guide)
-    assert need == {"sensitivity": 4 * n_params + layer,
+    assert need == {"sensitivity": 4 * n_params + layer + backward,
                     "pricing": grams + hidden + matrix + gs.PRICE_BYTES * len(targets) * n_levels * 2 + errors,
                     "compressing": grams + hidden + layer}
     assert gs.check_guided_memory(model, uni, samples, guide, available=max(need.values())) == need
     with pytest.raises(CapsenseError, match="Fisher sums") as e:  # the first phase checked
         gs.check_guided_memory(model, uni, samples, guide, available=need["sensitivity"] - 1)
-    assert "one layer's gradients" in str(e.value) and "(`fisher_groups`)" in str(e.value)  # what to do
+    assert "one layer's gradients" in str(e.value) and "(`fisher_groups`;" in str(e.value)  # what to do
+    assert "saved activations" in str(e.value) and "(`dtype`:" in str(e.value)  # a Fisher pass's, and what halves them
     flat = Guide(["math"], sensitivity="flat", protect_top_k=0)  # no Fisher: no sensitivity phase
     flat_need = gs.check_guided_memory(model, uni, samples, flat)
     assert flat_need["sensitivity"] == 0 and flat_need["compressing"] == need["compressing"]

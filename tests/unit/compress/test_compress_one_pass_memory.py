@@ -17,6 +17,7 @@ from capsense.compress.calibration import calibration_samples, gram_memory
 from capsense.compress.engine import calibrate
 from capsense.compress.guided import Guide
 from capsense.compress.select import guided_candidates
+from capsense.compress.sensitivity import backward_memory
 from capsense.compress.targets import find_targets
 from capsense.errors import CapsenseError
 
@@ -42,7 +43,8 @@ def test_one_pass_counts_every_matrix_s_grams_in_every_phase():
     layer = max(sum(4 * t.n_params for t in targets if t.layer == i) for i in range(3))
     errors = 8 * n_levels * sum(t.shape[0] for t in targets)  # one float64 per row and level, every matrix
     need = gs.check_guided_memory(model, uni, samples, guide, sequential=False)
-    assert need == {"sensitivity": GRAMS + 4 * sum(t.n_params for t in targets) + layer,
+    backward = sum(backward_memory(model).values())  # a Fisher pass's activations (test_compress_backward_memory)
+    assert need == {"sensitivity": GRAMS + 4 * sum(t.n_params for t in targets) + layer + backward,
                     "pricing": GRAMS + 2 * 4 * max(t.n_params for t in targets)
                     + gs.PRICE_BYTES * len(targets) * n_levels + errors,  # one pricing's prices at a time
                     "compressing": GRAMS + layer}
@@ -65,7 +67,7 @@ def test_one_pass_refused_one_byte_short_naming_the_parts_and_what_to_do():
     assert "in one pass" in text and "while the Fisher diagonal is summed" in text
     for part in ("Fisher sums", "one layer's gradients", "Gram matrices (attn)", "Gram matrices (mlp)"):
         assert part in text
-    assert "(`sequential`" in text and "(`fisher_groups`)" in text and "compress fewer matrices" in text
+    assert "(`sequential`" in text and "(`fisher_groups`;" in text and "compress fewer matrices" in text
     flat = Guide(["math"], sensitivity="flat", protect_top_k=0)  # no Fisher summed: pricing is the first phase held
     flat_need = gs.check_guided_memory(model, uni, samples, flat, sequential=False)
     assert flat_need["sensitivity"] == 0 and flat_need["compressing"] == need["compressing"]
@@ -101,7 +103,7 @@ def test_the_one_pass_command_is_refused_before_calibrating_or_writing(monkeypat
                                   "32", "--keep", "math", "--calibration-samples", "4", "--out", str(tmp_path / "no")])
     assert r.exit_code == 1 and r.output.count("Error") == 1, r.output
     assert "in one pass" in r.output and "Fisher sums" in r.output and "Gram matrices (mlp)" in r.output
-    assert "(--sequential" in r.output and "(--fisher-groups)" in r.output  # the command's flags, what to do
+    assert "(--sequential" in r.output and "(--fisher-groups;" in r.output and "(--dtype:" in r.output  # the command's flags, what to do
     assert not (tmp_path / "no").exists()
 
 

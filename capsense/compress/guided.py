@@ -132,14 +132,13 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
     """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, summed over ``groups`` runs
     of decoder layers in turn (a pass over the texts each; the same sums) and moved to disk as soon as a
     run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
-    from capsense.compress.calibration import calibration_samples
-    from capsense.compress.sensitivity import FISHER_MAX_TOKENS, fisher_diagonal
+    from capsense.compress.sensitivity import fisher_diagonal
     from capsense.compress.spill import Spill, layer_groups, spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
-    samples, _ = calibration_samples(source, tokenizer, n, max_tokens=FISHER_MAX_TOKENS)
+    samples = _fisher_texts(tokenizer, source, n)
     parts = layer_groups(targets, groups)
     log(f"sensitivity: {len(samples) * len(parts)} backward passes on {source}")
     fisher = Spill(f"fisher-{source}")
@@ -148,6 +147,23 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
     if cache is not None:
         cache[key] = fisher
     return fisher
+
+
+def _fisher_texts(tokenizer, source: str, n: int) -> list[list[int]]:
+    """The token ids of ``source``'s ``n`` calibration texts a Fisher pass reads, each cut at
+    :data:`~capsense.compress.sensitivity.FISHER_MAX_TOKENS`."""
+    from capsense.compress.calibration import calibration_samples
+    from capsense.compress.sensitivity import FISHER_MAX_TOKENS
+
+    return calibration_samples(source, tokenizer, n, max_tokens=FISHER_MAX_TOKENS)[0]
+
+
+def fisher_tokens(tokenizer, guide: Guide, base: Setting) -> int:
+    """The tokens of the longest text a run guided by ``guide`` at ``base`` runs a Fisher pass over (0: it sums no
+    Fisher): one backward pass per text, whose activations grow with its length
+    (:func:`~capsense.compress.sensitivity.backward_memory`); the texts tokenized as :func:`plan_guided` reads them."""
+    return max((len(ids) for source in fisher_sources(guide, base) for ids in _fisher_texts(tokenizer, source, guide.samples)),
+               default=0)
 
 
 def _protected_heads(model, targets, guide: Guide, top_k: int, fishers: Mapping[str, Mapping[str, torch.Tensor]]):

@@ -57,11 +57,12 @@ from capsense.compress.calibration import accumulate_stats, gram_memory
 from capsense.compress.compensated import level_pricer
 from capsense.compress.engine import needs_calibration, plan
 from capsense.compress.guided import (
-    Allocation, GuidedPlan, allocation_from_prices, fisher_sources, guided_levels, guided_setting, plan_guided, price_matrices,
+    Allocation, GuidedPlan, allocation_from_prices, fisher_sources, fisher_tokens, guided_levels, guided_setting, plan_guided,
+    price_matrices,
 )
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
-from capsense.compress.sensitivity import backward_memory
+from capsense.compress.sensitivity import FISHER_MAX_TOKENS, backward_memory
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
 from capsense.compress.spill import check_disk, layer_groups
 from capsense.compress.targets import find_targets
@@ -82,15 +83,19 @@ def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
 
 
 def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
-                        packed: bool = False, available: int | None = None, sequential: bool = True) -> dict[str, int]:
+                        packed: bool = False, available: int | None = None, sequential: bool = True,
+                        tokenizer=None) -> dict[str, int]:
     """Refuse, before the Fisher and the calibration passes, a guided run (``sequential``: one decoder layer at a
     time; else in one pass) whose phases (:func:`guided_memory`) hold more than ``available`` beside the model
     (default: :func:`~capsense.core.placement.available_cpu_memory`); the bytes of each phase (``sensitivity`` 0
     when the run sums no Fisher: :func:`~capsense.compress.guided.fisher_sources`). Round 17 counted a one-pass
     guided run for its Gram matrices alone (inside calibration), so a run whose Grams fit but whose Grams plus the
     Fisher sums did not ran out of memory after calibration, an hour into an 8B run. The refusal
-    (:func:`~capsense.core.placement.check_cpu_memory`) names the phase, each part and what to do."""
-    phases = guided_memory(model, uniform, samples, guide, packed, sequential)
+    (:func:`~capsense.core.placement.check_cpu_memory`) names the phase, each part and what to do. With the
+    ``tokenizer`` a Fisher pass is counted at the longest of its texts (:func:`~capsense.compress.guided.fisher_tokens`),
+    without at the most they are cut to."""
+    tokens = fisher_tokens(tokenizer, guide, parse_setting(uniform.default)) if tokenizer is not None else FISHER_MAX_TOKENS
+    phases = guided_memory(model, uniform, samples, guide, packed, sequential, tokens)
     _, gram = needs_calibration(plan(model, uniform))
     mode = ("one decoder layer at a time" if sequential else
             "in one pass (every matrix's calibration statistics held from calibration to the end)")
@@ -118,13 +123,13 @@ def _advice(phase: str, sequential: bool, gram: bool) -> str:
 
 
 def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide, packed: bool = False,
-                  sequential: bool = True) -> dict[str, dict[str, int]]:
+                  sequential: bool = True, fisher_length: int = FISHER_MAX_TOKENS) -> dict[str, dict[str, int]]:
     """The bytes each phase of a guided run holds at once beside the model, by what they are (no check).
 
     ``sensitivity`` (empty when the run sums no Fisher): one capability's Fisher sums (4 bytes per target weight of
     the largest of ``guide.fisher_groups`` runs of layers, then moved to disk, :mod:`.spill`), one layer's
     gradients and one backward pass's activations (:func:`~capsense.compress.sensitivity.backward_memory`: what
-    autograd saves over a Fisher text, the log-softmax over the vocabulary and its gradients; the run of layers
+    autograd saves over a Fisher text of ``fisher_length`` tokens, the log-softmax over the vocabulary and its gradients; the run of layers
     that saves the most; counted beside the gradients, at most the logit gradients more than both at once: 2.9
     GiB at Llama-3.1-8B's shapes in float32, round 18 counted none); in one pass also every matrix's Gram matrices (calibrated first and held to the end;
     :func:`~capsense.compress.calibration.gram_memory`), where a sequential run sums the Fisher before any.
@@ -150,7 +155,8 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     hidden = {"cached hidden states": cached_bytes(model, samples)} if sequential else {}
     layer_bytes = _most(targets, True, lambda ts: sum(t.n_params * t.module.weight.element_size() for t in ts))
     parts = layer_groups(targets, guide.fisher_groups)
-    backward = max((backward_memory(model, layers={t.layer for t in part}) for part in parts), key=lambda b: sum(b.values()))
+    backward = max((backward_memory(model, fisher_length, {t.layer for t in part}) for part in parts),
+                   key=lambda b: sum(b.values()))
     fisher = {"Fisher sums": 4 * max(sum(t.n_params for t in part) for part in parts),
               "one layer's gradients": layer_bytes} | backward
     pricings = _pricings(uniform, guide)

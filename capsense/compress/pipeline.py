@@ -133,7 +133,8 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     if guide is not None:  # before the calibration and the Fisher passes: what the run holds, what it spills
         from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory
 
-        check_guided_memory(model, budget, samples[0], guide, fmt == "compressed-tensors", sequential=False)
+        check_guided_memory(model, budget, samples[0], guide, fmt == "compressed-tensors", sequential=False,
+                            tokenizer=tokenizer)
         check_guided_disk(model, budget, guide)
     stats, calib_info = {}, []
     if needed:
@@ -161,7 +162,7 @@ def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_s
     from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory, guided_candidates_sequential
 
     packed = fmt == "compressed-tensors"
-    check_guided_memory(model, budget, samples, guide, packed)  # before the Fisher and the calibration passes
+    check_guided_memory(model, budget, samples, guide, packed, tokenizer=tokenizer)  # before the Fisher and calibration
     check_guided_disk(model, budget, guide)
     allocations = guided_candidates_sequential(model, tokenizer, budget, samples, guide, log, packed)
     _check_allocations(model, allocations, fmt)

@@ -96,6 +96,8 @@ def test_a_spill_reads_back_the_bytes_written_and_removes_its_folder():
     s = spill.spill_weights(targets, spill.Spill("test"))
     folder = os.path.dirname(next(iter(s._file.values())))
     assert sorted(os.listdir(folder)) == [f"layer{i}.safetensors" for i in sorted({t.layer for t in targets})]
+    layers = sorted({t.layer for t in targets})  # each file's size as counted (headers of bf16 [out, in] Conv1D weights)
+    assert [os.path.getsize(os.path.join(folder, f"layer{i}.safetensors")) for i in layers] == spill.layer_files(targets)
     with torch.no_grad():
         for t in targets:
             t.set(torch.zeros(t.shape))

@@ -64,7 +64,7 @@ from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sensitivity import FISHER_MAX_TOKENS, backward_memory
 from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
-from capsense.compress.spill import check_disk, layer_groups
+from capsense.compress.spill import check_disk, layer_files, layer_groups
 from capsense.compress.targets import find_targets
 from capsense.core.placement import check_cpu_memory
 from capsense.errors import CapsenseError
@@ -183,15 +183,41 @@ def _most(targets, per_layer: bool, size: Callable[[list], int]) -> int:
 
 def check_guided_disk(model: nn.Module, uniform: Budget, guide, folder: str | None = None) -> int:
     """Refuse, before any pass, a guided run (one pass or sequential) whose spill (:mod:`.spill`) the temporary
-    folder's disk cannot hold: the Fishers it sums (:func:`~capsense.compress.guided.fisher_sources`: 4 bytes per
-    target weight each; none for a flat sensitivity that protects no gradient-picked heads) and, when the
-    candidates are measured against the uniform setting, two copies of the target weights (the original and the
-    chosen candidate's). The bytes counted (round 17 counted a Fisher per kept capability and the generic one
-    whatever the guide: an upper bound that could refuse a run for disk it never writes)."""
+    folder's disk cannot hold at its peak; the bytes counted returned. The spill has two phases, never on disk
+    together (measured, round 19: the Fishers' folders are removed when the plans that read them are dropped,
+    before the candidates are compressed):
+
+    * planning: the Fishers the run sums (:func:`~capsense.compress.guided.fisher_sources`), all kept until
+      both pricings are done: a float32 file per decoder layer each (4 bytes per target weight);
+    * choosing, when the candidates are measured against the uniform setting
+      (:func:`~capsense.compress.select.compress_better`): the original target weights and the chosen candidate's
+      (in the model's dtype, a file per layer each), and, when a third candidate can replace the chosen one before
+      the last (the proxy pricing's allocation, :func:`~capsense.compress.select.proxy_pricing`), one layer's file
+      more while its replacement is written (the old file is replaced once the new one is complete).
+
+    The count is the larger of the two (round 18 added them), each file as :func:`~capsense.compress.spill.file_bytes`
+    writes it (safetensors header included) rounded up to the folder's disk block, and a block for each spill's
+    folder: the peak measured on tiny Llama and Gemma 3 runs, one pass and sequential, exactly when the chosen
+    weights are replaced, a layer's file above it when they are not (``test_compress_spill.py``). Nothing else is
+    written there (the checkpoint goes beside ``--out``). ``--fisher-groups`` does not change it (the same files,
+    written a group of layers at a time)."""
+    import os
+    import tempfile
+
+    folder = folder or tempfile.gettempdir()
+    block = os.statvfs(folder).f_frsize
     targets = find_targets(model, uniform.targets)
-    fishers, copies = len(fisher_sources(guide, guided_setting(uniform))), 2 if checks_uniform(guide) else 0
-    need = sum(t.n_params * (4 * fishers + copies * t.module.weight.element_size()) for t in targets)
-    return check_disk(need, "the guided run's Fisher diagonals and weight copies", folder)
+    fisher = block + sum(layer_files(targets, torch.float32, block))  # a Fisher's folder and its files
+    fishers = len(fisher_sources(guide, guided_setting(uniform))) * fisher
+    copies = 0
+    if checks_uniform(guide):
+        weights = layer_files(targets, block=block)
+        copies = 2 * (block + sum(weights)) + (max(weights) if proxy_pricing(uniform, guide) else 0)
+    what = (f"the guided run's spill (its Fisher diagonals: {fishers / 2**30:.2f} GiB; the weight copies while the "
+            f"candidates are compressed: {copies / 2**30:.2f} GiB)")
+    return check_disk(max(fishers, copies), what, folder, "; or spill less: fewer `--keep` capabilities or "
+                      "`--targets` (each kept capability's Fisher is a file per layer), `--no-check-uniform` (no weight "
+                      "copies); `--fisher-groups` does not change the disk")
 
 
 def _factor_bytes(targets) -> int:

@@ -28,18 +28,20 @@ its own passes are ``torch.equal`` to the all-layer sums on tiny Llama, Gemma 3 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import groupby
 from pathlib import Path
 
 import torch
 
 
-def check_disk(need: int, what: str, folder: str | None = None) -> int:
+def check_disk(need: int, what: str, folder: str | None = None, instead: str = "") -> int:
     """Refuse, before any pass, a spill of ``need`` bytes that the temporary folder's disk cannot hold (a
-    full disk would otherwise fail the run hours in, at its first write); ``need`` returned."""
+    full disk would otherwise fail the run hours in, at its first write); ``need`` returned. ``instead``: what
+    else would make it fit, appended to the message."""
     import shutil
 
     from capsense.errors import CapsenseError
@@ -47,8 +49,9 @@ def check_disk(need: int, what: str, folder: str | None = None) -> int:
     folder = folder or tempfile.gettempdir()
     free = shutil.disk_usage(folder).free
     if need > free:
-        raise CapsenseError(f"{what} writes up to {need / 2**30:.1f} GiB to the temporary folder {folder!r}, whose disk "
-                            f"has {free / 2**30:.1f} GiB free: point TMPDIR at a disk with room")
+        raise CapsenseError(f"{what} writes up to {need / 2**30:.2f} GiB ({need:,} bytes) to the temporary folder "
+                            f"{folder!r}, whose disk has {free / 2**30:.2f} GiB ({free:,} bytes) free: point TMPDIR at "
+                            f"a disk with room (not a RAM disk){instead}")
     return need
 
 
@@ -119,6 +122,32 @@ def layer_groups(targets, groups: int) -> list[list]:
     n = min(max(groups, 1), len(layers))
     bounds = [round(i * len(layers) / n) for i in range(n + 1)]
     return [[t for group in layers[a:b] for t in group] for a, b in zip(bounds, bounds[1:])]
+
+
+def file_bytes(tensors: Iterable[tuple[str, Sequence[int], torch.dtype]], block: int = 1) -> int:
+    """Bytes of the file :meth:`Spill.write` makes of ``tensors`` (name, shape, dtype; one dtype per file, as
+    :func:`spill_weights` and :func:`spill_fisher` write them), rounded up to a multiple of ``block`` (the disk's
+    block: what the file takes of its free space). safetensors' layout: an 8-byte length, the JSON header
+    (compact, the tensors in name order with their byte offsets) padded with spaces to a multiple of 8, the data."""
+    import json
+
+    from safetensors.torch import _TYPES
+
+    names = {v: k for k, v in _TYPES.items()}
+    header, offset = {}, 0
+    for name, shape, dtype in sorted(tensors, key=lambda x: x[0]):
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": names[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    n = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode())
+    return -(-(8 + -(-n // 8) * 8 + offset) // block) * block
+
+
+def layer_files(targets, dtype: torch.dtype | None = None, block: int = 1) -> list[int]:
+    """Bytes of each layer's file (:func:`file_bytes`) that :func:`spill_weights` (``dtype`` None: the weights'
+    own) or :func:`spill_fisher` (float32) writes of ``targets``."""
+    return [file_bytes([(t.name, t.shape, dtype or t.module.weight.dtype) for t in group], block)
+            for _, group in by_layer(targets)]
 
 
 def spill_fisher(targets, fisher: dict[str, torch.Tensor], spill: Spill) -> Spill:

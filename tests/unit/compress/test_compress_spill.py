@@ -96,6 +96,8 @@ def test_a_spill_reads_back_the_bytes_written_and_removes_its_folder():
     s = spill.spill_weights(targets, spill.Spill("test"))
     folder = os.path.dirname(next(iter(s._file.values())))
     assert sorted(os.listdir(folder)) == [f"layer{i}.safetensors" for i in sorted({t.layer for t in targets})]
+    layers = sorted({t.layer for t in targets})  # each file's size as counted (headers of bf16 [out, in] Conv1D weights)
+    assert [os.path.getsize(os.path.join(folder, f"layer{i}.safetensors")) for i in layers] == spill.layer_files(targets)
     with torch.no_grad():
         for t in targets:
             t.set(torch.zeros(t.shape))
@@ -199,9 +201,8 @@ def test_the_fisher_summed_a_group_of_layers_at_a_time_ships_the_same_model(arch
 
 
 def test_a_spill_the_temporary_disk_cannot_hold_is_refused_before_anything_runs(monkeypatch, tmp_path, tiny_model_dir):
-    """The disk check counts the Fishers the run sums (a kept sensitivity: one per kept capability) plus two weight
-    copies, refuses one byte short of it naming $TMPDIR, and the command refuses before anything is written or
-    computed."""
+    """The disk check refuses one byte short of its count (:func:`test_the_disk_check_counts_the_spills_measured_peak`)
+    naming $TMPDIR, and the command refuses before anything is written or computed."""
     import shutil
     from collections import namedtuple
 
@@ -212,12 +213,9 @@ def test_a_spill_the_temporary_disk_cannot_hold_is_refused_before_anything_runs(
 
     model = make_tiny_model("llama")
     uni = uniform_budget(GPTQ)
-    n = sum(t.n_params for t in find_targets(model, uni.targets))
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 10**15))
-    assert gs.check_guided_disk(model, uni, Guide(["math", "code"])) == n * (4 * 2 + 2 * 4)
-    assert gs.check_guided_disk(model, uni, Guide(["math"], check_uniform=False)) == n * 4 * 1
-    need = n * (4 * 1 + 2 * 4)
+    need = gs.check_guided_disk(model, uni, Guide(["math"]))
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need))
     assert gs.check_guided_disk(model, uni, Guide(["math"])) == need  # exactly enough
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need - 1))
@@ -242,10 +240,10 @@ FEWER_FISHERS = [(Guide(["math", "code"], sensitivity="flat"), []),
 
 
 @pytest.mark.parametrize("guide,sources", FEWER_FISHERS)
-def test_the_disk_check_counts_exactly_the_fishers_the_run_writes(guide, sources, monkeypatch):
-    """A run that sums fewer Fishers than round 17's upper bound counted is accepted on the disk its spill takes
-    (the old count refused it), still refused one byte short; and planning the run (both pricings, as
-    guided_candidates_sequential does) writes exactly the Fishers counted."""
+def test_the_disk_check_counts_exactly_the_fishers_the_run_writes(guide, sources, monkeypatch, tmp_path):
+    """Planning the run (both pricings, as guided_candidates_sequential does) writes exactly the Fishers counted,
+    fewer than round 17's upper bound: without weight copies (no check against uniform) the check counts the
+    measured peak of their files, accepts it and refuses one byte short."""
     import shutil
     from collections import namedtuple
 
@@ -253,17 +251,7 @@ def test_the_disk_check_counts_exactly_the_fishers_the_run_writes(guide, sources
     from capsense.errors import CapsenseError
 
     model, tok, uni = make_tiny_model("llama"), make_char_tokenizer(), uniform_budget(GPTQ)
-    assert fisher_sources(guide, gs.parse_setting(GPTQ)) == sources
-    n = sum(t.n_params for t in find_targets(model, uni.targets))
-    copies = 2 * 4 if select.checks_uniform(guide) else 0
-    exact, old = n * (4 * len(sources) + copies), n * (4 * (len(guide.keep) + 1) + copies)
-    assert exact < old  # round 17 refused this run on a disk with `exact` bytes free
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, exact))
-    assert gs.check_guided_disk(model, uni, guide) == exact
-    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, exact - 1))
-    with pytest.raises(CapsenseError, match="point TMPDIR at a disk with room"):
-        gs.check_guided_disk(model, uni, guide)
+    assert fisher_sources(guide, gs.parse_setting(GPTQ)) == sources and len(sources) < len(guide.keep) + 1
     written = []
 
     class Recorded(spill.Spill):
@@ -272,7 +260,115 @@ def test_the_disk_check_counts_exactly_the_fishers_the_run_writes(guide, sources
             written.append(what)
 
     monkeypatch.setattr(spill, "Spill", Recorded)
-    cache: dict = {}
-    plans = [plan_guided(model, tok, uni, g, lambda _m: None, cache) for _, g in gs._pricings(uni, replace(guide, samples=2))]
-    assert written == [f"fisher-{s}" for s in sources] and len(plans) == (2 if guide.sensitivity != "measured" else 1)
 
+    def plans():
+        cache: dict = {}
+        pricings = gs._pricings(uni, replace(guide, samples=2))
+        return len([plan_guided(model, tok, uni, g, lambda _m: None, cache) for _, g in pricings])
+
+    made, peak, _ = spill_peak(plans, str(tmp_path))  # the plans dropped: their Fishers' folders removed
+    assert written == [f"fisher-{s}" for s in sources] and made == (2 if guide.sensitivity != "measured" else 1)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, peak))
+    alone = replace(guide, check_uniform=False)
+    assert gs.check_guided_disk(model, uni, alone, str(tmp_path)) == peak
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, peak - 1))
+    with pytest.raises(CapsenseError, match="point TMPDIR at a disk with room"):
+        gs.check_guided_disk(model, uni, alone, str(tmp_path))
+
+
+def spill_peak(run, root):
+    """``run()`` with the temporary folder ``root``: (its return value, the most bytes its spills took of the disk at
+    once: each file and each spill's folder rounded up to the disk's block, {path: bytes} then). Looked at after every
+    file a spill writes is complete, before it replaces the one of the same name (the most of a write on disk); the
+    spills write nothing else and delete only. No file may be mapped after its deletion (it would keep its blocks
+    unseen). Nothing else is written under ``root`` (torch makes an empty ``torchinductor_*`` folder there)."""
+    import safetensors.torch as st
+
+    block, peak, at = os.statvfs(root).f_frsize, 0, {}
+    save = st.save_file
+
+    def look():
+        nonlocal peak, at
+        now = {}
+        for top in os.listdir(root):
+            if top.startswith("capsense-"):
+                now[top] = os.path.getsize(os.path.join(root, top))
+                folder = os.path.join(root, top)
+                now |= {f"{top}/{f}": os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)}
+        if sum(-(-n // block) * block for n in now.values()) > peak:
+            peak, at = sum(-(-n // block) * block for n in now.values()), now
+        if os.path.exists("/proc/self/maps"):  # Linux
+            with open("/proc/self/maps") as maps:
+                assert not [line for line in maps if root in line and "(deleted)" in line]
+
+    def saving(*a, **k):
+        save(*a, **k)
+        look()
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tempfile, "tempdir", root)
+        m.setattr(st, "save_file", saving)
+        out = run()
+        gc.collect()
+    assert not [f for _, _, fs in os.walk(root) for f in fs] and not [d for d in os.listdir(root) if "capsense" in d]
+    return out, peak, at
+
+
+def _guided_one_pass(arch, overrides, guide) -> str:
+    """A guided run in one pass on a tiny ``arch`` model (config ``overrides``), as the pipeline runs it: the name of
+    the candidate shipped."""
+    from capsense.compress.engine import calibrate
+    from capsense.compress.select import guided_candidates
+
+    model, tok = make_tiny_model(arch, **overrides), make_char_tokenizer()
+    uni = uniform_budget(GPTQ)
+    stats, _ = calibrate(model, tok, uni, CALIBRATION, N)
+    shipped = compress_guided(model, tok, uni, guided_candidates(model, tok, uni, stats, guide), stats, guide)
+    return shipped[2].info["selection"]["chosen"]
+
+
+#: (arch, overrides, kept capabilities, whether a challenger clears the allocation, the phase at the peak):
+#: a challenger that clears replaces the chosen weights on disk (guided-rtn, not the last candidate); three kept
+#: capabilities' Fishers outweigh the two weight copies
+PEAKS = [("gemma3_text", GEMMA, ["math"], True, "choosing"),
+         ("llama", MODELS[0][1], ["math", "code", "prose"], False, "planning"),
+         ("llama", MODELS[0][1], ["math"], False, "choosing")]
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+@pytest.mark.parametrize("arch,overrides,keep,clears,phase", PEAKS)
+def test_the_disk_check_counts_the_spills_measured_peak(arch, overrides, keep, clears, phase, sequential, monkeypatch,
+                                                         tmp_path):
+    """The disk check counts the larger of the two phases' spills (round 18 added them: the Fishers are removed
+    before the weight copies are written), files as written: a run reaching the count is accepted on exactly its
+    measured peak and refused one byte short; one whose choice never replaces the chosen weights stays a layer's
+    file under it."""
+    import shutil
+    from collections import namedtuple
+
+    from capsense.errors import CapsenseError
+
+    guide = Guide(keep, samples=2, protect_top_k=0)
+    paired = select.paired_vs_allocation
+    monkeypatch.setattr(select, "paired_vs_allocation", lambda a, b: {**paired(a, b), "clears": clears})
+
+    def run():
+        if not sequential:
+            return _guided_one_pass(arch, overrides, guide)
+        return run_guided_sequential(arch, overrides, GPTQ, guide, CALIBRATION, N).shipped[2].info["selection"]["chosen"]
+
+    chosen, peak, at = spill_peak(run, str(tmp_path))
+    assert (chosen == "guided") != clears  # clears: guided-rtn replaced guided on disk (uniform, last, may win after)
+    assert {f.split("-")[1] for f in at} == ({"fisher"} if phase == "planning" else {"original", "chosen"}), at
+    model, uni = make_tiny_model(arch, **overrides), uniform_budget(GPTQ)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 10**15))
+    need = gs.check_guided_disk(model, uni, guide, str(tmp_path))
+    layer = max(spill.layer_files(find_targets(model), block=os.statvfs(tmp_path).f_frsize))
+    assert peak == (need if clears or phase == "planning" else need - layer)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need))  # the measured peak when it reaches it
+    assert gs.check_guided_disk(model, uni, guide, str(tmp_path)) == need  # round 18 counted Fishers + copies: refused
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, need - 1))
+    with pytest.raises(CapsenseError, match="point TMPDIR at a disk with room.*--keep.*--no-check-uniform"):
+        gs.check_guided_disk(model, uni, guide, str(tmp_path))

@@ -112,11 +112,9 @@ def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> 
 def check_moe_config(model_name: str, kinds: Sequence[str]) -> None:
     """Refuse MLP targets on a mixture-of-experts model from its local ``config.json``, before the
     weights load; where the config is not on this machine yet, :func:`find_targets` refuses after loading."""
-    from capsense.core.models import local_config
+    from capsense.core.models import local_text_config
 
-    config = local_config(model_name) or {}
-    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
-    check_compress_kinds(config.get("model_type"), kinds)
+    check_compress_kinds((local_text_config(model_name) or {}).get("model_type"), kinds)
 
 
 def snapshot(targets: Iterable[Target]) -> dict[str, torch.Tensor]:

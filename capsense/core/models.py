@@ -207,8 +207,9 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head")
 
 
-def local_config(name: str, revision: str | None = None) -> dict | None:
-    """The model's ``config.json`` as a dict, read without torch, or None where it is not on this machine.
+def local_text_config(name: str, revision: str | None = None) -> dict | None:
+    """The model's ``config.json`` as a dict, read without torch, or None where it is not on this machine;
+    a multimodal model's ``text_config`` (what head layouts and model types are read from).
 
     Found for local folders, the converted embedded model and Hub ids in the local cache (a GGUF
     file not yet converted has none: its header is read by :func:`config_head_layout`).
@@ -236,13 +237,15 @@ def local_config(name: str, revision: str | None = None) -> dict | None:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return config if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
 
 
 def config_head_layout(name: str, revision: str | None = None) -> Any:
     """The model's :class:`~capsense.core.arch.HeadLayout` read from its ``config.json`` (no torch), or None.
 
-    None where the config is not on this machine (:func:`local_config`) or does not say (then
+    None where the config is not on this machine (:func:`local_text_config`) or does not say (then
     the check waits for the model).
     """
     from capsense.core.arch import HeadLayout
@@ -250,10 +253,9 @@ def config_head_layout(name: str, revision: str | None = None) -> Any:
     if is_gguf_path(name) and os.path.isfile(name) and not is_converted(gguf_folder(name)):
         header = check_gguf_file(name)
         return HeadLayout(header["n_layers"], header["n_heads"], 0) if header["n_layers"] and header["n_heads"] else None
-    config = local_config(name, revision)
+    config = local_text_config(name, revision)
     if config is None:
         return None
-    config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
     layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)
     heads = next((config[k] for k in _HEAD_KEYS if isinstance(config.get(k), int)), None)
     return HeadLayout(layers, heads, 0) if layers and heads else None

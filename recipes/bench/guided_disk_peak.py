@@ -7,6 +7,13 @@ each rounded up to the disk's block, looked at after every file written (``test_
 the counts at Llama-3.1-8B's shapes (meta device, float32 and bf16 weights; GPTQ 4b g128)::
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python recipes/bench/guided_disk_peak.py
+
+``--smollm2 [CLI options]`` instead: the embedded SmolLM2-135M through the CLI in-process (``capsense compress
+smollm2-135m --method gptq --bits 4 --group-size 64 --keep math --calibration-samples 16`` plus the options given,
+e.g. ``--sequential``), its spill's measured peak against the count and the files at the peak; round 19 ran it
+under ``/usr/bin/time -f "%e s wall %M KB"`` for the peak memory too (about 15 min at two threads)::
+
+    PYTHONPATH=. OMP_NUM_THREADS=2 /usr/bin/time -f "%e s wall %M KB" python recipes/bench/guided_disk_peak.py --smollm2 --sequential
 """
 
 import os
@@ -80,7 +87,40 @@ def eight_b() -> None:
             print(f"8B {dtype} keep {','.join(keep)}: counted {new / 2**30:.2f} GiB, round 18 {old / 2**30:.2f} GiB")
 
 
+def smollm2(extra: list[str]) -> None:
+    """SmolLM2 through the CLI in-process: the spill's measured peak, the count and the files at the peak."""
+    from click.testing import CliRunner
+
+    from capsense.cli import main
+
+    counted = {}
+    check = gs.check_guided_disk
+
+    def recorded(model, uniform, guide, folder=None):
+        counted["bytes"] = check(model, uniform, guide, folder)
+        return counted["bytes"]
+
+    gs.check_guided_disk = recorded
+    root = tempfile.mkdtemp()
+
+    def run():
+        r = CliRunner().invoke(main, ["compress", "smollm2-135m", "--method", "gptq", "--bits", "4", "--group-size", "64",
+                                      "--keep", "math", "--calibration-samples", "16", "--out", root + "-out", *extra])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    out, peak, at = spill_peak(run, root)
+    print(out[-3000:])
+    print(f"SmolLM2 {extra}: measured {peak:,} counted {counted['bytes']:,} diff {counted['bytes'] - peak:,}")
+    for name in sorted(at):
+        print("  ", name, at[name])
+    gs.check_guided_disk = check
+
+
 if __name__ == "__main__":
-    if "--8b-only" not in sys.argv:
-        tiny()
-    eight_b()
+    if "--smollm2" in sys.argv:
+        smollm2([a for a in sys.argv[1:] if a != "--smollm2"])
+    else:
+        if "--8b-only" not in sys.argv:
+            tiny()
+        eight_b()

@@ -52,20 +52,17 @@ def export(
     if private and not push_repo:
         raise CapsenseError("`private` only applies with `push_repo` REPO_ID")
     placed = device_map_from(device_map, parallelize)
-    if placed and format != "checkpoint":
-        raise CapsenseError("`device_map` applies to `format` checkpoint (an adapter is built without loading weights)")
-    check_export_inputs(model, heads, out, top_k, ablation, overwrite)  # before any heavy import
+    settings = dict(top_k=top_k, ablation=ablation, mean_reference=mean_reference, dtype=dtype, revision=revision,
+                    overwrite=overwrite, max_shard_size=max_shard_size, repo_id=push_repo, log=log,
+                    **({"device_map": placed} if placed else {}))
+    checked = check_export_inputs(model, heads, out, format=format, **settings)  # once, before any heavy import
     if push_repo:
         from capsense.ship.push import check_push_ready
 
         check_push_ready(push_repo)  # no token or offline: fail before the export, not after
     from capsense.ship.export import export_model
 
-    result = export_model(
-        model, heads, out, format=format, top_k=top_k, ablation=ablation, mean_reference=mean_reference,
-        dtype=dtype, revision=revision, overwrite=overwrite, max_shard_size=max_shard_size,
-        repo_id=push_repo, log=log, **({"device_map": placed} if placed else {}),
-    )
+    result = export_model(model, heads, out, format=format, checked=checked, **settings)
     total = sum((result.out / f).stat().st_size for f in result.files)
     click.echo(f"Exported {format} to {result.out} ({len(result.files)} files, {human_size(total)}): {result.heads}")
     echo_files(result.out, result.files)

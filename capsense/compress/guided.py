@@ -128,17 +128,18 @@ class Allocation:
 
 
 def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None,
-            groups: int = 1) -> Mapping[str, torch.Tensor]:
+            groups: int = 1, texts: Sequence[Sequence[int]] | None = None) -> Mapping[str, torch.Tensor]:
     """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, summed over ``groups`` runs
     of decoder layers in turn (a pass over the texts each; the same sums) and moved to disk as soon as a
-    run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
+    run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time).
+    ``texts``: those texts already tokenized (:func:`fisher_texts`); None tokenizes them here."""
     from capsense.compress.sensitivity import fisher_diagonal
     from capsense.compress.spill import Spill, layer_groups, spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
-    samples = _fisher_texts(tokenizer, source, n)
+    samples = texts if texts is not None else _fisher_texts(tokenizer, source, n)
     parts = layer_groups(targets, groups)
     log(f"sensitivity: {len(samples) * len(parts)} backward passes on {source}")
     fisher = Spill(f"fisher-{source}")
@@ -158,12 +159,19 @@ def _fisher_texts(tokenizer, source: str, n: int) -> list[list[int]]:
     return calibration_samples(source, tokenizer, n, max_tokens=FISHER_MAX_TOKENS)[0]
 
 
-def fisher_tokens(tokenizer, guide: Guide, base: Setting) -> int:
-    """The tokens of the longest text a run guided by ``guide`` at ``base`` runs a Fisher pass over (0: it sums no
-    Fisher): one backward pass per text, whose activations grow with its length
-    (:func:`~capsense.compress.sensitivity.backward_memory`); the texts tokenized as :func:`plan_guided` reads them."""
-    return max((len(ids) for source in fisher_sources(guide, base) for ids in _fisher_texts(tokenizer, source, guide.samples)),
-               default=0)
+def fisher_texts(tokenizer, guide: Guide, base: Setting) -> dict[str, list[list[int]]]:
+    """The token ids of the texts a run guided by ``guide`` at ``base`` runs its Fisher passes over, by source
+    (:func:`fisher_sources`; empty: it sums no Fisher). Built once per run (:mod:`.pipeline`): the memory check
+    counts the longest (:func:`fisher_tokens`), then the passes read them (``texts`` of :func:`plan_guided`);
+    round 19 tokenized them for each."""
+    return {source: _fisher_texts(tokenizer, source, guide.samples) for source in fisher_sources(guide, base)}
+
+
+def fisher_tokens(texts: Mapping[str, Sequence[Sequence[int]]]) -> int:
+    """The tokens of the longest of a run's Fisher ``texts`` (:func:`fisher_texts`; 0: it sums no Fisher): one
+    backward pass per text, whose activations grow with its length
+    (:func:`~capsense.compress.sensitivity.backward_memory`)."""
+    return max((len(ids) for by_source in texts.values() for ids in by_source), default=0)
 
 
 def _protected_heads(model, targets, guide: Guide, top_k: int, fishers: Mapping[str, Mapping[str, torch.Tensor]]):
@@ -261,18 +269,20 @@ def fisher_sources(guide: Guide, base: Setting) -> list[str]:
 
 
 def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, log: Callable[[str], None],
-                fisher_cache: dict | None = None, packed: bool = False) -> GuidedPlan:
+                fisher_cache: dict | None = None, packed: bool = False,
+                texts: Mapping[str, Sequence[Sequence[int]]] | None = None) -> GuidedPlan:
     """Everything :func:`guided_budget` fixes before pricing a matrix (the Fisher diagonals of
     :func:`fisher_sources` are computed here: backward passes through the whole model); no calibration
-    statistics are read."""
+    statistics are read. ``texts``: the run's Fisher texts, built once (:func:`fisher_texts`); None
+    tokenizes each source's here."""
     base = guided_setting(base_budget)
     if guide.pricing is not None and guide.sensitivity == "measured":
         raise BudgetError("`pricing` applies to a Fisher, generic or flat sensitivity, not measured (which measures the loss)")
     pricing, price = level_pricer(base.method, guide.pricing)
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
-    fishers = {s: _fisher(model, tokenizer, targets, s, guide.samples, log, fisher_cache, guide.fisher_groups)
-               for s in fisher_sources(guide, base)}
+    fishers = {s: _fisher(model, tokenizer, targets, s, guide.samples, log, fisher_cache, guide.fisher_groups,
+                          texts[s] if texts is not None else None) for s in fisher_sources(guide, base)}
     heads = _protected_heads(model, targets, guide, _top_k(guide, base), fishers)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     fisher = _sensitivity(targets, guide, fishers, fisher_cache)
@@ -345,16 +355,17 @@ def allocation_from_prices(plan: GuidedPlan, cands: Mapping[str, Sequence[Candid
 
 def guided_budget(
     model: nn.Module, tokenizer, base_budget: Budget, stats, guide: Guide, log: Callable[[str], None] | None = None,
-    fisher_cache: dict | None = None, packed: bool = False,
+    fisher_cache: dict | None = None, packed: bool = False, texts: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> Allocation:
     """The allocation of ``base_budget.default``'s method at its size, guided by ``guide``.
 
     ``fisher_cache`` (a dict the caller keeps) reuses sensitivities and what the levels' prices are
     computed from (GPTQ's solved errors, low-rank factors) across calls on the same weights;
-    ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix.
+    ``packed`` keeps only the levels a compressed-tensors checkpoint stores for every target matrix;
+    ``texts``: the run's Fisher texts (:func:`fisher_texts`; None: tokenized here).
     """
     log = log or (lambda _m: None)
-    plan = plan_guided(model, tokenizer, base_budget, guide, log, fisher_cache, packed)
+    plan = plan_guided(model, tokenizer, base_budget, guide, log, fisher_cache, packed, texts)
     if guide.sensitivity == "measured":
         return _measured(model, tokenizer, plan.budget, plan.base, plan.targets, plan.goal, plan.prot, stats, guide,
                          plan.heads, log, packed)

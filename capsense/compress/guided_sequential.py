@@ -45,7 +45,7 @@ refuses both before the model loads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import torch
@@ -84,7 +84,7 @@ def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
 
 def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
                         packed: bool = False, available: int | None = None, sequential: bool = True,
-                        tokenizer=None) -> dict[str, int]:
+                        texts: Mapping[str, Sequence[Sequence[int]]] | None = None) -> dict[str, int]:
     """Refuse, before the Fisher and the calibration passes, a guided run (``sequential``: one decoder layer at a
     time; else in one pass) whose phases (:func:`guided_memory`) hold more than ``available`` beside the model
     (default: :func:`~capsense.core.placement.available_cpu_memory`); the bytes of each phase (``sensitivity`` 0
@@ -92,9 +92,10 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
     guided run for its Gram matrices alone (inside calibration), so a run whose Grams fit but whose Grams plus the
     Fisher sums did not ran out of memory after calibration, an hour into an 8B run. The refusal
     (:func:`~capsense.core.placement.check_cpu_memory`) names the phase, each part and what to do. With the
-    ``tokenizer`` a Fisher pass is counted at the longest of its texts (:func:`~capsense.compress.guided.fisher_tokens`),
-    without at the most they are cut to."""
-    tokens = fisher_tokens(tokenizer, guide, parse_setting(uniform.default)) if tokenizer is not None else FISHER_MAX_TOKENS
+    run's Fisher ``texts`` (:func:`~capsense.compress.guided.fisher_texts`, the ones its passes then read) a Fisher
+    pass is counted at the longest of them (:func:`~capsense.compress.guided.fisher_tokens`), without at the most
+    they are cut to."""
+    tokens = fisher_tokens(texts) if texts is not None else FISHER_MAX_TOKENS
     phases = guided_memory(model, uniform, samples, guide, packed, sequential, tokens)
     _, gram = needs_calibration(plan(model, uniform))
     mode = ("one decoder layer at a time" if sequential else
@@ -226,15 +227,17 @@ def _factor_bytes(targets) -> int:
 
 
 def guided_candidates_sequential(model: nn.Module, tokenizer, uniform: Budget, samples: Sequence[Sequence[int]], guide,
-                                 log: Callable[[str], None] | None = None,
-                                 packed: bool = False) -> list[tuple[str, Allocation]]:
+                                 log: Callable[[str], None] | None = None, packed: bool = False,
+                                 texts: Mapping[str, Sequence[Sequence[int]]] | None = None) -> list[tuple[str, Allocation]]:
     """What :func:`~capsense.compress.select.guided_candidates` returns, priced one decoder layer at a time
-    on ``samples`` (module doc): (name, :class:`~capsense.compress.guided.Allocation`), ``guided`` first."""
+    on ``samples`` (module doc): (name, :class:`~capsense.compress.guided.Allocation`), ``guided`` first.
+    ``texts``: the run's Fisher texts (:func:`~capsense.compress.guided.fisher_texts`; None: tokenized here)."""
     log = log or (lambda _m: None)
     if not samples:
         raise CapsenseError("no calibration samples: give a task, a file or text with `calibration`")
     cache: dict = {}
-    plans = [(name, plan_guided(model, tokenizer, uniform, g, log, cache, packed)) for name, g in _pricings(uniform, guide)]
+    plans = [(name, plan_guided(model, tokenizer, uniform, g, log, cache, packed, texts))
+             for name, g in _pricings(uniform, guide)]
     cache.clear()  # the plans hold what they price with (the Fishers on disk, summed when read)
     prices = price_layer_by_layer(model, uniform, samples, [p for _, p in plans], log)
     return [(name, allocation_from_prices(p, pr)) for (name, p), pr in zip(plans, prices)]

@@ -130,17 +130,19 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     needed, _ = needs_calibration(planned)
     # built once: the guided memory check counts the Gram matrices from them, then calibration runs on them
     samples = calibration_samples(calibration, tokenizer, n_samples) if needed else ([], [])
+    texts = None
     if guide is not None:  # before the calibration and the Fisher passes: what the run holds, what it spills
+        from capsense.compress.guided import fisher_texts
         from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory
 
-        check_guided_memory(model, budget, samples[0], guide, fmt == "compressed-tensors", sequential=False,
-                            tokenizer=tokenizer)
+        texts = fisher_texts(tokenizer, guide, parse_setting(budget.default))  # once: counted here, read by the passes
+        check_guided_memory(model, budget, samples[0], guide, fmt == "compressed-tensors", sequential=False, texts=texts)
         check_guided_disk(model, budget, guide)
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({n_samples} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, samples=samples)
-    allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt) if guide is not None else []
+    allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt, texts) if guide is not None else []
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
     result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log)
@@ -159,12 +161,14 @@ def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_s
         result = compress_sequential(model, budget, samples, propagate, log=log)
         result.calibration = calib_info
         return result, budget, None, None
+    from capsense.compress.guided import fisher_texts
     from capsense.compress.guided_sequential import check_guided_disk, check_guided_memory, guided_candidates_sequential
 
     packed = fmt == "compressed-tensors"
-    check_guided_memory(model, budget, samples, guide, packed, tokenizer=tokenizer)  # before the Fisher and calibration
+    texts = fisher_texts(tokenizer, guide, parse_setting(budget.default))  # once: counted here, read by the passes
+    check_guided_memory(model, budget, samples, guide, packed, texts=texts)  # before the Fisher and calibration
     check_guided_disk(model, budget, guide)
-    allocations = guided_candidates_sequential(model, tokenizer, budget, samples, guide, log, packed)
+    allocations = guided_candidates_sequential(model, tokenizer, budget, samples, guide, log, packed, texts)
     _check_allocations(model, allocations, fmt)
     kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if probes > 0 else None
     result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, None, guide, log,
@@ -173,13 +177,14 @@ def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_s
     return result, budget, allocation, kept.after(model) if kept is not None else None
 
 
-def _guided_allocations(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str):
+def _guided_allocations(model, tokenizer, budget: Budget, stats, guide, log: Callable[[str], None], fmt: str, texts):
     """The guided allocations that may replace ``budget`` (its setting names the size and the method;
-    :func:`capsense.compress.select.guided_candidates`), each checked against the output format like the
-    budget it replaces."""
+    :func:`capsense.compress.select.guided_candidates`, on the run's Fisher ``texts``), each checked against the
+    output format like the budget it replaces."""
     from capsense.compress.select import guided_candidates  # the Fisher and measured sensitivities: only when guided
 
-    allocations = guided_candidates(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors")
+    allocations = guided_candidates(model, tokenizer, budget, stats, guide, log, packed=fmt == "compressed-tensors",
+                                    texts=texts)
     _check_allocations(model, allocations, fmt)
     return allocations
 

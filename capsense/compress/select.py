@@ -191,22 +191,23 @@ def checks_uniform(guide) -> bool:
 
 
 def guided_candidates(model: nn.Module, tokenizer, uniform: Budget, stats, guide, log=None, cache: dict | None = None,
-                      packed: bool = False):
+                      packed: bool = False, texts=None):
     """(name, :class:`~capsense.compress.guided.Allocation`) to measure: ``guided`` (``guide`` as given)
     and, where :func:`proxy_pricing` names one, ``guided-PRICING`` (the same Fisher, levels priced by the
     proxy: on SmolLM2 SparseGPT keep code the proxy's allocation was the better, -31% vs -18%, and on
     Gemma keep math the worse, round 10). One Fisher for both: ``cache`` (:func:`guided_budget`'s
-    ``fisher_cache``; a new one when None)."""
+    ``fisher_cache``; a new one when None). ``texts``: the run's Fisher texts
+    (:func:`~capsense.compress.guided.fisher_texts`; None: tokenized here)."""
     from dataclasses import replace
 
     from capsense.compress.guided import guided_budget
 
     cache = {} if cache is None else cache
-    out = [("guided", guided_budget(model, tokenizer, uniform, stats, guide, log, cache, packed))]
+    out = [("guided", guided_budget(model, tokenizer, uniform, stats, guide, log, cache, packed, texts))]
     proxy = proxy_pricing(uniform, guide)
     if proxy is not None:
         out.append((f"guided-{proxy}", guided_budget(model, tokenizer, uniform, stats, replace(guide, pricing=proxy),
-                                                     log, cache, packed)))
+                                                     log, cache, packed, texts)))
     return out
 
 

@@ -81,29 +81,39 @@ def parse_kinds(targets: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _block_modules(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
+    """(layer, path inside its decoder block, module) of every module of every decoder block, in layer order: the
+    one walk :func:`find_targets` reads both the experts and the targets from."""
+    blocks = unwrap(model).get_submodule(arch_spec(model).layers)
+    return [(i, path, module) for i, block in enumerate(blocks) for path, module in block.named_modules()]
+
+
+def _holds_experts(modules: Iterable[tuple[int, str, nn.Module]]) -> bool:
+    return any(path.rsplit(".", 1)[-1] == "experts" for _, path, _ in modules)
+
+
 def has_experts(model: nn.Module) -> bool:
     """Whether a decoder block holds an ``experts`` module (a mixture-of-experts MLP)."""
-    blocks = unwrap(model).get_submodule(arch_spec(model).layers)
-    return any(path.rsplit(".", 1)[-1] == "experts" for block in blocks for path, _ in block.named_modules())
+    return _holds_experts(_block_modules(model))
 
 
 def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> list[Target]:
     """Every linear layer of every decoder block whose kind is in ``kinds``, in layer order.
 
-    A mixture-of-experts model's MLP is refused (:func:`~capsense.core.arch.check_compress_kinds`)."""
+    A mixture-of-experts model's MLP is refused (:func:`~capsense.core.arch.check_compress_kinds`). The blocks'
+    modules are walked once (round 19 walked them for the experts, then for the targets)."""
     wanted = parse_kinds(kinds if kinds is None or isinstance(kinds, str) else list(kinds))
-    spec = arch_spec(model)
-    blocks = unwrap(model).get_submodule(spec.layers)
-    check_compress_kinds(getattr(unwrap(model).config, "model_type", None), wanted, has_experts(model))
+    layers = arch_spec(model).layers
+    modules = _block_modules(model)
+    check_compress_kinds(getattr(unwrap(model).config, "model_type", None), wanted, _holds_experts(modules))
     out: list[Target] = []
-    for i, block in enumerate(blocks):
-        for path, module in block.named_modules():
-            if not path or not _is_linear(module):
-                continue
-            kind = _classify(path)
-            if kind in wanted:
-                full = f"{spec.layers}.{i}.{path}"
-                out.append(Target(full, i, kind, path.split(".")[-1], module, type(module).__name__ == "Conv1D"))
+    for i, path, module in modules:
+        if not path or not _is_linear(module):
+            continue
+        kind = _classify(path)
+        if kind in wanted:
+            out.append(Target(f"{layers}.{i}.{path}", i, kind, path.split(".")[-1], module,
+                              type(module).__name__ == "Conv1D"))
     if not out:
         raise TargetError(f"no {'/'.join(wanted)} linear layers found in the decoder blocks of this model")
     return out

@@ -17,19 +17,10 @@ from torch import nn
 from capsense.core.arch import arch_spec, head_layout, out_projections
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
-from capsense.ship.base import ExportResult, check_dtype, noop
-from capsense.errors import CapsenseError
+from capsense.ship.base import ExportResult, noop
 from capsense.ship.checkpoint import head_indices
 from capsense.ship.metadata import base_model_hub_id, build_metadata, list_files, public_name, write_card_and_metadata
-from capsense.ship.preflight import preflight
-
-MEAN_ADAPTER_MSG = (
-    "mean ablation cannot be exported as an adapter: an IA3 adapter can only scale the "
-    "projection's input (x * l), it cannot add the constant that replaces an ablated head's "
-    "output under mean ablation. Use `format` checkpoint (folds the means into the output "
-    "projection's bias where the architecture has one), or `ablation` zero, or evaluate mean "
-    "ablation without exporting: lm_eval --model capsense-masked --model_args ...,ablation=mean"
-)
+from capsense.ship.preflight import ExportInputs, preflight
 
 
 def ia3_vectors(model: nn.Module, heads: HeadsLike) -> dict[int, torch.Tensor]:
@@ -66,20 +57,20 @@ def export_adapter(
     max_shard_size: str | int | None = None,
     repo_id: str | None = None,
     log: Callable[[str], None] = noop,
+    checked: ExportInputs | None = None,
 ) -> ExportResult:
     """Save a PEFT IA3 adapter that zero-ablates ``heads`` of ``model`` (no weights loaded).
 
     Its vectors are stored in ``dtype`` (float32 for ``auto``); 0 and 1 are exact in all.
     ``max_shard_size`` is accepted for a uniform format signature and unused (an adapter is small).
+    ``checked``: this request's :func:`~capsense.ship.preflight.check_export_inputs` (None: checked here;
+    mean ablation is refused there, :data:`~capsense.ship.preflight.MEAN_ADAPTER_MSG`).
     """
-    if ablation == "mean":
-        raise CapsenseError(MEAN_ADAPTER_MSG)
-    if mean_reference:
-        raise CapsenseError("`mean_reference` only applies to `ablation` mean")
-    check_dtype(dtype)
+    out_path, hs, heads_file, source, meta = preflight(
+        model, heads, out, revision, checked, format="adapter", top_k=top_k, ablation=ablation,
+        mean_reference=mean_reference, dtype=dtype, overwrite=overwrite)
     from peft import IA3Config, get_peft_model
 
-    out_path, hs, heads_file, source, meta = preflight(model, heads, out, top_k, ablation, overwrite, revision)
     spec = arch_spec(meta)
     layers = hs.layers()
     names = projection_names(meta, layers)

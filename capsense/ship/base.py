@@ -1,8 +1,9 @@
 """What every export format shares: its error, its result, the dtype names and the format registry.
 
-A format is a function ``(model, heads, out, **settings) -> ExportResult`` declared in :data:`FORMATS`
-(or registered with :func:`register_format`); ``capsense export --format NAME`` and
-:func:`capsense.ship.export.export_model` look it up in :data:`FORMATS`.
+A format is a function ``(model, heads, out, *, checked=None, **settings) -> ExportResult`` declared in
+:data:`FORMATS` (or registered with :func:`register_format`); ``capsense export --format NAME`` and
+:func:`capsense.ship.export.export_model` look it up in :data:`FORMATS`, check the request once
+(:func:`capsense.ship.preflight.check_export_inputs`) and hand the format its result as ``checked``.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from capsense.core.arch import arch_spec, base_layer, head_layout, out_projectio
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
 from capsense.core.models import load_model
-from capsense.ship.base import ExportResult, check_dtype, noop
+from capsense.ship.base import ExportResult, noop
 from capsense.errors import CapsenseError
 from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
-from capsense.ship.preflight import check_mean_foldable, preflight
+from capsense.ship.preflight import ExportInputs, check_mean_foldable, preflight
 
 
 def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
@@ -81,17 +81,18 @@ def export_checkpoint(
     repo_id: str | None = None,
     log: Callable[[str], None] = noop,
     device_map: str | None = None,
+    checked: ExportInputs | None = None,
 ) -> ExportResult:
     """Save ``model`` with ``heads`` ablated in its weights, as a plain transformers folder.
 
     Mean ablation needs a projection bias (see :data:`capsense.ship.preflight.MEAN_FOLD_SUPPORT`).
     The model is loaded once and edited in place; ``device_map`` spreads a model larger than
     CPU memory over GPUs (the edited layers must not be offloaded, see :func:`check_editable`).
+    ``checked``: this request's :func:`~capsense.ship.preflight.check_export_inputs` (None: checked here).
     """
-    check_dtype(dtype)
-    if mean_reference and ablation != "mean":
-        raise CapsenseError("`mean_reference` only applies to `ablation` mean")
-    out_path, hs, heads_file, source, meta = preflight(model, heads, out, top_k, ablation, overwrite, revision)
+    out_path, hs, heads_file, source, meta = preflight(
+        model, heads, out, revision, checked, format="checkpoint", top_k=top_k, ablation=ablation,
+        mean_reference=mean_reference, dtype=dtype, overwrite=overwrite)
     if ablation == "mean":
         check_mean_foldable(meta, hs)
     model_type = meta.config.model_type

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
 from capsense.errors import CapsenseError, HeadSpecError
 from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
+from capsense.ship.base import FORMATS, check_dtype
 
 if TYPE_CHECKING:
     from torch import nn
@@ -93,27 +94,61 @@ def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
         )
 
 
+MEAN_ADAPTER_MSG = (
+    "mean ablation cannot be exported as an adapter: an IA3 adapter can only scale the "
+    "projection's input (x * l), it cannot add the constant that replaces an ablated head's "
+    "output under mean ablation. Use `format` checkpoint (folds the means into the output "
+    "projection's bias where the architecture has one), or `ablation` zero, or evaluate mean "
+    "ablation without exporting: lm_eval --model capsense-masked --model_args ...,ablation=mean"
+)
+
+
+class ExportInputs(NamedTuple):
+    """What :func:`check_export_inputs` returns: the output folder, the heads, their file and its path."""
+
+    out: Path
+    heads: HeadSet
+    heads_file: HeadsFile | None
+    source: Path | None
+
+
 def check_export_inputs(
-    model: str, heads: HeadsLike, out: str | os.PathLike, top_k: int | None, ablation: str, overwrite: bool,
-) -> tuple[Path, HeadSet, HeadsFile | None, Path | None]:
-    """The checks that need neither torch nor the model's config (fast: for the CLI before heavy imports)."""
+    model: str, heads: HeadsLike, out: str | os.PathLike, *, format: str, top_k: int | None = None,
+    ablation: str = "zero", mean_reference: str | os.PathLike | None = None, dtype: str = "auto",
+    overwrite: bool = False, device_map: str | None = None, **_settings: Any,
+) -> ExportInputs:
+    """Every check of an export request that needs neither torch nor the model's config, the same for every
+    format (``format``'s own refusals included): run once per export, before any heavy import, by
+    :func:`~capsense.ship.export.export_model` (the CLI: before its push check), which hands the result to the
+    format (``checked``), or by a format called directly. A bad input raises one :class:`CapsenseError` naming
+    it and what is valid; nothing is written. ``_settings``: the format's other settings, not checked here."""
+    FORMATS.check(format)
     if ablation not in ("zero", "mean"):
         raise CapsenseError(f"unknown ablation mode {ablation!r}: valid modes are zero, mean")
+    if ablation == "mean" and format == "adapter":
+        raise CapsenseError(MEAN_ADAPTER_MSG)
+    if mean_reference and ablation != "mean":
+        raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+    if device_map and format == "adapter":
+        raise CapsenseError("`device_map` applies to `format` checkpoint (an adapter is built without loading weights)")
+    check_dtype(dtype)
     out_path = check_output_dir(out, overwrite)
     hs, heads_file, source = resolve_heads(heads, top_k)
     check_model(model)
     layout = config_head_layout(model)
     if layout is not None:
         hs.check_fits(layout)
-    return out_path, hs, heads_file, source
+    return ExportInputs(out_path, hs, heads_file, source)
 
 
 def preflight(
-    model: str, heads: HeadsLike, out: str | os.PathLike, top_k: int | None, ablation: str,
-    overwrite: bool, revision: str | None,
+    model: str, heads: HeadsLike, out: str | os.PathLike, revision: str | None, checked: ExportInputs | None,
+    **settings: Any,
 ) -> tuple[Path, HeadSet, HeadsFile | None, Path | None, nn.Module]:
-    """Every check that needs no weights, so a bad request fails before the slow load."""
-    out_path, hs, heads_file, source = check_export_inputs(model, heads, out, top_k, ablation, overwrite)
+    """Every check that needs no weights, so a bad request fails before the slow load: :func:`check_export_inputs`
+    of ``settings`` (skipped when the caller hands its result as ``checked``: :func:`~capsense.ship.export.export_model`),
+    then the model built on the ``meta`` device (returned last), its architecture supported, the heads in it."""
+    out_path, hs, heads_file, source = checked if checked is not None else check_export_inputs(model, heads, out, **settings)
     meta = meta_model(model, revision)
     arch_spec(meta)  # unsupported architecture: a clear error now
     hs.check_fits(head_layout(meta))

@@ -12,7 +12,7 @@ from conftest import make_char_tokenizer, make_tiny_model, tiny_inputs
 import capsense.compress.guided_sequential as gs
 from capsense.compress.budget import uniform_budget
 from capsense.compress.calibration import calibration_samples
-from capsense.compress.guided import Guide, fisher_tokens
+from capsense.compress.guided import Guide, fisher_texts, fisher_tokens
 from capsense.compress.methods import parse_setting
 from capsense.compress.sensitivity import FISHER_MAX_TOKENS, backward_memory, fisher_diagonal
 from capsense.compress.targets import find_targets
@@ -98,18 +98,20 @@ def test_fisher_groups_count_the_run_that_saves_the_most():
     assert sum(first.values()) > sum(backward_memory(model, layers={1}).values()) > sum(backward_memory(model, layers={2}).values())
 
 
-def test_with_the_tokenizer_a_fisher_pass_is_counted_at_its_longest_text():
+def test_with_the_run_s_fisher_texts_a_fisher_pass_is_counted_at_its_longest_text():
     """The run's own Fisher texts (tokenized as the Fisher reads them), not the 256 tokens they are cut to: the
-    count of their longest text is what that text's pass saves; without a tokenizer the bound."""
+    count of their longest text is what that text's pass saves; without the texts the bound."""
     model, tok = make_tiny_model("llama", attn_implementation="sdpa"), make_char_tokenizer()
     samples, _ = calibration_samples("prose,math", tok, 4)
     gptq = {"method": "gptq", "bits": 3, "group_size": 16}
     guide, uni = Guide(["prose"], samples=2, protect_top_k=0), uniform_budget(gptq)
-    texts = calibration_samples("prose", tok, 2, max_tokens=FISHER_MAX_TOKENS)[0]
-    longest = max(texts, key=len)
-    assert fisher_tokens(tok, guide, parse_setting(gptq)) == len(longest) < FISHER_MAX_TOKENS
-    assert fisher_tokens(tok, Guide(["prose"], sensitivity="flat", protect_top_k=0), parse_setting(gptq)) == 0
-    need = gs.check_guided_memory(model, uni, samples, guide, tokenizer=tok)["sensitivity"]
+    texts = fisher_texts(tok, guide, parse_setting(gptq))
+    assert texts == {"prose": calibration_samples("prose", tok, 2, max_tokens=FISHER_MAX_TOKENS)[0]}
+    longest = max(texts["prose"], key=len)
+    assert fisher_tokens(texts) == len(longest) < FISHER_MAX_TOKENS
+    assert fisher_texts(tok, Guide(["prose"], sensitivity="flat", protect_top_k=0), parse_setting(gptq)) == {}
+    assert fisher_tokens({}) == 0
+    need = gs.check_guided_memory(model, uni, samples, guide, texts=texts)["sensitivity"]
     bound = gs.check_guided_memory(model, uni, samples, guide)["sensitivity"]
     assert bound - need == sum(backward_memory(model).values()) - sum(backward_memory(model, len(longest)).values()) > 0
     measured = saved_bytes(model, find_targets(model), longest)
@@ -118,7 +120,7 @@ def test_with_the_tokenizer_a_fisher_pass_is_counted_at_its_longest_text():
 
 @pytest.mark.parametrize("sequential", [[], ["--sequential"]])
 def test_the_command_counts_the_fisher_pass_at_the_run_s_longest_text(monkeypatch, tmp_path, tiny_model_dir, sequential):
-    """``capsense compress --keep`` checks with its tokenizer (both modes): the Fisher texts' own length."""
+    """``capsense compress --keep`` checks with its Fisher texts (both modes): their own length."""
     from click.testing import CliRunner
 
     from capsense.cli import main

@@ -33,6 +33,20 @@ def test_targets_are_decoder_linears_classified(arch):
         find_targets(model, "ffn")
 
 
+def test_find_targets_walks_each_decoder_block_once(monkeypatch):
+    """One walk of each block's modules gives the experts check and the targets (round 19 walked them twice)."""
+    model = make_tiny_model("llama")
+    blocks, named, walked = list(model.model.layers), torch.nn.Module.named_modules, []
+
+    def counted(self, *a, **k):
+        walked.extend(i for i, b in enumerate(blocks) if b is self)
+        return named(self, *a, **k)
+
+    monkeypatch.setattr(torch.nn.Module, "named_modules", counted)
+    assert len(find_targets(model)) == 3 * len(SHAPES)
+    assert walked == [0, 1, 2]
+
+
 def test_accounting_is_exact_for_each_family():
     model = make_tiny_model("llama")
     sd = {k: v.clone() for k, v in model.state_dict().items()}

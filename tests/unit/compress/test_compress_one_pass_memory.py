@@ -137,3 +137,47 @@ def test_a_one_pass_guided_run_builds_its_calibration_samples_once(monkeypatch):
     assert [a.to_dict() for a in got.accounts] == [a.to_dict() for a in want.accounts]
     assert al.info["selection"]["chosen"] == want_al.info["selection"]["chosen"]
     assert all(torch.equal(t.get(), w.get()) for t, w in zip(targets_of(one), targets_of(model)))
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_guided_run_tokenizes_its_fisher_texts_once(monkeypatch, sequential):
+    """The Fisher texts the memory check counts (their longest) are the ones the Fisher passes read (round 19
+    tokenized them twice: for the check, then in ``plan_guided``), in one pass and sequential; the Fisher sums
+    equal (torch.equal) those of a plan that tokenizes them in the pass, as before."""
+    import torch
+
+    import capsense.compress.calibration as calibration
+    import capsense.compress.engine as engine
+    import capsense.compress.pipeline as pipeline
+    import capsense.compress.sensitivity as sensitivity
+    from capsense.compress.guided import plan_guided
+
+    guide = Guide(["math", "prose"], samples=2, protect_top_k=0)  # two sources: a Fisher each
+    uni, tok = uniform_budget(GPTQ), make_char_tokenizer()
+    build, diagonal = calibration.calibration_samples, sensitivity.fisher_diagonal
+    tokenized, sums = [], []
+
+    def counted(spec, *a, **k):
+        if k.get("max_tokens") == sensitivity.FISHER_MAX_TOKENS:
+            tokenized.append(spec)
+        return build(spec, *a, **k)
+
+    def recorded(*a, **k):
+        out = diagonal(*a, **k)
+        sums.append({n: f.clone() for n, f in out.items()})  # spill_fisher empties it
+        return out
+
+    monkeypatch.setattr(calibration, "calibration_samples", counted)
+    monkeypatch.setattr(sensitivity, "fisher_diagonal", recorded)
+    plan_guided(make_tiny_model("llama"), tok, uni, guide, lambda _m: None)  # the path before: tokenized in the pass
+    want, sums[:], tokenized[:] = list(sums), [], []
+    model = make_tiny_model("llama")
+    if sequential:
+        pipeline._compress_sequential(model, tok, uni, CALIBRATION, N, "original", guide, 0, "float32",
+                                      lambda _m: None, "dense")
+    else:
+        pipeline._compress_one_pass(model, tok, uni, engine.plan(model, uni), CALIBRATION, N, guide, 0, "float32",
+                                    lambda _m: None, "dense")
+    assert tokenized == ["math", "prose"]
+    assert len(sums) == len(want) == 2
+    assert all(g.keys() == w.keys() and all(torch.equal(g[n], w[n]) for n in w) for g, w in zip(sums, want))

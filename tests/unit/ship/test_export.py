@@ -405,3 +405,77 @@ def test_export_without_validation_says_selectivity_is_untested(folders, tmp_pat
     out = export_checkpoint(str(folders("llama")), str(run / "heads.json"), tmp_path / "out", top_k=1).out
     assert "off_target" not in json.loads((out / "capsense.json").read_text())
     assert "Not validated on held-out controls" in (out / "README.md").read_text()
+
+
+# -- the one preflight ------------------------------------------------------------------
+
+_BAD = [  # (format, settings, what the error says): each refused before the format runs, nothing written
+    ("checkpoint", {"ablation": "half"}, "unknown ablation mode 'half': valid modes are zero, mean"),
+    ("adapter", {"ablation": "half"}, "unknown ablation mode 'half': valid modes are zero, mean"),
+    ("checkpoint", {"dtype": "float8"}, "unknown dtype 'float8': choose one of"),
+    ("adapter", {"dtype": "float8"}, "unknown dtype 'float8': choose one of"),
+    ("checkpoint", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),
+    ("adapter", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),
+    ("adapter", {"ablation": "mean"}, "mean ablation cannot be exported as an adapter"),
+    ("adapter", {"device_map": "auto"}, "`device_map` applies to `format` checkpoint"),
+    ("checkpoint", {"heads": "L0H1+L7H0"}, "layer 7 out of range in L7H0"),
+    ("adapter", {"heads": "L0H1+L7H0"}, "layer 7 out of range in L7H0"),
+    ("nope", {}, "unknown `format` 'nope': valid formats are adapter, checkpoint"),
+]
+
+
+@pytest.mark.parametrize("fmt,settings,message", _BAD)
+def test_export_model_refuses_bad_input_to_each_format_before_it_runs(fmt, settings, message, folders, tmp_path,
+                                                                       monkeypatch):
+    """One check of the request for every format (capsense.ship.preflight.check_export_inputs), before the
+    format's function is called: one error naming what was wrong and what is valid, nothing written."""
+    from capsense.ship import base
+    from capsense.ship.export import export_model
+
+    ran = lambda *a, **k: pytest.fail("the format ran")  # noqa: E731
+    monkeypatch.setattr(base.FORMATS, "_entries", {"adapter": ran, "checkpoint": ran})
+    monkeypatch.setattr(base.FORMATS, "_lazy", set())
+    settings = dict(settings)
+    heads = settings.pop("heads", HEADS)
+    out = tmp_path / "out"
+    with pytest.raises(CapsenseError, match=message.replace("(", r"\(")):
+        export_model(str(folders("llama")), heads, out, format=fmt, **settings)
+    assert _nothing_at(out)
+
+
+def test_a_bad_request_is_refused_before_torch_is_imported(folders, tmp_path):
+    """``export_model`` imports no torch before its check: each bad input above is refused in a fresh
+    interpreter that has not imported torch by the end."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom capsense.errors import CapsenseError\nfrom capsense.ship.export import export_model\n"
+        f"for fmt, settings, _ in {_BAD!r}:\n"
+        "    settings = dict(settings); heads = settings.pop('heads', 'L0H1')\n"
+        "    try:\n"
+        f"        export_model({str(folders('llama'))!r}, heads, {str(tmp_path / 'out')!r}, format=fmt, **settings)\n"
+        "    except CapsenseError:\n        pass\n"
+        "    else:\n        sys.exit('accepted: ' + repr(settings))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_the_command_checks_a_request_once(folders, tmp_path, monkeypatch):
+    """``capsense export`` checks the request before its heavy imports and hands the result to the format,
+    which does not check it again (round 19 checked it in the command and again in the format)."""
+    import capsense.ship.preflight as preflight
+
+    resolved = []
+
+    def counted(*a, **k):
+        resolved.append(a[0])
+        return resolve(*a, **k)
+
+    resolve = preflight.resolve_heads
+    monkeypatch.setattr(preflight, "resolve_heads", counted)
+    r = _cli("export", str(folders("llama")), "--heads", HEADS, "--format", "adapter", "--out", str(tmp_path / "a"))
+    assert r.exit_code == 0, r.output
+    assert resolved == [HEADS]

@@ -80,9 +80,10 @@ def backward_memory(model: nn.Module, tokens: int = FISHER_MAX_TOKENS, layers: S
 
     What autograd saves for the backward pass is traced, not modelled from shapes: a twin of ``model`` is built
     on the meta device from its config (no weights, no memory: a meta-device model will do) with the model's
-    dtypes, attention and experts implementations, its target weights in ``layers`` set to need gradients as the
-    Fisher sets them (every target: with ``--targets`` attn or mlp an upper bound; on a mixture of experts the
-    attention's, the only ones compressed there), and one forward pass of ``tokens`` tokens with its labels runs
+    dtypes, attention (flash-attention and flex kernels as SDPA: they save the same) and experts
+    implementations, its target weights in ``layers`` set to need gradients as the Fisher sets them (every
+    target: with ``--targets`` attn or mlp an upper bound; on a mixture of experts the attention's, the only
+    ones compressed there), and one forward pass of ``tokens`` tokens with its labels runs
     under ``torch.autograd.graph.saved_tensors_hooks``: every tensor it saves counts once per storage, weights
     left out, if the storage is still held when the forward ends. So each family's block counts as it runs, with
     no rule per family: RMS norms (float32 input and reciprocal RMS; Gemma's ``1 + weight``) or layer norms
@@ -97,7 +98,8 @@ def backward_memory(model: nn.Module, tokens: int = FISHER_MAX_TOKENS, layers: S
     scalar seeds), the experts' grouped product by its offsets and, where the weights need gradients, its input;
     transformers' two steps that read values (packed-sequence detection, the padding warning) are skipped, and
     experts run one by one (``eager``, which reads the routing) are traced grouped, plus at most what the loop
-    saves more (:func:`_looped_experts_margin`).
+    saves more (:func:`_looped_experts_margin`). A forward that still reads values (remote code) is refused with
+    a :class:`~capsense.errors.CapsenseError`, not counted.
 
     Checked against the bytes the real pass saves on CPU (tests/unit/compress/test_compress_backward_memory.py:
     every supported dense and mixture-of-experts family, SDPA and eager, float32 and bfloat16, tiny configs):
@@ -127,18 +129,25 @@ def backward_memory(model: nn.Module, tokens: int = FISHER_MAX_TOKENS, layers: S
 _TRACED_EXPERTS = ("grouped_mm", "batched_mm")
 
 
+def _mixture_of_experts(base: nn.Module) -> bool:
+    """Whether ``base`` is a mixture of experts (a block holds an ``experts`` module, or its family is one): its
+    Fisher reads the attention's targets only, its experts run as ``config._experts_implementation`` says."""
+    from capsense.compress.targets import has_experts
+    from capsense.core.arch import MOE_FAMILIES
+
+    return has_experts(base) or getattr(base.config, "model_type", None) in MOE_FAMILIES
+
+
 def _looped_experts_margin(base: nn.Module, tokens: int, layers: Sequence[int] | None) -> int:
     """What a mixture of experts run expert by expert (transformers' ``eager`` experts: gather each expert's tokens,
     its MLP, weight, ``index_add_``) saves beyond the grouped product it is traced as: at most one more hidden
     vector per routed (token, expert) pair and decoder layer from the first of ``layers`` on (measured on every
-    supported mixture-of-experts family, tiny configs: 0.94-0.97 hidden vectors per pair; the count over what
-    torch saves 1.00-1.02). Zero for models run another way."""
-    from capsense.compress.targets import has_experts
-    from capsense.core.arch import MOE_FAMILIES, arch_spec
+    supported mixture-of-experts family, tiny configs, float32 and bfloat16: the count over what torch saves
+    1.002-1.005). Zero for models run another way."""
+    from capsense.core.arch import arch_spec
 
     config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    moe = has_experts(base) or getattr(base.config, "model_type", None) in MOE_FAMILIES
-    if not moe or getattr(base.config, "_experts_implementation", None) in _TRACED_EXPERTS:
+    if not _mixture_of_experts(base) or getattr(base.config, "_experts_implementation", None) in _TRACED_EXPERTS:
         return 0
     blocks = base.get_submodule(arch_spec(base).layers)
     first = min(layers) if layers else 0
@@ -153,19 +162,20 @@ def _traced_pass(base: nn.Module, tokens: int, layers: Sequence[int] | None) -> 
 
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    from capsense.compress.targets import find_targets, has_experts
-    from capsense.core.arch import MOE_FAMILIES
+    from capsense.compress.targets import find_targets
 
     config = copy.deepcopy(base.config)
     config.pad_token_id = None  # transformers' padding warning reads the ids' values
-    moe = has_experts(base) or getattr(config, "model_type", None) in MOE_FAMILIES
+    moe = _mixture_of_experts(base)
     # the experts as the model runs them, but the per-expert loop as one grouped product (it reads the routing's
     # values; :func:`_looped_experts_margin` adds what the loop saves more)
     traced = getattr(config, "_experts_implementation", None) if moe else None
     experts = {"experts_implementation": traced if traced in _TRACED_EXPERTS else "grouped_mm"} if moe else {}
+    attention = getattr(base.config, "_attn_implementation", None)
+    if attention not in ("eager", "sdpa"):  # flash-attention and flex kernels save what SDPA's fused kernel saves
+        attention = "sdpa" if getattr(type(base), "_supports_sdpa", False) else "eager"
     with torch.device("meta"):
-        twin = type(base)._from_config(config, dtype=next(base.parameters()).dtype,
-                                       attn_implementation=getattr(base.config, "_attn_implementation", None), **experts)
+        twin = type(base)._from_config(config, dtype=next(base.parameters()).dtype, attn_implementation=attention, **experts)
     dtypes = {name: t.dtype for name, t in [*base.named_parameters(), *base.named_buffers()]}
     with torch.no_grad():  # each tensor in its own dtype (a float32 router kept or cast is saved differently)
         for name, t in [*twin.named_parameters(), *twin.named_buffers()]:

@@ -129,6 +129,16 @@ def test_a_multimodal_gemma3_is_counted_by_its_language_model():
     assert BAND[0] <= _ratio(model) <= BAND[1]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_flash_kernels_are_counted_as_the_fused_sdpa_kernel(arch):
+    """A model run with flash-attention (or flex) kernels, which save what SDPA's fused kernel saves, is traced as
+    SDPA, or eager where the family has no SDPA (Gemma 2: an upper bound, its score matrix counted)."""
+    model = make_tiny_model(arch, attn_implementation="sdpa" if _sdpa(arch) else "eager")
+    counted = backward_memory(model, 32)
+    model.config._attn_implementation = "flash_attention_2"
+    assert backward_memory(model, 32) == counted
+
+
 def test_a_forward_that_reads_values_is_a_clear_error(monkeypatch):
     """A model whose forward reads a tensor's values (the meta device holds none) is refused in one sentence,
     not with torch's traceback (here transformers' packed-sequence detection, left unskipped)."""

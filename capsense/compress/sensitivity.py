@@ -179,7 +179,7 @@ def _traced_pass(base: nn.Module, tokens: int, layers: Sequence[int] | None) -> 
     dtypes = {name: t.dtype for name, t in [*base.named_parameters(), *base.named_buffers()]}
     with torch.no_grad():  # each tensor in its own dtype (a float32 router kept or cast is saved differently)
         for name, t in [*twin.named_parameters(), *twin.named_buffers()]:
-            if dtypes.get(name, t.dtype) != t.dtype:
+            if dtypes.get(name, t.dtype) != t.dtype and dtypes[name].is_floating_point and t.is_floating_point():
                 t.data = t.data.to(dtypes[name])
     twin.eval().requires_grad_(False)
     for t in find_targets(twin, "attn" if moe else None):

@@ -18,6 +18,7 @@ from capsense.core.heads import Head, HeadsFile, write_heads_file
 from capsense.core.tables import format_percent
 from capsense.localize.config import LocateConfig
 from capsense.localize.fit import LocateResult
+from capsense.localize.refine import shortfall
 
 
 def _name(i: int, n_heads: int) -> str:
@@ -226,6 +227,7 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
         "",
         *_widening_lines(ref, n_heads),
+        *([f"**{line[0].upper() + line[1:]}.**", ""] if (line := shortfall(ref)) else []),
         "| set | heads | target |" + "".join(f" {c} |" for c in cfg.controls) + " within tolerance |",
         "|" + "---|" * (4 + len(cfg.controls)),
         row("first set measured", ref.start),

@@ -37,6 +37,7 @@ from capsense.localize.outputs import write_outputs
 from capsense.localize.choice import coverage_step, refine_ranking, screen_step
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
+from capsense.localize.refine import shortfall
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 from capsense.scoring import METRICS
 from capsense.scoring.attribution import check_gradient_metric
@@ -209,6 +210,8 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
         + ", ".join(map(name, result.refinement.heads))
         + f" (target {100 * q.target:+.1f}%, worst control {100 * q.control:+.1f}%, tolerance {100 * cfg.tolerance:.1f}%)"
     )
+    if (line := shortfall(result.refinement)) is not None:
+        log(f"refine: {line}")
     return spent
 
 

@@ -73,6 +73,22 @@ def test_selective_mode_records_control_effects(toy, tmp_path):
     assert set(line["scores"]) == {TOY_TASK, TOY_CONTROL}
 
 
+def test_no_set_within_tolerance_is_said_plainly(toy, tmp_path, monkeypatch):
+    # the toy model's random heads leave some set within any tolerance (one helps the control): here none is, as on
+    # Gemma 3 induction (round 20); the run still hands a set on, and says plainly what it is
+    from capsense.localize.refine import SetQuality
+
+    monkeypatch.setattr(SetQuality, "feasible", property(lambda self: False))
+    out = tmp_path / "strict"
+    r = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "4")
+    assert r.exit_code == 0, r.output
+    ref = load_heads_file(out / "heads.json").meta["refine"]
+    assert ref["within_tolerance"] is False and not ref["chosen"]["feasible"]
+    worst = f"{TOY_CONTROL} {100 * ref['chosen']['control_damage'][TOY_CONTROL]:+.1f}%"
+    for text in (r.output, (out / "report.md").read_text()):
+        assert "NO measured set is within tolerance (" in text and worst in text and "NOT a selective set" in text
+
+
 def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
     out = tmp_path / "refine"
     r = _locate(toy, out, "--masks", "16", "--controls", TOY_CONTROL, "--top-k", "3", "--refine", "10", "--tolerance", "0.02")
@@ -99,6 +115,10 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
     assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
     report = (out / "report.md").read_text()
     assert "Chosen top-3 set" in report
+    # a chosen set beyond the tolerance is said plainly, in the log, the report and heads.json
+    assert ref["within_tolerance"] == ref["chosen"]["feasible"]
+    for text in (r.output, report):
+        assert ("NO measured set is within tolerance" in text) == (not ref["chosen"]["feasible"])
     # the wording follows the method (cs: regression estimate; refine: sets measured together), one order
     assert "regression estimate" in report and "exhaustive sweep" not in report
     assert "measured: each candidate set was knocked out together" in report

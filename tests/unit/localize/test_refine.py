@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from capsense.localize.refine import SetQuality, predicted_best, refine
+from capsense.localize.refine import SetQuality, predicted_best, refine, shortfall
 from capsense.errors import CapsenseError
 
 
@@ -70,6 +70,16 @@ def test_nothing_feasible_picks_the_least_control_damage():
     measure, _ = _world({h: 1.0 for h in range(6)}, {h: 0.1 * (h + 1) for h in range(6)})
     r = refine(list(range(6)), 2, measure, budget=40, tolerance=0.01)
     assert not r.quality.feasible and set(r.heads) == {0, 1}
+
+
+def test_a_chosen_set_beyond_tolerance_is_said_plainly():
+    measure, _ = _world({h: 1.0 for h in range(6)}, {h: 0.1 * (h + 1) for h in range(6)})
+    r = refine(list(range(6)), 2, measure, budget=40, tolerance=0.01)
+    line = shortfall(r)
+    assert line.startswith("NO measured set is within tolerance") and "ctl +30.0%" in line and "NOT a selective set" in line
+    assert r.as_dict(str)["within_tolerance"] is False
+    ok = refine(list(range(6)), 2, measure, budget=40, tolerance=0.5)
+    assert ok.quality.feasible and shortfall(ok) is None and ok.as_dict(str)["within_tolerance"] is True
 
 
 def test_quality_key_prefers_feasible_sets():

@@ -170,9 +170,9 @@ def output_errors_memory(n_levels: int, rows: int, cols: int, itemsize: int = 4)
     block update's temporary (up to ``S``), a block's scales, errors and column update (``S * min(BLOCK, cols) / cols``
     each; SparseGPT: its saliency, sorted order, mask and errors), one unstacked copy of the weight and three float64
     copies of the Gram matrix; or, when the Gram dominates, factorizing it (five copies). Measured with
-    :class:`~capsense.core.memory.TensorPeak` (round 20): 0.78-0.86 of this on SmolLM2's shapes (18 levels: 3.1-3.4
-    ``S``), 0.6-0.9 on tiny ones; until round 20 the solve held 6.2-6.6 ``S`` (every column's scale and the stacked
-    ``W - Q`` beside the stacked weight, the output error's product not in place)."""
+    :class:`~capsense.core.memory.TensorPeak` (round 20): 0.74-0.86 (GPTQ, 18 levels) and 0.70-0.79 (SparseGPT, 12
+    densities) of this on SmolLM2's shapes (3.1-3.4 ``S``), 0.6-0.9 on tiny ones; until round 20 the solve held 6.2-6.6
+    ``S`` (every column's scale and the stacked ``W - Q`` beside the stacked weight, the product not in place)."""
     stacked, gram, weight = n_levels * rows * cols * itemsize, 8 * cols * cols, rows * cols * itemsize
     solving = 3 * stacked + 3 * stacked * min(BLOCK, cols) // cols + weight + 3 * gram
     return max(solving, 5 * gram + weight)  # or factorizing the damped Gram (its copies, the factor, the inverse)

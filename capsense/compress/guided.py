@@ -318,7 +318,7 @@ def price_matrices(plan: GuidedPlan, targets, stats, cache: dict | None = None) 
     ``stats`` (their calibration statistics: only theirs are read). ``cache``: what the prices are
     computed from (GPTQ's solved errors, low-rank factors), reused across plans of the same weights. What each
     matrix's solve freed is handed back before the next (:func:`~capsense.core.memory.return_freed_memory`: without
-    it the resident memory grew by ~45 MiB per SmolLM2-width layer priced, round 20)."""
+    it the resident memory grew by 45-70 MiB per SmolLM2-width layer priced, round 20)."""
     from capsense.core.memory import return_freed_memory
 
     prices = {}

@@ -140,7 +140,7 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     for the other pricing (:func:`~capsense.compress.guided.price_matrices`' cache: the output pricing's solved row
     errors, 8 bytes per row and level; low rank: the SVD factors), one layer's sequential, every matrix's in one
     pass; with the output pricing, one matrix's solve (every level of the largest matrix stacked, solved at once:
-    :func:`~capsense.compress.gptq.output_errors_memory`, 0.23 GiB on SmolLM2's MLP matrices, where round 19 counted
+    :func:`~capsense.compress.gptq.output_errors_memory`, 0.25 GiB on SmolLM2's MLP matrices, where round 19 counted
     none and the solve held twice what it holds now). ``compressing`` the candidates: the Grams, the hidden states
     (sequential) and one layer's target weights written to disk or read back
     (:func:`~capsense.compress.select.compress_better`; held in memory they were two copies of all target weights).

@@ -6,7 +6,7 @@ Two things the guided run's memory check (:mod:`capsense.compress.guided_sequent
 * **Freed is not returned.** glibc's allocator serves blocks below its mmap threshold from the heap, and that
   threshold rises to 32 MiB as soon as a larger block is freed; a freed heap block is kept for reuse, and a
   heap fragmented by small long-lived blocks (a cached price, a Python object) between freed large ones cannot
-  shrink. On a guided SmolLM2-width run the resident memory grew by ~45 MiB per decoder layer priced while the
+  shrink. On a guided SmolLM2-width run the resident memory grew by 45-70 MiB per decoder layer priced while the
   live tensors stayed flat, and fell back only when something happened to free the heap's top.
   :func:`return_freed_memory` (``malloc_trim``) hands those pages back; the loops whose steps free large
   temporaries (each Fisher text, each matrix priced or compressed) call it once per step. A fixed mmap

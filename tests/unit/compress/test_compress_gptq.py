@@ -232,7 +232,7 @@ def test_the_stacked_solves_hold_what_output_errors_memory_counts(shape):
     :class:`~capsense.core.memory.TensorPeak`) are at most what the guided memory check counts for it, and not
     far below: round 19's solve held 6.2-6.6 stacked copies (every column's scale and ``W - Q`` beside the stacked
     weight, the output error's product a second copy): GPTQ's 1.2-1.3x this count on the two larger shapes. (The
-    count bounds each part by the most any step holds: 0.6-0.9 of it is held on these shapes, 0.78-0.86 on
+    count bounds each part by the most any step holds: 0.6-0.9 of it is held on these shapes, 0.70-0.86 on
     SmolLM2's.)"""
     from capsense.compress.gptq import gptq_output_errors, output_errors_memory
     from capsense.core.memory import TensorPeak

@@ -30,6 +30,7 @@ from capsense.compress.capabilities import (
     CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message,
 )
 from capsense.compress.targets import Target
+from capsense.core.memory import return_freed_memory
 from capsense.core.placement import check_cpu_memory, input_device
 
 DEFAULT_CALIBRATION = "prose,math,code,qa"
@@ -200,6 +201,7 @@ def accumulate_stats(targets: Sequence[Target], forwards: Iterable[Callable[[], 
     try:
         for forward in forwards:
             inputs.during(forward)
+            return_freed_memory()  # the forward's activations: freed, handed back (capsense.core.memory)
             if progress:
                 progress(1)
     finally:

@@ -105,8 +105,15 @@ def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None,
 
 
 def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16) -> dict[str, CapabilityLoss]:
-    """Per-capability loss of ``model`` on each probe set."""
-    return {cap: measure_probe(model, p, cap, batch_size) for cap, p in probes.items()}
+    """Per-capability loss of ``model`` on each probe set; what each set's forwards freed is handed back
+    (:func:`~capsense.core.memory.return_freed_memory`)."""
+    from capsense.core.memory import return_freed_memory
+
+    out = {}
+    for cap, p in probes.items():
+        out[cap] = measure_probe(model, p, cap, batch_size)
+        return_freed_memory()
+    return out
 
 
 def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, CapabilityLoss]) -> dict[str, dict[str, Any]]:

@@ -27,6 +27,7 @@ from capsense.compress.methods import Applied, Setting
 from capsense.compress.protect import Protection
 from capsense.compress.prune import apply_mask, global_masks
 from capsense.compress.targets import Target, find_targets
+from capsense.core.memory import return_freed_memory
 
 
 @dataclass
@@ -172,6 +173,8 @@ def compress_targets(
             accounts[t.name] = _account(t, s, out, prot)
             if out.scales is not None:
                 scales[t.name] = out.scales
+            del out
+            return_freed_memory()  # the method's temporaries (GPTQ's float64 solve): handed back (capsense.core.memory)
         if progress:
             progress(1)
     return accounts, scales

@@ -143,23 +143,46 @@ def gptq_output_errors(weight: torch.Tensor, gram: torch.Tensor, levels: list[tu
     perm, u, w = _permuted(weight, gram, damp, True, dtype)
     unperm = torch.empty_like(w)
     unperm[:, perm] = w
-    cols, q_max = [], []
+    groups, q_max = [], []  # per level: ([out, groups] scales, each processed column's group)
     for bits, group_size in levels:
         g = group_width(n_in, check_group_size(group_size))
-        scales = group_scales(unperm, check_bits(bits), group_size).to(dtype)
-        cols.append(scales.repeat_interleave(g, dim=1)[:, :n_in][:, perm])
+        groups.append((group_scales(unperm, check_bits(bits), group_size).to(dtype), perm // g))
         q_max.append(torch.full((n_out,), float(2 ** (bits - 1) - 1), dtype=dtype))
-    col_scale = torch.cat(cols)
-    q = _solve(w.repeat(len(levels), 1), u, torch.cat(q_max), lambda j, _w: col_scale[:, j])
-    dw = weight.detach().to(dtype)[:, perm].repeat(len(levels), 1) - q
-    return row_output_errors(dw, gram[perm][:, perm]).view(len(levels), n_out)
+    del unperm
+    block: dict = {}
+
+    def scale_of(j, _w):  # the stacked rows' scales of one block of columns at a time, not of every column at once
+        start = j - j % BLOCK
+        if block.get("start") != start:
+            block["start"], block["scales"] = start, torch.cat([s[:, of[start : start + BLOCK]] for s, of in groups])
+        return block["scales"][:, j - start]
+
+    q = _solve(w.repeat(len(levels), 1), u, torch.cat(q_max), scale_of)
+    del block["scales"]
+    dw = q.view(len(levels), n_out, n_in).neg_().add_(weight.detach().to(dtype)[:, perm])  # in place: W - q per level
+    return row_output_errors(dw.view(-1, n_in), gram[perm][:, perm]).view(len(levels), n_out)
+
+
+def output_errors_memory(n_levels: int, rows: int, cols: int, itemsize: int = 4) -> int:
+    """The most bytes :func:`gptq_output_errors` or :func:`sparsegpt_output_errors` hold at once, at most, for
+    ``n_levels`` levels of a ``[rows, cols]`` weight solved together in a dtype of ``itemsize`` bytes (float32 by
+    default): the stacked weight being solved and its result (``S = n_levels * rows * cols * itemsize`` each), the
+    block update's temporary (up to ``S``), a block's scales, errors and column update (``S * min(BLOCK, cols) / cols``
+    each; SparseGPT: its saliency, sorted order, mask and errors), one unstacked copy of the weight and three float64
+    copies of the Gram matrix; or, when the Gram dominates, factorizing it (five copies). Measured with
+    :class:`~capsense.core.memory.TensorPeak` (round 20): 0.74-0.86 (GPTQ, 18 levels) and 0.70-0.79 (SparseGPT, 12
+    densities) of this on SmolLM2's shapes (3.1-3.4 ``S``), 0.6-0.9 on tiny ones; until round 20 the solve held 6.2-6.6
+    ``S`` (every column's scale and the stacked ``W - Q`` beside the stacked weight, the product not in place)."""
+    stacked, gram, weight = n_levels * rows * cols * itemsize, 8 * cols * cols, rows * cols * itemsize
+    solving = 3 * stacked + 3 * stacked * min(BLOCK, cols) // cols + weight + 3 * gram
+    return max(solving, 5 * gram + weight)  # or factorizing the damped Gram (its copies, the factor, the inverse)
 
 
 def row_output_errors(dw: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """Per row of a weight change ``dw`` ``[rows, in]``, its output error on the calibration inputs,
     ``dW_i G dW_i^T`` (``G`` cast to ``dw``'s dtype): what GPTQ and SparseGPT minimise, and what prices
     their levels (:mod:`capsense.compress.compensated`)."""
-    return ((dw @ gram.to(dw.dtype)) * dw).sum(1)
+    return (dw @ gram.to(dw.dtype)).mul_(dw).sum(1)  # the product in place: one copy of ``dw``'s size, not two
 
 
 def _row_prune_counts(density: torch.Tensor, start: int, end: int, n_in: int, done: torch.Tensor,
@@ -207,7 +230,7 @@ def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, patter
             blk[j + 1 :].addr_(u[start + j, start + j + 1 : end], err[j], alpha=-1.0)
         w[:, start:end] = blk.t()
         _propagate(w, err.t(), u, start, end)
-    w[~keep] = 0.0
+    w.masked_fill_(~keep, 0.0)  # not w[~keep] = 0: indexing by a mask lists its indices, 16 bytes per pruned weight
     return keep
 
 
@@ -258,5 +281,5 @@ def sparsegpt_output_errors(weight: torch.Tensor, gram: torch.Tensor, densities:
     big = w.repeat(n, 1)
     density = torch.tensor([float(d) for d in densities], dtype=torch.float64).repeat_interleave(n_out)
     _prune_solve(big, u.to(dtype), density, "row")
-    dw = weight.detach().to(dtype).repeat(n, 1) - big
-    return row_output_errors(dw, gram).view(n, n_out)
+    dw = big.view(n, n_out, n_in).neg_().add_(weight.detach().to(dtype))  # in place: W - W' per density
+    return row_output_errors(dw.view(-1, n_in), gram).view(n, n_out)

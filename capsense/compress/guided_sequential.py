@@ -56,6 +56,7 @@ from capsense.compress.budget import Budget
 from capsense.compress.calibration import accumulate_stats, gram_memory
 from capsense.compress.compensated import level_pricer
 from capsense.compress.engine import needs_calibration, plan
+from capsense.compress.gptq import output_errors_memory
 from capsense.compress.guided import (
     Allocation, GuidedPlan, allocation_from_prices, fisher_sources, fisher_tokens, guided_levels, guided_setting, plan_guided,
     price_matrices,
@@ -139,10 +140,15 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     matrix's Fisher read back (and summed over the kept capabilities), and what the prices are computed from, kept
     for the other pricing (:func:`~capsense.compress.guided.price_matrices`' cache: the output pricing's solved row
     errors, 8 bytes per row and level; low rank: the SVD factors), one layer's sequential, every matrix's in one
-    pass. ``compressing`` the candidates: the Grams, the hidden states (sequential) and one layer's target weights
-    written to disk or read back (:func:`~capsense.compress.select.compress_better`; held in memory they were two
-    copies of all target weights). Not counted: one matrix's solve (GPTQ's float64 copies of one weight and its
-    Gram), smaller than the parts above on every model measured; the no-grad forwards' activations (one layer's
+    pass; with the output pricing, one matrix's solve (every level of the largest matrix stacked, solved at once:
+    :func:`~capsense.compress.gptq.output_errors_memory`, 0.25 GiB on SmolLM2's MLP matrices, where round 19 counted
+    none and the solve held twice what it holds now). ``compressing`` the candidates: the Grams, the hidden states
+    (sequential) and one layer's target weights written to disk or read back
+    (:func:`~capsense.compress.select.compress_better`; held in memory they were two copies of all target weights).
+    Resident memory is this once every step hands back what it freed (:func:`~capsense.core.memory.return_freed_memory`:
+    round 19 measured 1.0 GiB more than counted on SmolLM2, most of it freed heap not returned). Not counted: one
+    matrix's compression (GPTQ's float64 copies of one weight and its Gram; 0.03-0.07 GiB on SmolLM2), smaller than
+    the parts above on every model measured; the no-grad forwards' activations (one layer's
     while calibrating, one decoder layer's at the largest text x batch while the candidates are measured: below
     the Fisher pass's, which saves every layer's); the Python runtime and libraries, already resident (and so
     outside the available memory) when the check runs."""
@@ -168,6 +174,7 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     if any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in pricings):
         pricing[f"{scope} solved output errors"] = _most(targets, sequential, lambda ts: 8 * levels * sum(
             t.shape[0] for t in ts))
+        pricing["one matrix's solve"] = max(output_errors_memory(levels, *t.shape) for t in targets)
     if base.family == "lowrank":
         pricing[f"{scope} low-rank factors"] = _most(targets, sequential, _factor_bytes)
     compressing = hidden | {"one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}

@@ -20,6 +20,7 @@ from torch import nn
 
 from capsense.compress.protect import query_row_start
 from capsense.compress.targets import Target, out_projection_name
+from capsense.core.memory import return_freed_memory
 from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
 
@@ -62,6 +63,7 @@ def fisher_diagonal(
             x = torch.tensor([list(ids)], device=device)
             model.zero_grad(set_to_none=True)
             model(input_ids=x, labels=x, use_cache=False).loss.backward()
+            return_freed_memory()  # the pass's activations and logits: freed, handed back (capsense.core.memory)
             if progress:
                 progress(1)
     finally:

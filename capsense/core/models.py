@@ -304,6 +304,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from capsense.core.memory import return_freed_memory
     from capsense.core.placement import check_device, placement_kwargs
 
     check_model(name, revision)
@@ -332,6 +333,7 @@ def load_model(
     with model_load_errors(name):
         model = (model if target is None else model.to(target)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
+    return_freed_memory()  # what loading freed (capsense.core.memory): memory checks compare with what is free after
     return model, tokenizer
 
 

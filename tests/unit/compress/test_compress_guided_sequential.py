@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from _guided_run import run_guided_sequential
 from conftest import make_char_tokenizer, make_tiny_model
 
+from capsense.compress.gptq import output_errors_memory
 import capsense.compress.guided_sequential as gs
 from capsense.cli import main
 from capsense.compress.budget import uniform_budget
@@ -118,9 +119,10 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     n_levels = len(gs.guided_levels(gs.parse_setting(GPTQ), guide, targets))
     errors = 8 * n_levels * max(sum(t.shape[0] for t in targets if t.layer == i) for i in range(3))  # solved, per row
     backward = sum(backward_memory(model).values())  # a Fisher pass's activations (test_compress_backward_memory)
+    solve = max(output_errors_memory(n_levels, *t.shape) for t in targets)  # the largest matrix's levels, stacked
     need = gs.check_guided_memory(model, uni, samples, guide)
     assert need == {"sensitivity": 4 * n_params + layer + backward,
-                    "pricing": grams + hidden + matrix + gs.PRICE_BYTES * len(targets) * n_levels * 2 + errors,
+                    "pricing": grams + hidden + matrix + gs.PRICE_BYTES * len(targets) * n_levels * 2 + errors + solve,
                     "compressing": grams + hidden + layer}
     assert gs.check_guided_memory(model, uni, samples, guide, available=max(need.values())) == need
     with pytest.raises(CapsenseError, match="Fisher sums") as e:  # the first phase checked

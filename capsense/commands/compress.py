@@ -76,12 +76,12 @@ from capsense.commands.output import echo_written, log
               help="Calibrate and compress one decoder layer at a time (gptq, sparsegpt, svd-llm, wanda, asvd): the "
               "calibration statistics of one layer in memory instead of the whole model's (GPTQ's Gram matrices: "
               "~61 GiB for an 8B model in one pass); by default the one-pass result exactly. With --keep: the levels are "
-              "priced layer by layer, then each candidate compressed layer by layer (the one-pass guided result; "
-              "not with --sensitivity measured or --sequential-propagate compressed).")
+              "priced layer by layer on the original layers' outputs, then each candidate compressed layer by layer "
+              "(by default the one-pass guided result; not with --sensitivity measured).")
 @click.option("--sequential-propagate", type=click.Choice(["compressed", "original"]), default=None,
               help="With --sequential: the outputs passed to the next layer, the original layer's (default: the one-pass "
               "result, with one layer's memory) or the compressed layer's (GPTQ's error-propagating order; measured on "
-              "SmolLM2: lower math/code dL, higher qa dL).")
+              "SmolLM2: lower math/code dL, higher qa dL). With --keep it applies to compressing each candidate.")
 @device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()

@@ -78,6 +78,19 @@ def _selection_lines(sel: dict[str, Any] | None) -> list[str]:
     return ["", head + f"{rule}: **{shipped}** ({sel['reason']}).", "", markdown_table(rows)]
 
 
+def _sequential_lines(sequential: dict[str, Any] | None, guided: bool) -> list[str]:
+    """How a layer-by-layer calibration (``capsense.json``'s ``sequential``) passed each layer's outputs on:
+    the compressed layers' outputs change the weights (GPTQ's order), the original ones do not."""
+    if not sequential:
+        return []
+    if sequential["propagate"] == "compressed":
+        how = ("each layer calibrated on the outputs of the compressed layers before it (GPTQ's error-propagating "
+               "order)" + ("; the guided allocation's levels were priced on the original layers' outputs" if guided else ""))
+    else:
+        how = "each layer calibrated on the original layers' outputs (the same weights as calibrating in one pass)"
+    return ["", f"Calibrated one decoder layer at a time ({sequential['layers']} layers): {how}."]
+
+
 def render_card(meta: dict[str, Any], family: str) -> str:
     """README.md text for a compressed checkpoint described by ``meta`` (its ``capsense.json``)."""
     base = meta["base_model"].get("model", "the base model")
@@ -97,6 +110,7 @@ def render_card(meta: dict[str, Any], family: str) -> str:
         "bytes on disk (safetensors)": size.get("bytes_on_disk"), "bytes accounted": size.get("bytes_accounted"),
         "size ratio (accounted, vs 16-bit)": s["size_ratio"], "bits/param (compressed matrices)": s["target_bits_per_param"],
         "density (compressed matrices)": s["target_density"]}])]
+    lines += _sequential_lines(meta.get("sequential"), bool(meta.get("allocation")))
     alloc = meta.get("allocation")
     if alloc:
         pricing = {"output": ", levels priced by the method's own solved output error",

@@ -18,8 +18,16 @@ weights, Gram, protection and the Fisher only. So here:
 3. Each plan allocates from all prices (:func:`~capsense.compress.guided.allocation_from_prices`: the
    same allocator and candidates as one pass).
 4. Each candidate budget is compressed by a sequential pass of its own
-   (:func:`~capsense.compress.sequential.compress_sequential`, propagate "original", from the original
-   weights) and the same choice rule ships one (:func:`~capsense.compress.select.compress_guided`).
+   (:func:`~capsense.compress.sequential.compress_sequential`, from the original weights, with the run's
+   propagation) and the same choice rule ships one (:func:`~capsense.compress.select.compress_guided`).
+
+The prices are always computed on the original outputs (step 2): they exist before any allocation, and
+which layers' outputs a candidate passes on depends on that candidate. The propagation
+(``sequential_propagate``) applies to step 4 only: "original" (the default) compresses each candidate
+on the original outputs, "compressed" on its own compressed layers' outputs (GPTQ's error-propagating
+order, :mod:`.sequential`), so each candidate's weights are those of ``compress_sequential(budget,
+propagate="compressed")`` alone, and the choice rule compares the candidates so compressed (the uniform
+one included).
 
 With the original outputs propagated, a layer's statistics are the one-pass statistics bit for bit
 (:mod:`.sequential`), so every price, the allocations, the chosen candidate and the weights equal the
@@ -38,9 +46,8 @@ both in memory, and the summed Fisher through pricing). The same check counts a 
 (``sequential=False``), which holds every matrix's Grams through all three phases.
 
 Not here: a ``measured`` sensitivity (it measures each layer's levels in the uniformly compressed model,
-which needs every layer's statistics first) and propagating the compressed outputs (the prices are
-computed before any allocation exists, on the original outputs): :func:`~capsense.compress.sequential.check_sequential`
-refuses both before the model loads.
+which needs every layer's statistics first): :func:`~capsense.compress.sequential.check_sequential`
+refuses it before the model loads.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def compress_checkpoint(
     memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.
     ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer on the
     outputs of the original layers (``sequential_propagate`` "original", the default: the one-pass result) or the
-    compressed ones; guided, on the original ones (:mod:`.guided_sequential`: the one-pass guided result).
+    compressed ones; guided (:mod:`.guided_sequential`), each candidate so, its levels priced on the original ones.
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import load_model

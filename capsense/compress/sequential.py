@@ -22,10 +22,10 @@ held-out probes, round 14): the compressed order lowered math and code dL at 3 b
 layer twice (+14% wall at 4 bits), so it is not the default.
 
 A guided run (``keep``) is layer by layer too (:mod:`.guided_sequential`: a pass that keeps only each
-layer's level prices, then a pass per candidate budget), with the original outputs propagated (its prices
-are computed before any allocation exists) and a Fisher sensitivity (``measured`` prices each layer in the
-uniformly compressed model, which needs every layer's statistics first). Not for global-scope pruning
-(one threshold over all matrices) or a budget whose methods need no calibration.
+layer's level prices, on the original outputs since they are computed before any allocation exists, then
+a pass per candidate budget with ``propagate``'s outputs), with a Fisher sensitivity (``measured`` prices
+each layer in the uniformly compressed model, which needs every layer's statistics first). Not for
+global-scope pruning (one threshold over all matrices) or a budget whose methods need no calibration.
 """
 
 from __future__ import annotations
@@ -55,13 +55,9 @@ DEFAULT_PROPAGATE = "original"  # the one-pass result: `sequential` changes the 
 
 def check_sequential(budget: Budget, guide=None, propagate: str = DEFAULT_PROPAGATE) -> None:
     """Refuse, before the model loads, what layer-by-layer calibration cannot do (see the module doc):
-    with ``guide``, the compressed outputs and a measured sensitivity."""
+    with ``guide``, a measured sensitivity."""
     if propagate not in PROPAGATE:
         raise CapsenseError(f"unknown sequential propagation {propagate!r}: valid are {', '.join(PROPAGATE)}")
-    if guide is not None and propagate != "original":
-        raise CapsenseError("a guided run (`keep`) with `sequential` prices every layer's levels before any allocation "
-                            "exists, on the original layers' outputs, and compresses on them too (the one-pass result): "
-                            "leave `sequential_propagate` out (original) or leave `keep` out")
     if guide is not None and guide.sensitivity == "measured":
         raise CapsenseError("sensitivity measured prices each layer's levels in the uniformly compressed model, which "
                             "needs every layer's statistics at once: with `sequential` use sensitivity kept, generic or "

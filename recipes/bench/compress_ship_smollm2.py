@@ -3,6 +3,8 @@
     HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py [--model smollm2-135m|gemma3-270m] \\
         [--probes 32] [--parts pack,keep,dl] [--pack 0,1] [--dl 0,1,2,3] \\
         [--keep math,code] [--keep-settings 0,1,2] [--reload] [--parts keepcal] [--out recipes/results/compress/ship_MODEL.jsonl]
+    HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py --parts keepcal --keep code --keep-settings 0 \
+        --variants guided --calibrate sequential --threads 1 --out recipes/results/compress/seqprop_smollm2_r20.jsonl
     HF_HUB_OFFLINE=1 python recipes/bench/compress_ship_smollm2.py --parts seqcal --dl 3 \\
         --calibrate one-pass|sequential|sequential-original --threads 1 --out recipes/results/compress/seqcal_smollm2.jsonl
 
@@ -38,6 +40,14 @@ bfloat16.
 (the uniform setting so calibrated) and ``guided-kc:CAP`` (since round 11 what ``capsense compress``
 ships of the guided allocation(s) and uniform-kc measured on CAP's calibration documents, the lowest dL
 (round 12 measured a 2-standard-error margin for the allocation and left it off): row ``selection``).
+
+``--calibrate`` for the keep and keepcal parts: ``one-pass`` (the default, every row before round 20) or one
+decoder layer at a time (:mod:`capsense.compress.sequential`), ``sequential`` passing the compressed layers'
+outputs on (GPTQ's order), ``sequential-original`` the original ones (the one-pass weights). Layer by layer
+a guided variant is what ``capsense compress --keep CAP --sequential [--sequential-propagate compressed]``
+does (:mod:`capsense.compress.guided_sequential`: levels priced on the original outputs, each candidate
+compressed with the chosen propagation, one shipped); ``uniform`` and ``uniform-kc`` are the uniform setting
+compressed the same way (the fair bar for a compressed-propagation guided row). Rows record ``calibrate``.
 
 ``seqcal``: GPTQ (``--dl`` indices into DL: 1 = 3 bits, 3 = 4 bits, group 128) calibrated in one pass or one
 decoder layer at a time (``--calibrate``; :mod:`capsense.compress.sequential`): wall time, peak RSS and dL
@@ -179,59 +189,84 @@ def keep_variants(keep: list[str], spread, pricing: dict):
 
 
 def keep_part(model, name, tok, probes, stats, saved, base, settings, keep, spread=None, reload=False, variants=None,
-              pricing=None):
-    """Yields one row per (setting, variant), as measured (see the module docstring)."""
+              pricing=None, mode="one-pass"):
+    """Yields one row per (setting, variant), as measured (see the module docstring); ``mode``: ``--calibrate``
+    (``stats``, the one-pass statistics, are None unless one pass)."""
+    from capsense.compress.calibration import calibration_samples
+
+    samples = None if mode == "one-pass" else calibration_samples(DEFAULT_CALIBRATION, tok)[0]
     fisher_cache: dict = {}
     for setting in settings:
         for variant, guide in keep_variants(keep, spread, pricing_for(setting, pricing)):
             if variants and not variant.startswith(tuple(variants)):
                 continue
-            yield keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
+            yield keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload,
+                           mode, samples)
 
 
 def keepcal_part(model, name, tok, probes, saved, base, settings, keep, reload=False, variants=None, pricing=None,
-                 check_docs=None):
+                 check_docs=None, mode="one-pass"):
     """Per kept capability CAP, calibrated as ``capsense compress --keep CAP`` calibrates a compensating
     method (:func:`~capsense.compress.calibration.kept_calibration`): ``uniform-kc:CAP`` (the uniform
-    setting with that calibration: how much is calibration) and ``guided-kc:CAP`` (the guided allocation)."""
-    from capsense.compress.calibration import kept_calibration
+    setting with that calibration: how much is calibration) and ``guided-kc:CAP`` (the guided allocation);
+    ``mode``: ``--calibrate`` (one pass, or the samples kept for a layer-by-layer run)."""
+    from capsense.compress.calibration import calibration_samples, kept_calibration
     from capsense.compress.guided import Guide
 
     fisher_cache: dict = {}
     for cap in keep:
         spec = kept_calibration([cap])
         t0 = time.time()
-        stats, _ = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}), spec)
-        print(f"calibrated in {time.time() - t0:.0f} s on {spec}", flush=True)
+        stats, samples = None, None
+        if mode == "one-pass":
+            stats, _ = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}), spec)
+            print(f"calibrated in {time.time() - t0:.0f} s on {spec}", flush=True)
+        else:
+            samples, _ = calibration_samples(spec, tok)
         fisher_cache.pop("level_costs", None)  # solved errors and Wanda scores depend on the calibration
         for setting in settings:
             for variant, guide in ((f"uniform-kc:{cap}", None), (f"guided-kc:{cap}", Guide([cap], check_docs=check_docs, **pricing_for(setting, pricing)))):
                 if variants and not variant.startswith(tuple(variants)):
                     continue
-                row = keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload)
+                row = keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload,
+                               mode, samples)
                 yield {**row, "part": "keepcal", "calibration": spec, "calibrate_s": round(time.time() - t0, 1)}
 
 
-def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload) -> dict:
-    """Allocate (``guide`` None: uniform), compress, measure, write (and with ``reload`` reload) one variant."""
+def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, guide, fisher_cache, reload,
+             mode="one-pass", samples=None) -> dict:
+    """Allocate (``guide`` None: uniform), compress, measure, write (and with ``reload`` reload) one variant:
+    from the one-pass ``stats``, or (``mode`` sequential*) one decoder layer at a time on ``samples`` as
+    ``capsense compress --sequential`` does (the module docstring)."""
     from collections import Counter
 
+    from capsense.compress.guided_sequential import guided_candidates_sequential
     from capsense.compress.pipeline import resolve_format
     from capsense.compress.select import compress_guided, guided_candidates
+    from capsense.compress.sequential import compress_sequential
 
     uni = uniform_budget(setting)
     fmt = resolve_format("auto", uni)
+    packed = fmt == "compressed-tensors"
     t0 = time.time()
-    allocs = [] if guide is None else guided_candidates(
-        model, tok, uni, stats, guide, print, fisher_cache, packed=fmt == "compressed-tensors")
+    compress = None  # one pass: compress_model with stats
+    if mode == "one-pass":
+        allocs = [] if guide is None else guided_candidates(model, tok, uni, stats, guide, print, fisher_cache,
+                                                             packed=packed)
+    else:
+        propagate = "original" if mode == "sequential-original" else "compressed"
+        allocs = [] if guide is None else guided_candidates_sequential(model, tok, uni, samples, guide, print, packed)
+
+        def compress(b):
+            return compress_sequential(model, b, samples, propagate)
     t1 = time.time()
-    result, budget, allocation = compress_guided(model, tok, uni, allocs, stats, guide, print)  # the best, unless told
+    result, budget, allocation = compress_guided(model, tok, uni, allocs, stats, guide, print, compress)  # the best, unless told
     t2 = time.time()
     after = doc_nll(model, probes)
     check = reload and guide is not None and guide.sensitivity == "kept"  # packed (GPTQ) or dense (SparseGPT)
     meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
     row = {
-        "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt,
+        "part": "keep", "setting": result.summary["label"], "variant": variant, "format": fmt, "calibrate": mode,
         "pricing": _pricing(setting, allocation),
         "keep": guide.keep if guide is not None and guide.sensitivity == "kept" else None,
         "spread": list(guide.spread) if guide is not None else None,
@@ -387,8 +422,9 @@ def main() -> None:
                     help="Keepcal: calibration documents per kept capability the uniform check measures (default: the Fisher's 32).")
     ap.add_argument("--dl", default="0,1,2,3", help="Indices into DL for the dl and seqcal parts.")
     ap.add_argument("--calibrate", default="one-pass", choices=["one-pass", "sequential", "sequential-original"],
-                    help="Seqcal part: one pass over the model, or one layer at a time: `sequential` passes the compressed "
-                    "layers' outputs on (GPTQ's order), `sequential-original` the original ones (capsense's default).")
+                    help="Seqcal, keep and keepcal parts: one pass over the model, or one layer at a time: `sequential` "
+                    "passes the compressed layers' outputs on (GPTQ's order), `sequential-original` the original ones "
+                    "(capsense's default).")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSONL, one line per row, appended as measured (default: results/compress/ship_MODEL.jsonl).")
     ap.add_argument("--table", action="store_true", help="Only print the keep part's table from --out.")
@@ -411,7 +447,8 @@ def main() -> None:
     base = doc_nll(model, probes)
     saved = {k: p.detach().clone() for k, p in model.named_parameters()}
     stats = None
-    if set(args.parts.split(",")) - {"keepcal", "seqcal"}:  # keepcal calibrates per kept capability, seqcal per row
+    # keepcal calibrates per kept capability, seqcal per row, a layer-by-layer keep part per layer
+    if set(args.parts.split(",")) - {"keepcal", "seqcal"} - ({"keep"} if args.calibrate != "one-pass" else set()):
         t1 = time.time()
         stats, calib = calibrate(model, tok, uniform_budget({"method": "gptq", "bits": 4}))
         print(f"calibrated in {time.time() - t1:.0f} s on {calib}", flush=True)
@@ -429,12 +466,12 @@ def main() -> None:
         "keep": lambda: keep_part(model, args.model, tok, probes, stats, saved, base,
                                   [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                   args.keep.split(","), spread, args.reload,
-                                  args.variants.split(",") if args.variants else None, args.pricing),
+                                  args.variants.split(",") if args.variants else None, args.pricing, args.calibrate),
         "keepcal": lambda: keepcal_part(model, args.model, tok, probes, saved, base,
                                         [keep_settings(GROUP[args.model])[int(i)] for i in args.keep_settings.split(",")],
                                         args.keep.split(","), args.reload,
                                         args.variants.split(",") if args.variants else None, args.pricing,
-                                        args.check_docs),
+                                        args.check_docs, args.calibrate),
         "dl": lambda: dl_part(model, probes, stats, saved, base, [int(i) for i in args.dl.split(",")]),
         "seqcal": lambda: seqcal_part(model, tok, probes, saved, base, [int(i) for i in args.dl.split(",")], args.calibrate),
     }

@@ -128,8 +128,6 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
     (["--method", "wanda", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing applies to methods gptq, sparsegpt, not wanda"),
     (["--method", "sparsegpt", "--density", "0.5", "--keep", "math", "--pricing", "rtn"], "--pricing 'rtn' does not apply to sparsegpt"),
     (["--method", "rtn", "--bits", "4", "--sequential"], "--sequential applies to the calibrated methods"),
-    (["--method", "gptq", "--bits", "4", "--keep", "math", "--sequential", "--sequential-propagate", "compressed"],
-     "a guided run (--keep) with --sequential prices every layer's levels before any allocation exists"),
     (["--method", "gptq", "--bits", "4", "--keep", "math", "--sensitivity", "measured", "--sequential"],
      "sensitivity measured prices each layer's levels in the uniformly compressed model"),
     (["--method", "wanda", "--density", "0.5", "--scope", "global", "--sequential"], "cannot prune with scope global"),

@@ -160,18 +160,56 @@ def test_the_command_ships_the_one_pass_checkpoint_and_refuses_what_it_cannot_do
     assert one["allocation"] == seq["allocation"] and one["measured"] == seq["measured"]
     assert "sequential" not in one and seq["sequential"] == {"propagate": "original", "layers": 3}
     assert (tmp_path / "one" / "budget.yaml").read_text() == (tmp_path / "seq" / "budget.yaml").read_text()
-    for extra, message in ((["--sequential-propagate", "compressed"], "leave --sequential-propagate out"),
-                           (["--sensitivity", "measured"], "sensitivity measured prices each layer")):
-        r = _compress(tiny_model_dir, tmp_path / "no", "--sequential", *extra)
-        assert r.exit_code == 1 and message in r.output and r.output.count("Error") == 1, r.output
-        assert not (tmp_path / "no").exists()
+    r = _compress(tiny_model_dir, tmp_path / "no", "--sequential", "--sensitivity", "measured")
+    assert r.exit_code == 1 and "sensitivity measured prices each layer" in r.output and r.output.count("Error") == 1, r.output
+    assert not (tmp_path / "no").exists()
+
+
+def test_compressed_propagation_compresses_each_candidate_as_compress_sequential_alone(tmp_path, tiny_model_dir,
+                                                                                      monkeypatch):
+    """``--keep --sequential --sequential-propagate compressed``: every candidate (guided, guided-rtn, uniform)
+    gets exactly the weights ``compress_sequential(budget, propagate="compressed")`` gives its budget alone from
+    the original model, not the original-propagation ones; the checkpoint is the chosen candidate's and its
+    capsense.json and card say how it was calibrated."""
+    from safetensors.torch import load_file
+
+    import capsense.compress.pipeline as pipeline
+    from capsense.compress.sequential import compress_sequential
+    from capsense.core.models import load_model
+
+    seen = []
+
+    def spy(model, budget, samples, propagate, log=None):
+        result = compress_sequential(model, budget, samples, propagate, log=log)
+        seen.append((budget, samples, propagate, _weights(model)))
+        return result
+
+    monkeypatch.setattr(pipeline, "compress_sequential", spy)
+    out = tmp_path / "c"
+    r = _compress(tiny_model_dir, out, "--sequential", "--sequential-propagate", "compressed", "--format", "dense",
+                  "--save-dtype", "float32")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "capsense.json").read_text())
+    assert meta["sequential"] == {"propagate": "compressed", "layers": 3}
+    assert "outputs of the compressed layers before it" in (out / "README.md").read_text()
+    selection = meta["allocation"]["selection"]
+    assert list(selection["dL"]) == ["guided", "guided-rtn", "uniform"] and len(seen) == 3
+    assert [p for *_, p, _ in seen] == ["compressed"] * 3
+    for budget, samples, _, got in seen:
+        for propagate, same in (("compressed", True), ("original", False)):
+            model, _ = load_model(str(tiny_model_dir), dtype="float32")
+            compress_sequential(model, budget, samples, propagate)
+            want = _weights(model)
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want) == same, propagate
+    chosen = seen[list(selection["dL"]).index(selection["chosen"])][3]
+    written = load_file(out / "model.safetensors")
+    assert all(torch.equal(written[k], chosen[k]) for k in written)
 
 
 def test_guided_sequential_refusals_come_before_the_model_loads():
-    check_sequential(uniform_budget(GPTQ), Guide(["math"]), "original")  # accepted
-    for guide, propagate, match in ((Guide(["math"]), "compressed", "on the original layers' outputs"),
-                                    (Guide(["math"], sensitivity="measured"), "original", "every layer's statistics")):
-        with pytest.raises(CapsenseError, match=match):
-            check_sequential(uniform_budget(GPTQ), guide, propagate)
+    for propagate in ("original", "compressed"):  # accepted: the propagation applies to compressing the candidates
+        check_sequential(uniform_budget(GPTQ), Guide(["math"]), propagate)
+    with pytest.raises(CapsenseError, match="every layer's statistics"):
+        check_sequential(uniform_budget(GPTQ), Guide(["math"], sensitivity="measured"), "original")
     with pytest.raises(CapsenseError, match="rtn needs no calibration"):
         check_sequential(uniform_budget({"method": "rtn", "bits": 3}), Guide(["math"]), "original")

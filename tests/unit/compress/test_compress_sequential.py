@@ -136,7 +136,7 @@ def test_the_gram_check_counts_one_layer_and_the_one_pass_refusal_names_sequenti
     ({"method": "rtn", "bits": 4}, None, "compressed", "rtn needs no calibration"),
     ({"method": "magnitude", "density": 0.5}, None, "compressed", "magnitude needs no calibration"),
     ({"method": "svd", "ratio": 0.5}, None, "compressed", "svd needs no calibration"),
-    (GPTQ, Guide(["math"]), "compressed", "guided run"),
+    (GPTQ, Guide(["math"], sensitivity="measured"), "compressed", "sensitivity measured"),
     ({"method": "wanda", "density": 0.5, "scope": "global"}, None, "compressed", "scope global"),
     (GPTQ, None, "both", "valid are compressed, original"),
 ])

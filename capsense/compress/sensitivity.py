@@ -118,7 +118,8 @@ def backward_memory(model: nn.Module, tokens: int = FISHER_MAX_TOKENS, layers: S
 
     base = unwrap(model)
     counted = len(base.get_submodule(arch_spec(base).layers)) - (min(layers) if layers else 0)
-    decoder, head = _traced_pass(base, tokens, layers)
+    # no text (a run that sums no Fisher: fisher_tokens 0) runs no pass to trace, and saves nothing
+    decoder, head = _traced_pass(base, tokens, layers) if tokens > 0 else (0, 0)
     decoder += _looped_experts_margin(base, tokens, layers)
     vocab = int(base.get_output_embeddings().weight.shape[0])
     return {f"backward pass: saved activations ({counted} layers x {tokens} tokens)": decoder,

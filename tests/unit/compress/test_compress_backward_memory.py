@@ -228,3 +228,12 @@ def test_the_command_counts_the_fisher_pass_at_the_run_s_longest_text(monkeypatc
     assert "stop after the check" in r.output, r.output
     texts = calibration_samples("prose", make_char_tokenizer(), 2, max_tokens=FISHER_MAX_TOKENS)[0]
     assert lengths == [max(len(t) for t in texts)] and lengths[0] < FISHER_MAX_TOKENS
+
+
+def test_no_fisher_text_counts_nothing():
+    """A run that sums no Fisher (``fisher_tokens`` 0: measured sensitivity) runs no pass: nothing to trace, and no
+    error (the first traced count refused it: a forward of 0 tokens does not run on the meta device)."""
+    from capsense.compress.sensitivity import backward_memory
+
+    counted = backward_memory(make_tiny_model("llama"), 0)
+    assert len(counted) == 3 and set(counted.values()) == {0}

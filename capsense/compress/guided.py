@@ -329,13 +329,13 @@ def price_matrices(plan: GuidedPlan, targets, stats, cache: dict | None = None) 
     computed from (GPTQ's solved errors, low-rank factors), reused across plans of the same weights. Each solve's
     freed heap goes back before the next (without it RSS grew 45-70 MiB per SmolLM2-width layer, round 20)."""
     from capsense.core.memory import return_freed_memory
-    def priced(t):
-        out = matrix_candidates(t.name, t.get(), plan.fisher[t.name], plan.levels, stats.get(t.name) if plan.base.calibrated
-                                else None, plan.prot.get(t.name), acc.BASE_BITS, cache, dense=False, price=plan.price)
+    prices = {}
+    for t in targets:
+        stat = stats.get(t.name) if plan.base.calibrated else None
+        prices[t.name] = matrix_candidates(t.name, t.get(), plan.fisher[t.name], plan.levels, stat, plan.prot.get(t.name),
+                                           acc.BASE_BITS, cache, dense=False, price=plan.price)
         return_freed_memory()
-        return out
-
-    return {t.name: priced(t) for t in targets}
+    return prices
 
 
 def allocation_from_prices(plan: GuidedPlan, cands: Mapping[str, Sequence[Candidate]]) -> Allocation:

@@ -53,6 +53,11 @@ compressed the same way (the fair bar for a compressed-propagation guided row). 
 decoder layer at a time (``--calibrate``; :mod:`capsense.compress.sequential`): wall time, peak RSS and dL
 (one mode per process, as the process's peak RSS never falls).
 
+Since round 22 every keep and keepcal row also keeps its probe documents' losses (``probe_losses``: nats and
+tokens per document, per capability), so the tables give a kept capability's change vs a bar as a percentage and,
+where both rows kept them, as the paired difference with its standard error over the probe documents
+(``(+d +- se)``); rows from before carry means only.
+
 ``dl``: uniform RTN vs GPTQ at equal bits (3 and 4, group 128, in memory): dL (nats/token vs the
 base model) on the first ``--probes`` documents of math, code and qa; calibration (the default
 prose,math,code,qa set, their last documents) never sees a probe document.
@@ -108,12 +113,30 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def measure_caps(model, probes) -> dict:
+    """Each capability's :class:`~capsense.compress.capability_loss.CapabilityLoss` on its probes."""
+    return {c: measure_probe(model, probes[c], c) for c in CAPS}
+
+
+def per_doc(losses) -> dict[str, list[float]]:
+    """Per capability: each document's nats/token, then the token-weighted mean (the last entry)."""
+    return {c: [n / max(t, 1) for n, t in zip(m.doc_nats, m.doc_tokens)] + [m.nll] for c, m in losses.items()}
+
+
 def doc_nll(model, probes) -> dict[str, list[float]]:
-    out = {}
-    for c in CAPS:
-        m = measure_probe(model, probes[c], c)
-        out[c] = [n / max(t, 1) for n, t in zip(m.doc_nats, m.doc_tokens)] + [m.nll]  # per document, then the mean
-    return out
+    return per_doc(measure_caps(model, probes))
+
+
+def paired_cell(r, other, cap) -> str:
+    """`` (d +- se)``: ``r``'s kept loss minus ``other``'s on the same probe documents with the paired standard
+    error (:func:`~capsense.compress.capability_loss.paired_difference`), when both rows kept their documents'
+    losses (``probe_losses``, rows since round 22); else empty."""
+    from capsense.compress.capability_loss import CapabilityLoss, paired_difference
+
+    if not other or "probe_losses" not in r or "probe_losses" not in other:
+        return ""
+    diff, se = paired_difference(CapabilityLoss(**other["probe_losses"][cap]), CapabilityLoss(**r["probe_losses"][cap]))
+    return f" ({diff:+.4f}" + (f" +- {se:.4f})" if se is not None else ")")
 
 
 def max_delta(a, b) -> dict[str, dict[str, float]]:
@@ -262,7 +285,8 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
     t1 = time.time()
     result, budget, allocation = compress_guided(model, tok, uni, allocs, stats, guide, print, compress)  # the best, unless told
     t2 = time.time()
-    after = doc_nll(model, probes)
+    losses = measure_caps(model, probes)
+    after = per_doc(losses)
     check = reload and guide is not None and guide.sensitivity == "kept"  # packed (GPTQ) or dense (SparseGPT)
     meta, reloaded, write_s = write_and_reload(model, name, tok, budget, result, allocation, fmt, check, probes)
     row = {
@@ -276,6 +300,7 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
         "groups": meta["format"].get("groups"), "size_ratio": result.summary["size_ratio"],
         "bytes_on_disk": meta["size"]["bytes_on_disk"], "bytes_accounted": meta["size"]["bytes_accounted"],
         "dL": {c: after[c][-1] - base[c][-1] for c in CAPS},
+        "probe_losses": {c: m.to_dict(per_doc=True) for c, m in losses.items()},  # for paired differences
         "allocate_s": round(t1 - t0, 1), "compress_s": round(t2 - t1, 1), "write_s": round(write_s, 1),
         "peak_rss_mb": round(peak_rss_mb()),
     }
@@ -311,7 +336,7 @@ def keep_table(records) -> str:
         for c in CAPS:
             cell = f"{r['dL'][c]:+.3f}"
             if c == kept:
-                vs_u = format_percent(relative_change(uni["dL"][c], r["dL"][c])) if uni else "-"
+                vs_u = format_percent(relative_change(uni["dL"][c], r["dL"][c])) + paired_cell(r, uni, c) if uni else "-"
                 vs_a = format_percent(relative_change(agn["dL"][c], r["dL"][c])) if agn else "-"
                 cell = f"**{cell}** ({vs_u} vs uniform, {vs_a} vs agnostic)"
             row[c] = cell
@@ -340,7 +365,7 @@ def keepcal_table(records) -> str:
         ukc = rows.get((setting, f"uniform-kc:{cap}", None))
 
         def vs(other):
-            return format_percent(relative_change(other["dL"][cap], kept)) if other else "-"
+            return format_percent(relative_change(other["dL"][cap], kept)) + paired_cell(r, other, cap) if other else "-"
 
         out.append({"setting": setting, "variant": variant + (f" [{pricing}]" if pricing else ""),
                     "bytes on disk": r["bytes_on_disk"], **{c: f"{r['dL'][c]:+.3f}" for c in CAPS},

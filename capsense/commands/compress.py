@@ -81,7 +81,10 @@ from capsense.commands.output import echo_written, log
 @click.option("--sequential-propagate", type=click.Choice(["compressed", "original"]), default=None,
               help="With --sequential: the outputs passed to the next layer, the original layer's (default: the one-pass "
               "result, with one layer's memory) or the compressed layer's (GPTQ's error-propagating order; measured on "
-              "SmolLM2: lower math/code dL, higher qa dL). With --keep it applies to compressing each candidate.")
+              "SmolLM2: lower math/code dL, higher qa dL). With --keep it applies to compressing each candidate: with gptq it "
+              "turned three guided rows that missed the 25% bar in one pass into met rows (SmolLM2 4 and 3 bits, Gemma 3 "
+              "4 bits) and lost one met row to the choice among candidates; with sparsegpt on Gemma 3 it raised the kept "
+              "math dL (recipes/results/RESULTS-compress.md, rounds 20-23).")
 @device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()

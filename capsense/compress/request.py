@@ -52,17 +52,23 @@ def _check_guide_options(keep: str | None, **options: Any) -> None:
 
 
 def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform,
-           fisher_groups=None):
+           fisher_groups=None, check_docs=None):
     """The :class:`~capsense.compress.guided.Guide` of a request that keeps ``keep``; ``check_uniform`` None is on
-    at the uniform setting's size, and asked for with ``budget_size`` (another size) an error."""
+    at the uniform setting's size, and asked for with ``budget_size`` (another size) an error, as is ``check_docs``
+    (the check's documents) where no check runs."""
     from capsense.compress.guided import Guide
 
     if check_uniform and budget_size is not None:
         raise CapsenseError("`check_uniform` compares the allocation with the uniform setting of the same size; with "
                             "`budget_size` the sizes differ: leave one out")
+    if check_docs is not None and (check_uniform is False or budget_size is not None):
+        raise CapsenseError(f"`check_docs` ({check_docs}) is how many calibration documents per kept capability the "
+                            "check against the uniform setting measures; with "
+                            f"{'`check_uniform` off' if check_uniform is False else '`budget_size`'} no check runs: "
+                            "leave one out")
     return Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
                  size_ratio=budget_size, samples=samples, pricing=pricing, check_uniform=check_uniform is not False,
-                 fisher_groups=fisher_groups or 1)
+                 fisher_groups=fisher_groups or 1, check_docs=check_docs)
 
 
 def default_calibration(budget, guide) -> str:
@@ -90,7 +96,7 @@ def compress_request(
     protect_heads: str | None = None,
     budget_size: float | None = None,
     pricing: str | None = None,
-    check_uniform: bool | None = None, fisher_groups: int | None = None,
+    check_uniform: bool | None = None, fisher_groups: int | None = None, check_docs: int | None = None,
     calibration: str | None = None,
     calibration_samples: int = 64,
     dtype: str = "float32",
@@ -111,7 +117,7 @@ def compress_request(
     setting's size (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept capability
     (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT allocation prices its levels,
     ``check_uniform`` (None: on) whether the uniform setting is shipped when it measures better on calibration
-    documents, ``fisher_groups`` over how many runs of layers the Fisher is summed in turn (None: 1)
+    documents (``check_docs`` per kept capability; None: ``calibration_samples``), ``fisher_groups`` over how many runs of layers the Fisher is summed in turn (None: 1)
     (:class:`~capsense.compress.guided.Guide`); given without ``keep`` they are an error, not ignored.
     ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided by
     ``keep``, those plus the kept capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
@@ -123,7 +129,7 @@ def compress_request(
 
     _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
                          pricing=pricing, check_uniform=check_uniform, fisher_groups=fisher_groups,
-                         sensitivity=None if sensitivity == "kept" else sensitivity)
+                         check_docs=check_docs, sensitivity=None if sensitivity == "kept" else sensitivity)
     if sequential_propagate is not None and not sequential:
         raise CapsenseError("`sequential_propagate` says how `sequential` calibrates: give both or leave it out")
     unknown = set(setting) - set(SETTING_PARAMETERS)
@@ -132,7 +138,7 @@ def compress_request(
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
-                   check_uniform, fisher_groups) if keep else None
+                   check_uniform, fisher_groups, check_docs) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,

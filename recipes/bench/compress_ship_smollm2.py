@@ -354,10 +354,12 @@ def keepcal_table(records) -> str:
     from capsense.core.tables import format_percent, markdown_table, relative_change
 
     keep = {(r["setting"], _priced(r)): r for r in records if r.get("part") == "keep"}
-    rows = {(r["setting"], r["variant"], r.get("pricing")): r for r in records if r.get("part") == "keepcal"}
+    # rows whose choice read other than the Fisher's 32 calibration documents (``--check-docs``) are rows of their own
+    rows = {(r["setting"], r["variant"] + _check_docs_tag(r), r.get("pricing")): r
+            for r in records if r.get("part") == "keepcal"}
     out = []
     for (setting, variant, pricing), r in rows.items():
-        cap = variant.split(":")[1]
+        cap = variant.split(":")[1].split(" ")[0]  # "guided-kc:code (no uniform check)" keeps code
         kept = r["dL"][cap]
         uni = keep.get((setting, "uniform"))
         agn = min((a for (st, v), a in keep.items() if st == setting and v.split(" ")[0] == "agnostic"),
@@ -373,6 +375,11 @@ def keepcal_table(records) -> str:
                     "kept vs uniform-kc": vs(ukc) if variant.startswith("guided") else "",
                     "compress s": r["compress_s"]})
     return markdown_table(out)
+
+
+def _check_docs_tag(r) -> str:
+    n = (r.get("selection") or {}).get("n_docs")
+    return f" ({n} check docs)" if n not in (None, 32) else ""
 
 
 def _pricing_tag(r) -> str:

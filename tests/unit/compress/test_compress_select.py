@@ -219,11 +219,26 @@ def test_guided_checkpoint_records_both_measurements_and_ships_what_budget_yaml_
 def test_check_uniform_needs_keep_and_the_uniform_size(tmp_path, tiny_model_dir):
     out = tmp_path / "out"
     for extra, message in ((["--check-uniform"], "--check-uniform shape(s) a guided allocation: give --keep"),
-                           (["--keep", "math", "--check-uniform", "--budget-size", "0.6"], "with --budget-size the sizes differ")):
+                           (["--keep", "math", "--check-uniform", "--budget-size", "0.6"], "with --budget-size the sizes differ"),
+                           (["--check-docs", "8"], "--check-docs shape(s) a guided allocation: give --keep"),
+                           (["--keep", "math", "--no-check-uniform", "--check-docs", "8"],
+                            "with --check-uniform off no check runs"),
+                           (["--keep", "math", "--budget-size", "0.6", "--check-docs", "8"],
+                            "with --budget-size no check runs")):
         r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "wanda", "--density", "0.5", *extra,
                                       "--out", str(out)])
         assert r.exit_code == 1 and message in r.output and r.output.count("Error") == 1, r.output
         assert not out.exists()
+
+
+def test_check_docs_sets_how_many_documents_the_choice_reads(tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "wanda", "--density", "0.5", "--keep",
+                                  "math", "--protect-top-k", "1", "--calibration-samples", "4", "--check-docs", "3",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    sel = json.loads((out / "capsense.json").read_text())["allocation"]["selection"]
+    assert sel["n_docs"] == 3 and set(sel["dL"]) == {"guided", "uniform"}  # default: the Fisher's 4 (test above)
 
 
 def _loss(nats, tokens, task="math"):

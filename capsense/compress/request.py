@@ -117,9 +117,9 @@ def compress_request(
     setting's size (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept capability
     (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT allocation prices its levels,
     ``check_uniform`` (None: on) whether the uniform setting is shipped when it measures better on calibration
-    documents (``check_docs`` per kept capability; None: ``calibration_samples``), ``fisher_groups`` over how many runs of layers the Fisher is summed in turn (None: 1)
-    (:class:`~capsense.compress.guided.Guide`); given without ``keep`` they are an error, not ignored.
-    ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided by
+    documents (``check_docs`` per kept capability; None: ``calibration_samples``), ``fisher_groups`` over how many
+    runs of layers the Fisher is summed in turn (None: 1) (:class:`~capsense.compress.guided.Guide`); given without
+    ``keep`` they are an error, not ignored. ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided by
     ``keep``, those plus the kept capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
     ``sequential``: one decoder layer at a time (:mod:`capsense.compress.sequential`, ``sequential_propagate``).
     """

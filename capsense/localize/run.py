@@ -129,8 +129,10 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
 
 def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layout: HeadLayout, probes: dict, extra: dict,
                  placed: dict[str, Any]) -> dict[str, Any]:
-    """``manifest.json``: what ran, on what, with which versions."""
+    """``manifest.json``: what ran, on what, with which versions (the CPU too: float kernels differ by CPU)."""
     import torch
+
+    from capsense.core.models import cpu_info
 
     return {
         "capsense_run": "locate",
@@ -153,8 +155,8 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
             for t, sc in extra.items()
         },
         "versions": library_versions(),
-        "host": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(), "device": placed["device"],
-                 "device_map": cfg.device_map, "processes": placed["processes"]},
+        "host": {"platform": platform.platform(), "cpu": cpu_info()["model_name"], "cpu_threads": torch.get_num_threads(),
+                 "device": placed["device"], "device_map": cfg.device_map, "processes": placed["processes"]},
     }
 
 

@@ -61,17 +61,6 @@ def forward_flops(cfg, batches: list[list[int]], scored: int, padded: bool) -> f
     return total + 2.0 * d * cfg.vocab_size * scored
 
 
-def cpu_info() -> dict:
-    """The CPU's model name and its bf16 instruction sets (from /proc/cpuinfo, where it exists)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), None)
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    return {"model_name": name, "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
-
-
 def measure(args, dtype: str) -> dict:
     """Every step of the roofline for one dtype."""
     from capsense.core.models import load_model
@@ -142,6 +131,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32", help="comma-separated: float32, bfloat16")
     ap.add_argument("--out", default="recipes/results/locate_roofline.json")
     args = ap.parse_args()
+    from capsense.core.models import cpu_info
+
     torch.set_num_threads(args.threads)
     runs = {dt: measure(args, dt) for dt in args.dtypes.split(",")}
     out = {"cpu": cpu_info(), **(runs[next(iter(runs))] if len(runs) == 1 else {"by_dtype": runs})}

@@ -46,7 +46,7 @@ def main() -> None:
     from capsense.core.heads import HeadSet
     from capsense.localize.evaluator import MaskEvaluator
     from capsense.scoring.probe import build_probe
-    from capsense.core.models import load_model, resolve_pretrained
+    from capsense.core.models import cpu_info, load_model, resolve_pretrained
     from capsense.localize.evaluator import scorer_class
     from capsense.scoring.probe import ProbeScorer
 
@@ -137,8 +137,8 @@ def main() -> None:
     t0 = time.perf_counter(); s32.score(ko[:3]); t32 = time.perf_counter() - t0
     t0 = time.perf_counter(); s16.score(ko[:3]); t16 = time.perf_counter() - t0
     out["bf16_speedup_vs_fp32"] = t32 / t16
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    out["cpu_has_avx512_bf16"] = "avx512_bf16" in flags or "amx_bf16" in flags
+    cpu = cpu_info()
+    out["cpu_has_avx512_bf16"] = cpu["avx512_bf16"] or cpu["amx_bf16"]
     print("bf16/fp32", out["bf16_speedup_vs_fp32"], flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

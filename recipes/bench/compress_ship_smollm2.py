@@ -362,7 +362,7 @@ def keepcal_table(records) -> str:
     from capsense.core.tables import format_percent, markdown_table, relative_change
 
     keep = {(r["setting"], _priced(r)): r for r in records if r.get("part") == "keep"}
-    # rows whose choice read other than the Fisher's 32 calibration documents (``--check-docs``) are rows of their own
+    # rows whose choice read other than the Fisher's calibration documents (``--check-docs``) are rows of their own
     rows = {(r["setting"], r["variant"] + _check_docs_tag(r), r.get("pricing")): r
             for r in records if r.get("part") == "keepcal"}
     out = []
@@ -386,8 +386,11 @@ def keepcal_table(records) -> str:
 
 
 def _check_docs_tag(r) -> str:
+    """`` (N check docs)`` for a row whose choice read other than the Fisher's documents (``Guide.samples``)."""
+    from capsense.compress.guided import Guide
+
     n = (r.get("selection") or {}).get("n_docs")
-    return f" ({n} check docs)" if n not in (None, 32) else ""
+    return f" ({n} check docs)" if n not in (None, Guide.samples) else ""
 
 
 def _pricing_tag(r) -> str:

@@ -15,7 +15,8 @@ plus a 4-token continuation (a realistic few-shot prompt length). For each model
   best case of ``from_pretrained`` from a warm page cache), zero the knocked-out heads, and
   score every request at batch size 1 with full logits, as lm-eval's ``hf`` model does.
 
-Reports evaluations/s, seconds per mask, peak GPU memory and the ratio to the reference;
+Reports evaluations/s, seconds per mask, peak GPU memory and the ratio to the reference, and
+the agreement of packed masks and of run-time masks with zeroed weights (``agreement``);
 writes ``--out`` (default recipes/results/bench_gpu.json). Where there is no GPU it prints
 a message and exits with status 0 without measuring anything (``--cpu-smoke`` aside).
 """
@@ -101,11 +102,12 @@ def bench_capsense(model, probe, masks: torch.Tensor, mpf: int, batch_size: int,
     peak_reset(device)
     sync(device)
     t0 = time.perf_counter()
-    scorer.score(masks)
+    nll = scorer.score(masks)["nll"]
     sync(device)
     dt = time.perf_counter() - t0
     return {"masks_per_forward": mpf, "masks": len(masks), "seconds": round(dt, 3),
-            "evaluations_per_s": round(len(masks) / dt, 4), "peak_gib": peak_gib(device)}
+            "evaluations_per_s": round(len(masks) / dt, 4), "peak_gib": peak_gib(device),
+            "nll": [round(float(x), 6) for x in nll]}
 
 
 @torch.no_grad()
@@ -119,20 +121,49 @@ def bench_reference(model, probe, masks: torch.Tensor, device: str) -> dict:
     peak_reset(device)
     sync(device)
     t0 = time.perf_counter()
+    nll = []
+    n_tokens = sum(len(t) for t in probe.continuation_ids)
     for ko in masks:
         model.load_state_dict(host)  # "reload the model"
         heads = HeadSet.from_pairs([(int(l), int(h)) for l, h in torch.nonzero(ko).tolist()])
         zero_heads_in_weights(model, heads)
+        total = 0.0
         for c, t in zip(probe.context_ids, probe.continuation_ids):
             ids = torch.tensor([c + t[:-1]], device=device)
             logp = torch.log_softmax(model(ids).logits.float(), -1)  # every position, as lm-eval's hf
             tgt = torch.tensor(t, device=device)
-            float(logp[0, -len(t):].gather(1, tgt[:, None]).sum())
+            total += float(logp[0, -len(t):].gather(1, tgt[:, None]).sum())
+        nll.append(round(-total / n_tokens, 6))
     sync(device)
     dt = time.perf_counter() - t0
     model.load_state_dict(host)
     return {"masks": len(masks), "seconds": round(dt, 3), "evaluations_per_s": round(len(masks) / dt, 4),
-            "peak_gib": peak_gib(device)}
+            "peak_gib": peak_gib(device), "nll": nll}
+
+
+def agreement(model, probe, rows: list[dict], ref_masks: torch.Tensor, ref: dict, batch_size: int) -> dict:
+    """How far the packed settings and the weight-zeroing reference are from one mask per forward pass.
+
+    ``packing_max_abs_dnll``: per setting, the largest |nll| difference (nats/token) from the
+    ``masks_per_forward`` 1 row over the masks both scored (every setting draws its masks from one
+    seed, so the first ones are shared). ``vs_weights_max_abs_dnll``: the reference's masks scored
+    by capsense (masks applied at run time, batched, padded) against the reference (heads zeroed
+    in the output projection's weights, batch size 1): the exactness of the ablation at these
+    shapes and this dtype, where kernels differ with batch shape.
+    """
+    from capsense.scoring.probe import ProbeScorer
+
+    base = next((r for r in rows if r.get("masks_per_forward") == 1 and "nll" in r), None)
+    packing = {}
+    for r in rows:
+        if base is None or r is base or "nll" not in r:
+            continue
+        n = min(len(base["nll"]), len(r["nll"]))
+        packing[str(r["masks_per_forward"])] = float(np.max(np.abs(np.subtract(base["nll"][:n], r["nll"][:n]))))
+    ours = ProbeScorer(model, probe, batch_size=batch_size).score(ref_masks)["nll"]
+    return {"packing_max_abs_dnll": packing,
+            "vs_weights_max_abs_dnll": float(np.max(np.abs(ours - np.asarray(ref["nll"])))),
+            "nll_scale": float(np.mean(ref["nll"]))}
 
 
 def run_model(name: str, args, device: str) -> dict:
@@ -155,9 +186,12 @@ def run_model(name: str, args, device: str) -> dict:
             rows.append({"masks_per_forward": mpf, "error": "out of memory"})
         print(f"{name} capsense mpf={mpf}: {rows[-1]}", file=sys.stderr, flush=True)
     out["capsense"] = rows
-    ref = bench_reference(model, probe, random_masks(args.ref_masks, cfg.num_hidden_layers, cfg.num_attention_heads), device)
+    ref_masks = random_masks(args.ref_masks, cfg.num_hidden_layers, cfg.num_attention_heads)
+    ref = bench_reference(model, probe, ref_masks, device)
     print(f"{name} reference: {ref}", file=sys.stderr, flush=True)
     out["reference"] = ref
+    out["agreement"] = agreement(model, probe, rows, ref_masks, ref, args.batch_size)
+    print(f"{name} agreement: {out['agreement']}", file=sys.stderr, flush=True)
     best = max((r for r in rows if "evaluations_per_s" in r), key=lambda r: r["evaluations_per_s"])
     out["speedup_best_vs_reference"] = round(best["evaluations_per_s"] / ref["evaluations_per_s"], 1)
     out["best_masks_per_forward"] = best["masks_per_forward"]
@@ -213,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
             "requests": args.requests, "context_tokens": args.context, "batch_size": args.batch_size, "results": results}
     print(table(results))
+    for r in results:
+        a = r["agreement"]
+        print(f"{r['model']}: |dnll| packed vs one mask per forward {a['packing_max_abs_dnll']}; "
+              f"masks at run time vs heads zeroed in the weights {a['vs_weights_max_abs_dnll']:.2e} "
+              f"(nll ~{a['nll_scale']:.2f} nats/token)")
     out = Path(args.out or ("recipes/results/bench_gpu_cpu_smoke.json" if args.cpu_smoke else "recipes/results/bench_gpu.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(info, indent=2) + "\n")

@@ -34,6 +34,10 @@ def test_cpu_smoke_runs_end_to_end(tmp_path, capsys):
     assert [r["masks_per_forward"] for r in res["capsense"]] == [1, 2]
     assert all(r["evaluations_per_s"] > 0 for r in res["capsense"]) and res["reference"]["evaluations_per_s"] > 0
     assert "reference (reload, bs 1)" in capsys.readouterr().out
+    # float32 on the CPU: run-time masks equal heads zeroed in the weights, packed or not
+    agree = res["agreement"]
+    assert agree["vs_weights_max_abs_dnll"] < 1e-4 and agree["nll_scale"] > 1.0
+    assert set(agree["packing_max_abs_dnll"]) == {"2"} and agree["packing_max_abs_dnll"]["2"] < 1e-4
 
 
 def test_meta_build_has_the_published_shapes():

@@ -1,0 +1,42 @@
+"""recipes/bench/gpu_e2e.py: the whole job through the real commands, on a tiny config on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_char_tokenizer
+
+SCRIPT = Path(__file__).resolve().parents[3] / "recipes" / "bench" / "gpu_e2e.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_e2e", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")
+def test_exits_cleanly_without_a_gpu(tmp_path, capsys):
+    assert _script().main(["--tokenizer", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert "no GPU here" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
+
+def test_cpu_smoke_locates_validates_exports_and_reloads(tmp_path):
+    tok = tmp_path / "tok"
+    make_char_tokenizer().save_pretrained(tok)
+    out = tmp_path / "e2e"
+    assert _script().main(["--tokenizer", str(tok), "--out", str(out), "--cpu-smoke"]) == 0
+    info = json.loads((out / "gpu_e2e.json").read_text())
+    assert [(s["step"], s["rc"]) for s in info["steps"]] == [("locate", 0), ("validate", 0), ("export", 0)]
+    assert info["locate"]["forward_equivalents"] > 0 and len(info["locate"]["top5"]) == 5
+    for dtype in ("bfloat16", "float32"):
+        agree = info["export_agreement"][dtype]
+        # the exported checkpoint is the run-time ablation, and differs from the unablated base
+        assert agree["max_abs_dlogit"] < 1e-5 < agree["vs_unablated_base"]

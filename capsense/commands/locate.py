@@ -70,8 +70,9 @@ from capsense.commands.output import echo_written, log
 @click.option("--seed", type=int, default=0, show_default=True)
 @batch_size_option()
 @click.option("--masks-per-forward", default="auto", show_default=True,
-              help="Masks packed in one forward pass: auto (1 on CPUs, where packing does not pay; on a GPU the most "
-                   "that fit in half its free memory) or a number.")
+              help="Masks packed in one forward pass: auto (1 with prefix reuse, the default, and on CPUs: packed masks "
+                   "run full forwards, which cost more than they save; on a GPU with --no-prefix-reuse the most that "
+                   "fit in half its free memory) or a number.")
 @click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward. Prefix reuse starts each knockout at its first ablated layer from the clean model's block inputs, kept in memory (layers x tokens x hidden size, for log-likelihood and multiple-choice probes alike); turn it off where they do not fit. Multiple-choice contexts are still shared across choices.")
 @device_option()
 @device_map_option()

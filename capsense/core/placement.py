@@ -192,14 +192,23 @@ def check_weights_in_memory(model, why: str) -> None:
 MAX_MASKS_PER_FORWARD = 64
 
 
-def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction: float = 0.5) -> int:
-    """How many masks to pack in one forward pass: 1 on CPUs (compute-bound there: packing
-    does not pay), on a GPU the most (a power of two, at most 64) whose activations for
-    ``batch_size`` requests of up to ``longest`` tokens fit in ``memory_fraction`` of its free memory."""
+def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction: float = 0.5,
+                           prefix_reuse: bool = True) -> int:
+    """How many masks to pack in one forward pass: 1 on CPUs (compute-bound there: packing does
+    not pay) and wherever prefix reuse is on, since packed masks run full forwards; on a GPU
+    without prefix reuse, the most (a power of two, at most 64) whose activations for
+    ``batch_size`` requests of up to ``longest`` tokens fit in ``memory_fraction`` of its free memory.
+
+    Measured on one H200 (round 24, ``recipes/results/RESULTS-scale.md``): the same prior-guided
+    job on a 1B-shaped model spent 1.0 s per forward-equivalent with prefix reuse and one mask per
+    forward (67 masks in 36.7 FE) against 1.10-1.23 s packing 64 (49 masks in 39.7 FE: a packed
+    mask pays its full forward); 16 requests of 512 tokens already keep the GPU busy, and packing
+    gained 3-4% there (``recipes/bench/bench_gpu.py``). Before round 24 packing was the GPU default.
+    """
     import torch
 
     dev = input_device(model)
-    if dev.type != "cuda":
+    if dev.type != "cuda" or prefix_reuse:
         return 1
     free = torch.cuda.mem_get_info(dev)[0]
     return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)

@@ -46,7 +46,7 @@ class LocateConfig:
     method: str = "prior-guided"
     seed: int = 0
     batch_size: int = 16
-    masks_per_forward: int | None = None  # None: automatic (1 on CPUs, from free memory on GPUs)
+    masks_per_forward: int | None = None  # None: automatic (1, with prefix reuse; from free memory on a GPU without it)
     device: str = "cpu"
     device_map: str | None = None  # spread the model over devices (capsense.core.placement): auto, or a map
     dtype: str = "auto"

@@ -175,7 +175,7 @@ def run_model(name: str, args, device: str) -> dict:
     out: dict = {"model": name, "build_s": round(time.perf_counter() - t0, 1),
                  "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3)}
     probe = synthetic_probe(cfg.vocab_size, args.requests, args.context)
-    auto = auto_masks_per_forward(model, args.batch_size, args.context + 4)
+    auto = auto_masks_per_forward(model, args.batch_size, args.context + 4, prefix_reuse=False)  # it packs: no reuse
     out["auto_masks_per_forward"] = auto
     rows = []
     for mpf in sorted({*args.masks_per_forward, auto}):

@@ -39,15 +39,17 @@ SHAPES = {
 }
 
 
-def build_model(shape: str, tokenizer_dir: Path, folder: Path, seed: int = 0) -> dict:
-    """A random-weight Llama of ``shape`` with ``tokenizer_dir``'s tokenizer, saved in bf16 to ``folder``."""
+def build_model(shape: str, tokenizer_dir: Path, folder: Path, device: str = "cpu", seed: int = 0) -> dict:
+    """A random-weight Llama of ``shape`` with ``tokenizer_dir``'s tokenizer, saved in bf16 to ``folder``
+    (initialised on ``device``: a 1B model's initialisation takes ~50 s on a CPU, a second on a GPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     cfg = LlamaConfig(**SHAPES[shape], vocab_size=len(tok), max_position_embeddings=4096, rms_norm_eps=1e-5,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return {"shape": shape, "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=24, help="Documents per task for locate.")
     ap.add_argument("--controls", default="default")
     ap.add_argument("--step-timeout", type=float, default=600)
+    ap.add_argument("--masks-per-forward", default="auto", help="locate's --masks-per-forward (auto, or a count).")
+    ap.add_argument("--locate-only", action="store_true", help="Stop after locate (no validate, export).")
     ap.add_argument("--cpu-smoke", action="store_true", help="Tiny shape on the CPU, few documents, no controls.")
     args = ap.parse_args(argv)
     if args.cpu_smoke:
@@ -123,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
     info["transformers"] = transformers.__version__
     t0 = time.perf_counter()
-    info["model"] = build_model(args.shape, args.tokenizer, model_dir)
+    info["model"] = build_model(args.shape, args.tokenizer, model_dir, args.device)
     info["model"]["build_s"] = round(time.perf_counter() - t0, 1)
     common = ["--device", args.device, "--no-progress"]
     steps = info["steps"]
     steps.append(step("locate", ["locate", str(model_dir), "--task", "capsense_induction", "--controls", args.controls,
-                                 "--limit", str(args.limit), "--dtype", "auto", "--out", str(run_dir), *common],
+                                 "--limit", str(args.limit), "--dtype", "auto", "--masks-per-forward",
+                                 args.masks_per_forward, "--out", str(run_dir), *common],
                       out / "locate.log", args.step_timeout))
     heads_json = run_dir / "heads.json"
     if steps[-1]["rc"] == 0:
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                           "masks_per_forward": manifest["args"].get("masks_per_forward_resolved"),
                           "dtype": manifest["args"].get("dtype_resolved"),
                           "top5": [f"L{h['layer']}H{h['head']}" for h in heads["heads"][:5]]}
+    if steps[-1]["rc"] == 0 and not args.locate_only:
         steps.append(step("validate", ["validate", str(model_dir), "--heads", str(heads_json), "--top-k", "5",
                                        "--tasks", "capsense_induction", "--random", "1", "--limit", str(args.limit),
                                        "--device", args.device, "--out", str(out / "validate")],

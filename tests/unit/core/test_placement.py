@@ -105,6 +105,20 @@ def test_masks_per_forward_from_memory(folder):
     assert masks_that_fit(cfg, 16, 400, 1e8) < masks_that_fit(cfg, 16, 100, 1e8)  # longer requests, fewer masks
 
 
+def test_auto_packs_only_without_prefix_reuse_on_a_gpu(folder, monkeypatch):
+    """On a GPU, auto packs masks only where prefix reuse is off (packed masks run full forwards)."""
+    import torch
+
+    from capsense.core import placement
+
+    model, _ = load_model(str(folder), "float32")
+    monkeypatch.setattr(placement, "input_device", lambda m: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (80 * 2**30, 80 * 2**30))
+    assert placement.auto_masks_per_forward(model, 16, 512) == 1  # prefix reuse (the default): one mask per forward
+    fits = placement.masks_that_fit(model.config, 16, 512, 40 * 2**30, 4)
+    assert placement.auto_masks_per_forward(model, 16, 512, prefix_reuse=False) == fits > 1
+
+
 def test_checkpoint_export_with_a_device_map(folder, tmp_path):
     """Export loads through a device map; a map that offloads an edited layer is refused, nothing written."""
     from click.testing import CliRunner

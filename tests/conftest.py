@@ -115,6 +115,21 @@ def make_char_tokenizer():
     )
 
 
+def load_bench_script(name: str):
+    """``recipes/bench/<name>.py`` as a module (the bench scripts are scripts, not a package).
+
+    Registered in ``sys.modules`` under ``name``: dataclasses look their module up there."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "recipes" / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def save_tiny_folder(arch: str, path, seed: int = 0, **overrides):
     """Save a tiny model of ``arch`` and the character tokenizer as a loadable model folder."""
     from pathlib import Path

@@ -3,12 +3,10 @@ validation (nothing re-validated, so no model is loaded)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "recipes" / "bench" / "selectivity_table.py"
+from conftest import load_bench_script
 
 
 def _row(task, metric, base, ablated, rnd):
@@ -31,9 +29,7 @@ def test_chosen_set_alone_comes_from_the_recipes_validation(tmp_path, monkeypatc
         "random_sets": ["a", "b", "c"], "samples": {"capsense_sequence": [0] * 40, "capsense_facts": [0] * 39}}))
     out = tmp_path / "table.md"
     monkeypatch.setattr(sys, "argv", ["selectivity_table.py", "--run", str(run), "--out", str(out)])
-    spec = importlib.util.spec_from_file_location("selectivity_table", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench_script("selectivity_table")
     mod.validate = lambda *a, **k: (_ for _ in ()).throw(AssertionError("must not re-validate"))
     mod.main()
     text = out.read_text()

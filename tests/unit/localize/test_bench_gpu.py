@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[3] / "recipes" / "bench" / "bench_gpu.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_bench_script
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")
 def test_exits_cleanly_without_a_gpu(capsys, tmp_path):
-    assert _bench().main(["--out", str(tmp_path / "x.json")]) == 0
+    assert load_bench_script("bench_gpu").main(["--out", str(tmp_path / "x.json")]) == 0
     assert "no GPU here" in capsys.readouterr().out
     assert not (tmp_path / "x.json").exists()
 
 
 def test_cpu_smoke_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "smoke.json"
-    assert _bench().main(["--cpu-smoke", "--out", str(out)]) == 0
+    assert load_bench_script("bench_gpu").main(["--cpu-smoke", "--out", str(out)]) == 0
     res = json.loads(out.read_text())["results"][0]
     assert res["model"] == "tiny" and res["auto_masks_per_forward"] == 1
     assert [r["masks_per_forward"] for r in res["capsense"]] == [1, 2]
@@ -41,7 +32,7 @@ def test_cpu_smoke_runs_end_to_end(tmp_path, capsys):
 
 
 def test_meta_build_has_the_published_shapes():
-    mod = _bench()
+    mod = load_bench_script("bench_gpu")
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     with torch.device("meta"):

@@ -3,9 +3,7 @@ tiny model and on synthetic effects."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,30 +11,22 @@ import pytest
 
 from capsense.scoring.cost import mask_cost
 
-BENCH = Path(__file__).resolve().parents[3] / "recipes" / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_bench_script
 
 
 def _rows(path: Path) -> tuple[dict, list[dict]]:
-    return _load("record_perdoc_sweep").read_rows(path)
+    return load_bench_script("record_perdoc_sweep").read_rows(path)
 
 
 def test_perdoc_sweep_matches_the_exhaustive_run_and_resumes(tiny_model_dir, tmp_path):
     """The recorder's aggregate equals the library's exhaustive sweep (same probe, same scorer), its
     per-document nats add up to that aggregate, and a cut run resumes to the same file."""
     task = "capsense_induction"
-    _load("bench_locate_recovery").main(["--model", str(tiny_model_dir), "--root", str(tmp_path / "runs"), "--tasks", task,
+    load_bench_script("bench_locate_recovery").main(["--model", str(tiny_model_dir), "--root", str(tmp_path / "runs"), "--tasks", task,
                                          "--stages", "sweep", "--sweeps-json", str(tmp_path / "ref.json"),
                                          "--results", str(tmp_path / "recovery")])
     ref = json.loads((tmp_path / "ref.json").read_text())[task]
-    rec = _load("record_perdoc_sweep")
+    rec = load_bench_script("record_perdoc_sweep")
     out = tmp_path / "perdoc.jsonl"
     argv = ["--model", str(tiny_model_dir), "--task", task, "--out", str(out)]
     rec.main([*argv, "--max-masks", "5"])
@@ -59,7 +49,7 @@ def test_perdoc_sweep_matches_the_exhaustive_run_and_resumes(tiny_model_dir, tmp
 
 
 def test_multiple_choice_counts_the_gold_choice_per_document(tiny_model_dir, tmp_path):
-    rec = _load("record_perdoc_sweep")
+    rec = load_bench_script("record_perdoc_sweep")
     out = tmp_path / "mc.jsonl"
     rec.main(["--model", str(tiny_model_dir), "--task", "capsense_antonyms", "--limit", "5", "--out", str(out),
               "--max-masks", "8"])
@@ -75,7 +65,7 @@ def test_multiple_choice_counts_the_gold_choice_per_document(tiny_model_dir, tmp
 
 
 def _replay(n_heads: int = 4, folded: float = 0.0):
-    bench, racing = _load("bench_locate_recovery"), _load("replay_racing")
+    bench, racing = load_bench_script("bench_locate_recovery"), load_bench_script("replay_racing")
     eff = np.zeros(4 * n_heads)
     eff[[1, 6, 9, 12, 15]] = [2.0, 1.5, 1.2, 1.0, 0.9]
     eff[[0, 3]] = [0.3, 0.2]
@@ -89,7 +79,7 @@ def test_without_racing_the_replay_is_replay_prior():
         bench, racing, rp = _replay(folded=folded)
         est = rp.eff.copy()
         est[9] = 0.0  # a miss of the estimate, found by a group split
-        ref = _load("replay_prior").replay(est, rp.eff, bench.Layout(4, 4), 1.0, PriorSettings(top_m=32, group_size=16),
+        ref = load_bench_script("replay_prior").replay(est, rp.eff, bench.Layout(4, 4), 1.0, PriorSettings(top_m=32, group_size=16),
                                            bench.overlap, folded)
         mine = racing.racing(rp, racing.single_order(est, rp.cost, 32), None, 1.0)
         assert (mine["fe_4of5"], mine["fe_5of5"], mine["spent"]) == (ref["fe_4of5"], ref["fe_5of5"], ref["spent"])

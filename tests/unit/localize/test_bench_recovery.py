@@ -4,26 +4,18 @@ from the recorded sweep once the sweep folder is gone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "recipes" / "bench" / "bench_locate_recovery.py"
+from conftest import load_bench_script
+
 TASK = "capsense_induction"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_locate_recovery", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_recovery_bench_runs_any_model_and_reuses_the_recorded_sweep(tiny_model_dir, tmp_path):
-    bench = _bench()
+    bench = load_bench_script("bench_locate_recovery")
     common = ["--model", str(tiny_model_dir), "--root", str(tmp_path / "runs"), "--tasks", TASK, "--budget", "8",
               "--top-m", "4", "--group-size", "4", "--cs-masks", "12", "--sweeps-json", str(tmp_path / "sweeps.json"),
               "--results", str(tmp_path / "recovery")]
@@ -50,7 +42,7 @@ def test_recovery_bench_runs_any_model_and_reuses_the_recorded_sweep(tiny_model_
 
 
 def test_bad_stage_and_task_are_named(capsys):
-    bench = _bench()
+    bench = load_bench_script("bench_locate_recovery")
     for argv, word in ((["--stages", "sweep,fit"], "fit"), (["--tasks", "capsense_prose"], "capsense_prose")):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
@@ -58,7 +50,7 @@ def test_bad_stage_and_task_are_named(capsys):
 
 
 def test_result_files_are_named_for_the_model():
-    bench = _bench()
+    bench = load_bench_script("bench_locate_recovery")
     assert bench.parse_args(["--model", "gemma3-270m"]).results.endswith("locate_recovery_gemma3")
     assert bench.parse_args([]).results.endswith("locate_recovery")  # SmolLM2's table predates the parameter
     assert bench.parse_args(["--model", "gemma3-270m"]).sweeps_json.name == "locate_gemma3_sweeps.json"
@@ -69,6 +61,6 @@ def test_search_settings_default_to_the_library_defaults():
     (they had stayed at round 5's top-m 24 / group 8 after the library moved to 32 / 16)."""
     from capsense.localize.prior import DEFAULT_BUDGET, DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
 
-    args = _bench().parse_args(["--model", "gemma3-270m"])
+    args = load_bench_script("bench_locate_recovery").parse_args(["--model", "gemma3-270m"])
     assert (args.top_m, args.group_size, args.budget) == (DEFAULT_TOP_M, DEFAULT_GROUP_SIZE, DEFAULT_BUDGET)
-    assert _bench().parse_args(["--top-m", "8"]).top_m == 8
+    assert load_bench_script("bench_locate_recovery").parse_args(["--top-m", "8"]).top_m == 8

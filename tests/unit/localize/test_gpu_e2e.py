@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import make_char_tokenizer
-
-SCRIPT = Path(__file__).resolve().parents[3] / "recipes" / "bench" / "gpu_e2e.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("gpu_e2e", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_bench_script, make_char_tokenizer
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")
 def test_exits_cleanly_without_a_gpu(tmp_path, capsys):
-    assert _script().main(["--tokenizer", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert load_bench_script("gpu_e2e").main(["--tokenizer", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "no GPU here" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
 
@@ -32,7 +21,7 @@ def test_cpu_smoke_locates_validates_exports_and_reloads(tmp_path):
     tok = tmp_path / "tok"
     make_char_tokenizer().save_pretrained(tok)
     out = tmp_path / "e2e"
-    assert _script().main(["--tokenizer", str(tok), "--out", str(out), "--cpu-smoke"]) == 0
+    assert load_bench_script("gpu_e2e").main(["--tokenizer", str(tok), "--out", str(out), "--cpu-smoke"]) == 0
     info = json.loads((out / "gpu_e2e.json").read_text())
     assert [(s["step"], s["rc"]) for s in info["steps"]] == [("locate", 0), ("validate", 0), ("export", 0)]
     assert info["locate"]["forward_equivalents"] > 0 and len(info["locate"]["top5"]) == 5

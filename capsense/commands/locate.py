@@ -64,7 +64,8 @@ from capsense.commands.output import echo_written, log
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
 @click.option("--refine-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="Precision of measure-and-choose (default: float32 when the search runs in bfloat16/float16 on "
-                   "one device, else --dtype): the handed-on set is measured in the precision validation judges in.")
+                   "one device and, on a GPU, the float32 model takes at most half its memory; else --dtype): the "
+                   "handed-on set is measured in the precision validation judges in.")
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -73,7 +74,7 @@ from capsense.commands.output import echo_written, log
               help="Masks packed in one forward pass: auto (1 with prefix reuse, the default, and on CPUs: packed masks "
                    "run full forwards, which cost more than they save; on a GPU with --no-prefix-reuse the most that "
                    "fit in half its free memory) or a number.")
-@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward. Prefix reuse starts each knockout at its first ablated layer from the clean model's block inputs, kept in memory (layers x tokens x hidden size, for log-likelihood and multiple-choice probes alike); turn it off where they do not fit. Multiple-choice contexts are still shared across choices.")
+@click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward. Prefix reuse starts each knockout at its first ablated layer from the clean model's block inputs, kept in memory (layers x tokens x hidden size, for log-likelihood and multiple-choice probes alike); turn it off where they do not fit (on a GPU it turns itself off where they would take more than half the free memory). Multiple-choice contexts are still shared across choices.")
 @device_option()
 @device_map_option()
 @dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")

@@ -214,6 +214,72 @@ def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction
     return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)
 
 
+def _text_config_ints(model, *names: str) -> int:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return next((int(getattr(cfg, n)) for n in names if getattr(cfg, n, None)), 0)
+
+
+def prefix_cache_bytes(model, n_tokens: int) -> int:
+    """Bytes of prefix reuse's cache for ``n_tokens`` tokens: every decoder layer's input hidden
+    states (:mod:`capsense.scoring.prefix`), in the model's dtype, on its device."""
+    layers = _text_config_ints(model, "num_hidden_layers", "n_layer")
+    hidden = _text_config_ints(model, "hidden_size", "n_embd")
+    return layers * n_tokens * hidden * next(model.parameters()).element_size()
+
+
+def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> bool:
+    """Whether prefix reuse's cache for ``n_tokens`` tokens fits in ``memory_fraction`` of the GPU's
+    free memory. True off GPUs (host memory is not checked: the SmolLM2 main job's cache is about
+    0.1 GB). Until round 24 a GPU run packed masks by default, which keeps no cache; with one mask
+    per forward the default there too, a run whose cache would not fit turns prefix reuse off
+    instead of running out of memory mid-search (Llama-3.1-8B in bf16 keeps 256 KiB per token:
+    100 few-shot prompts of 800 tokens are 20 GiB)."""
+    import torch
+
+    dev = input_device(model)
+    if dev.type != "cuda":
+        return True
+    return prefix_cache_bytes(model, n_tokens) <= torch.cuda.mem_get_info(dev)[0] * memory_fraction
+
+
+def recast_fits(model, dtype: str, memory_fraction: float = 0.5) -> bool:
+    """Whether ``model`` cast in place to ``dtype`` (measure-and-choose's float32 after a bf16
+    search) takes at most ``memory_fraction`` of its GPU's total memory. Total, not free: every GPU
+    of a kind answers the same, so a resumed run resolves the same precision (it identifies the
+    run folder). True off GPUs and under a device map (which is never recast). On an 80 GB GPU
+    models up to 10B parameters are measured in float32; a 34B model in bf16 (68 GB) would need
+    136 GB in float32."""
+    import torch
+
+    if getattr(model, "hf_device_map", None):
+        return True
+    dev = input_device(model)
+    if dev.type != "cuda":
+        return True
+    n_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return n_bytes <= torch.cuda.get_device_properties(dev).total_memory * memory_fraction
+
+
+def plan_scoring(model, batch_size: int, lengths: list[int], prefix_reuse: bool, masks_per_forward: int | None,
+                 dtype: str, refine_dtype: str, refine_asked: bool = False, log=print) -> dict[str, Any]:
+    """How a run scores masks on ``model``'s device: ``masks_per_forward`` (as given, else
+    :func:`auto_masks_per_forward`), ``prefix_reuse`` (as asked, unless its cache for requests of
+    ``lengths`` tokens does not fit: :func:`prefix_cache_fits`) and ``refine_dtype`` (the run's
+    ``dtype`` instead where a float32 copy would not fit and none was asked for: :func:`recast_fits`).
+    Each fallback is said through ``log``."""
+    n_tokens = sum(lengths)
+    reuse = prefix_reuse and prefix_cache_fits(model, n_tokens)
+    if prefix_reuse and not reuse:
+        log(f"prefix reuse off: its cache of clean block inputs ({prefix_cache_bytes(model, n_tokens) / 2**30:.1f} GiB) "
+            "does not fit in half the GPU's free memory")
+    mpf = masks_per_forward or auto_masks_per_forward(model, batch_size, max(lengths, default=1), prefix_reuse=reuse)
+    if not refine_asked and refine_dtype != dtype and not recast_fits(model, refine_dtype):
+        log(f"refine: measuring sets in {dtype}: the model in {refine_dtype} would take more than half the GPU's memory "
+            f"(--refine-dtype {refine_dtype} asks for it anyway)")
+        refine_dtype = dtype
+    return {"masks_per_forward": mpf, "prefix_reuse": reuse, "refine_dtype": refine_dtype}
+
+
 def masks_that_fit(config, batch_size: int, longest: int, budget_bytes: float, dtype_bytes: int = 2) -> int:
     """The packing :func:`auto_masks_per_forward` picks for ``budget_bytes`` (pure arithmetic, testable)."""
     get = lambda *names: next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)  # noqa: E731

@@ -33,7 +33,8 @@ class LocateConfig:
     control_limit: int | None = None  # documents per control task (None: `limit`)
     screen: float = DEFAULT_SCREEN_Z  # collateral screen: robust z beyond which a control's damage excludes a head; 0 = off
     # measure-and-choose's precision: None = float32 when the search ran in bfloat16/float16 on one device
-    # (bf16 moved one set's control damage from +1.9% to +15.7%), else the run's dtype; or a dtype name
+    # (bf16 moved one set's control damage from +1.9% to +15.7%) and, on a GPU, the float32 model takes at
+    # most half its memory (capsense.core.placement.recast_fits), else the run's dtype; or a dtype name
     refine_dtype: str | None = None
     metric: str = "nll"
     limit: int | None = 100  # paper: 100 samples per mask

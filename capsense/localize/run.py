@@ -98,9 +98,11 @@ def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> i
     return heads_per_mask(n, cfg.sparsity, cfg.heads_per_mask)
 
 
-def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probes: dict) -> dict[str, Any]:
-    """Every setting that may identify a run folder (:func:`identity_keys` picks the ones compared)."""
-    refine_dtype = cfg.resolved_refine_dtype(dtype)
+def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probes: dict,
+                 refine_dtype: str | None = None) -> dict[str, Any]:
+    """Every setting that may identify a run folder (:func:`identity_keys` picks the ones compared).
+    ``refine_dtype``: measure-and-choose's resolved precision (None: ``cfg``'s rule alone)."""
+    refine_dtype = refine_dtype or cfg.resolved_refine_dtype(dtype)
     return {
         "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
         "task": cfg.task,
@@ -143,12 +145,13 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
         "controls": list(cfg.controls),
         "metric": cfg.metric,
         "heads_per_mask": k,
-        "args": {**asdict(cfg), "dtype_resolved": dtype, "masks_per_forward_resolved": placed["masks_per_forward"]},
+        "args": {**asdict(cfg), "dtype_resolved": dtype, "masks_per_forward_resolved": placed["masks_per_forward"],
+                 "prefix_reuse_resolved": placed["prefix_reuse"], "refine_dtype_resolved": placed["refine_dtype"]},
         "probes": {
             t: {"doc_ids": [int(d) for d in p.doc_ids], "n_requests": p.n_requests, "kind": p.kind, **p.meta}
             for t, p in probes.items()
         },
-        "identity": run_identity(cfg, fingerprint, dtype, k, probes),
+        "identity": run_identity(cfg, fingerprint, dtype, k, probes, placed["refine_dtype"]),
         "task_metric": {
             t: {"metric": cfg.metric, "label": sc.metric.label, "higher_is_better": sc.metric.higher_is_better,
                 "scored_by": "lm-eval under each mask (capsense-masked)"}
@@ -242,7 +245,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     from capsense.core.arch import head_layout
     from capsense.core.distributed import context
     from capsense.core.models import load_model, model_fingerprint, resolve_dtype
-    from capsense.core.placement import auto_masks_per_forward, check_device, parse_device_map
+    from capsense.core.placement import check_device, parse_device_map, plan_scoring
 
     ctx = context()
     cfg.check()
@@ -262,9 +265,10 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     k = random_mask_size(cfg, method, layout)
     probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path) for t in cfg.tasks}
     extra = task_metric_scorers(cfg, model, tokenizer, probes)
-    mpf = cfg.masks_per_forward or auto_masks_per_forward(model, cfg.batch_size, longest_request(probes),
-                                                          prefix_reuse=cfg.prefix_reuse)
-    placed = {"device": device, "masks_per_forward": mpf, "processes": ctx.world}
+    lengths = [len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)]
+    placed = {"device": device, "processes": ctx.world, **plan_scoring(
+        model, cfg.batch_size, lengths, cfg.prefix_reuse, cfg.masks_per_forward, dtype, cfg.resolved_refine_dtype(dtype),
+        refine_asked=cfg.refine_dtype is not None, log=log if ctx.is_main else _quiet)}
     manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra, placed)
     lock = RunFolderLock(out)
     try:
@@ -272,14 +276,14 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         load_s = time.perf_counter() - t_load
         if store.done and ctx.is_main:
             log(f"Resuming {out}: {len(store.done)} masks already evaluated")
-        evaluator = MaskEvaluator(model, probes, cfg.batch_size, mpf, cfg.prefix_reuse, extra)
-        runner = MaskRunner(store, evaluator, mpf, ctx=ctx)
+        evaluator = MaskEvaluator(model, probes, cfg.batch_size, placed["masks_per_forward"], placed["prefix_reuse"], extra)
+        runner = MaskRunner(store, evaluator, placed["masks_per_forward"], ctx=ctx)
         runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
         search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet)
         t0 = time.perf_counter()
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
-                                    dtypes=(dtype, cfg.resolved_refine_dtype(dtype)))
+                                    dtypes=(dtype, placed["refine_dtype"]))
         record_cost(store.manifest, result, runner, evaluator)
         store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
@@ -369,11 +373,6 @@ def open_store(ctx: DistContext, lock: RunFolderLock, manifest: dict, keys: list
 
     ctx.on_main(main)
     return opened["store"] if ctx.is_main else RunStore.attach(lock.folder, n_heads, ctx.rank)
-
-
-def longest_request(probes: dict) -> int:
-    """Tokens in the longest request of any probe."""
-    return max((len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)), default=1)
 
 
 def _quiet(message: str) -> None:

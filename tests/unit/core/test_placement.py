@@ -152,3 +152,26 @@ def test_a_memory_check_refuses_above_what_is_available_naming_the_parts_and_wha
     monkeypatch.setattr(placement, "available_cpu_memory", lambda: gib)  # default: what the system has
     with pytest.raises(CapsenseError, match="but 1.0 GiB is available: calibrate less"):
         check_cpu_memory(held, "calibrating", "calibrate less")
+
+
+def test_prefix_cache_and_float32_recast_fit_the_gpu_or_not(folder, monkeypatch):
+    """The GPU memory rules on a simulated device: the cache of clean block inputs against half the free
+    memory, a float32 copy of the model against half the total; both always fit off GPUs."""
+    import torch
+
+    from capsense.core import placement
+
+    model, _ = load_model(str(folder), "bfloat16")
+    assert placement.prefix_cache_fits(model, 10**9) and placement.recast_fits(model, "float32")  # CPU: not checked
+    cfg = model.config
+    per_token = cfg.num_hidden_layers * cfg.hidden_size * 2
+    assert placement.prefix_cache_bytes(model, 1000) == 1000 * per_token
+    n_params = sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(placement, "input_device", lambda m: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1000 * per_token, 10**12))
+    assert placement.prefix_cache_fits(model, 500) and not placement.prefix_cache_fits(model, 501)
+    total = type("Props", (), {"total_memory": 8 * n_params})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev=None: total)
+    assert placement.recast_fits(model, "float32")  # 4 bytes per parameter: half of 8
+    total.total_memory = 8 * n_params - 2
+    assert not placement.recast_fits(model, "float32") and placement.recast_fits(model, "bfloat16")

@@ -188,6 +188,25 @@ def test_bf16_search_measures_the_chosen_set_in_float32(toy, tmp_path):
     assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output  # resumes, nothing new
 
 
+def test_gpu_memory_rules_turn_off_prefix_reuse_and_the_float32_recast(toy, tmp_path, monkeypatch):
+    """Where the prefix cache or a float32 copy of the model would not fit on the GPU (simulated here),
+    the run says so, keeps no cache and measures the set in the search's precision; both are recorded."""
+    from capsense.core import placement
+
+    monkeypatch.setattr(placement, "prefix_cache_fits", lambda model, n_tokens, memory_fraction=0.5: False)
+    monkeypatch.setattr(placement, "recast_fits", lambda model, dtype, memory_fraction=0.5: False)
+    out = tmp_path / "gpu-rules"
+    r = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    assert "prefix reuse off: its cache of clean block inputs" in r.output
+    assert "refine: measuring sets in bfloat16: the model in float32 would take more than half" in r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["args"]["prefix_reuse_resolved"] is False and manifest["args"]["refine_dtype_resolved"] == "bfloat16"
+    assert manifest["identity"]["refine_dtype"] is None  # the run's own dtype, as in folders from before it
+    assert manifest["cost_model"]["reuse_share"] == 0.0  # every knockout priced as the full forward it ran
+    assert all(e.round == 0 or e.heads for e in read_evaluations(out))  # no clean re-evaluation in another dtype
+
+
 def test_refine_dtype_without_refine_is_refused(toy, tmp_path):
     r = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]), "--controls", "none",
                                   "--refine-dtype", "float32", "--out", str(tmp_path / "x")])

@@ -9,8 +9,8 @@ not on values). The task is synthetic: ``--requests`` requests of ``--context`` 
 plus a 4-token continuation (a realistic few-shot prompt length). For each model:
 
 * capsense: model loaded once, requests tokenized once, logits only at scored positions,
-  ``masks_per_forward`` 1, 4 and 16 masks packed per forward pass (and the automatic choice
-  from free memory), 5% of heads knocked out per mask;
+  ``masks_per_forward`` 1, 4 and 16 masks packed per forward pass (and the most that fit in
+  half the free memory: what ``auto`` packs without prefix reuse), 5% of heads knocked out per mask;
 * reference (the paper's code): per mask, reload the weights (copied from host memory, the
   best case of ``from_pretrained`` from a warm page cache), zero the knocked-out heads, and
   score every request at batch size 1 with full logits, as lm-eval's ``hf`` model does.

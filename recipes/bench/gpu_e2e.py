@@ -3,6 +3,10 @@
     python recipes/bench/gpu_e2e.py --tokenizer TOKDIR --out OUT [--shape llama-1b] [--device cuda]
     python recipes/bench/gpu_e2e.py --tokenizer TOKDIR --out OUT --cpu-smoke   # tiny shape on the CPU
 
+``TOKDIR``: any folder with a tokenizer. Round 24 used the embedded SmolLM2's (``tokenizer.json``,
+``tokenizer_config.json`` and ``chat_template.jinja`` copied from ``~/.cache/capsense/models/
+smollm2-135m-instruct``, 3.4 MB, carried to a GPU machine that reaches no Hub beside lm-eval's wheels).
+
 What the CPU tests cannot show: that ``capsense locate`` (gradient attribution, knockouts, the
 collateral screen, measure-and-choose), ``capsense validate`` (lm-eval through ``capsense-masked``)
 and ``capsense export`` run on a CUDA device, what they cost there, and that the exported

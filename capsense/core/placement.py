@@ -214,17 +214,17 @@ def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction
     return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)
 
 
-def _text_config_ints(model, *names: str) -> int:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return next((int(getattr(cfg, n)) for n in names if getattr(cfg, n, None)), 0)
+def _config_int(config, *names: str) -> int:
+    """The first of ``names`` that ``config`` sets (families spell sizes differently), else 0."""
+    return next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)
 
 
 def prefix_cache_bytes(model, n_tokens: int) -> int:
     """Bytes of prefix reuse's cache for ``n_tokens`` tokens: every decoder layer's input hidden
     states (:mod:`capsense.scoring.prefix`), in the model's dtype, on its device."""
-    layers = _text_config_ints(model, "num_hidden_layers", "n_layer")
-    hidden = _text_config_ints(model, "hidden_size", "n_embd")
-    return layers * n_tokens * hidden * next(model.parameters()).element_size()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    hidden = _config_int(config, "hidden_size", "n_embd")
+    return _config_int(config, "num_hidden_layers", "n_layer") * n_tokens * hidden * next(model.parameters()).element_size()
 
 
 def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> bool:
@@ -256,7 +256,7 @@ def recast_fits(model, dtype: str, memory_fraction: float = 0.5) -> bool:
     dev = input_device(model)
     if dev.type != "cuda":
         return True
-    n_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    n_bytes = sum(p.numel() for p in model.parameters()) * (torch.finfo(getattr(torch, dtype)).bits // 8)
     return n_bytes <= torch.cuda.get_device_properties(dev).total_memory * memory_fraction
 
 
@@ -282,10 +282,9 @@ def plan_scoring(model, batch_size: int, lengths: list[int], prefix_reuse: bool,
 
 def masks_that_fit(config, batch_size: int, longest: int, budget_bytes: float, dtype_bytes: int = 2) -> int:
     """The packing :func:`auto_masks_per_forward` picks for ``budget_bytes`` (pure arithmetic, testable)."""
-    get = lambda *names: next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)  # noqa: E731
-    hidden = get("hidden_size", "n_embd")
-    inter = get("intermediate_size", "n_inner") or 4 * hidden
-    heads = get("num_attention_heads", "n_head")
+    hidden = _config_int(config, "hidden_size", "n_embd")
+    inter = _config_int(config, "intermediate_size", "n_inner") or 4 * hidden
+    heads = _config_int(config, "num_attention_heads", "n_head")
     # one (mask, request) row at its peak layer: residual stream, q/k/v/o, the MLP's activations
     # and (eager attention) the score matrix, twice over for temporaries
     per_row = 2 * longest * dtype_bytes * (6 * hidden + 3 * inter + heads * longest)

@@ -92,12 +92,12 @@ def export_agreement(base: Path, exported: Path, heads: str, device: str, tokeni
         a = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
         b = AutoModelForCausalLM.from_pretrained(exported, dtype=dtype).to(device).eval()
         ablator = HeadAblator(a)
-        worst = 0.0
+        worst = unablated = 0.0
         for ids in batch:
+            lb = b(ids).logits.float()
             with ablator.apply(heads):
-                la = a(ids).logits.float()
-            worst = max(worst, float((la - b(ids).logits.float()).abs().max()))
-        unablated = max(float((a(ids).logits.float() - b(ids).logits.float()).abs().max()) for ids in batch)
+                worst = max(worst, float((a(ids).logits.float() - lb).abs().max()))
+            unablated = max(unablated, float((a(ids).logits.float() - lb).abs().max()))
         out[str(dtype).removeprefix("torch.")] = {"max_abs_dlogit": worst, "vs_unablated_base": unablated}
         del a, b
     return out

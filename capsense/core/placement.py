@@ -229,11 +229,12 @@ def prefix_cache_bytes(model, n_tokens: int) -> int:
 
 def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> bool:
     """Whether prefix reuse's cache for ``n_tokens`` tokens fits in ``memory_fraction`` of the GPU's
-    free memory. True off GPUs (host memory is not checked: the SmolLM2 main job's cache is about
-    0.1 GB). Until round 24 a GPU run packed masks by default, which keeps no cache; with one mask
-    per forward the default there too, a run whose cache would not fit turns prefix reuse off
-    instead of running out of memory mid-search (Llama-3.1-8B in bf16 keeps 256 KiB per token:
-    100 few-shot prompts of 800 tokens are 20 GiB)."""
+    free memory. True off GPUs (host memory is not checked: by :func:`prefix_cache_bytes`, the
+    SmolLM2 main job's 5,661 request tokens come to 0.2 GB in bf16). Until round 24 a GPU run
+    packed masks by default, which keeps no cache; with one mask per forward the default there
+    too, a run whose cache would not fit turns prefix reuse off instead of running out of memory
+    mid-search (Llama-3.1-8B in bf16 keeps 256 KiB per token: 100 few-shot prompts of 800 tokens
+    are 20 GiB)."""
     import torch
 
     dev = input_device(model)

@@ -130,19 +130,21 @@ def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, Capabi
 def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int = 64, batch_size: int = 16,
                    dtype: str = "float32", reference: str | None = None, per_doc: bool = False) -> dict[str, Any]:
     """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
-    measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}}``.
+    measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}, "versions", "host"}``.
 
     With ``reference`` (another model, loaded after ``model`` is freed), each capability also
     gets ``nll0`` (the reference's loss) and ``dL = nll - nll0``, and the document names it.
     ``per_doc`` adds per-document nats and token counts.
     """
     from capsense.core.models import load_model
+    from capsense.core.provenance import provenance
 
     caps = parse_capabilities(capabilities)
     m, tok = load_model(model, dtype=dtype)
     measured = measure(m, build_probes(tok, caps, n_probes), batch_size)
     result = {c: v.to_dict(per_doc) for c, v in measured.items()}
-    doc: dict[str, Any] = {"model": model, "probes": n_probes, "dtype": dtype, "capabilities": result}
+    doc: dict[str, Any] = {"model": model, "probes": n_probes, "dtype": dtype, "capabilities": result,
+                           **provenance(next(m.parameters()).device)}
     if reference:
         del m
         r, rtok = load_model(reference, dtype=dtype)

@@ -91,13 +91,24 @@ def _sequential_lines(sequential: dict[str, Any] | None, guided: bool) -> list[s
     return ["", f"Calibrated one decoder layer at a time ({sequential['layers']} layers): {how}."]
 
 
+def _made_with(meta: dict[str, Any]) -> str:
+    """``0.1.0 (torch ..., transformers ..., on AMD EPYC, cpu)``: what made it, from ``capsense.json``'s
+    ``made_with`` (a checkpoint from before round 25 has none: the running capsense's version alone)."""
+    made = meta.get("made_with") or {}
+    versions, host = made.get("versions") or {}, made.get("host") or {}
+    libs = [f"{k} {versions[k]}" for k in ("torch", "transformers", "compressed-tensors") if k in versions]
+    where = [f"on {host['cpu']}" if host.get("cpu") else "", host.get("device", "")]
+    extra = ", ".join(x for x in [*libs, *where] if x)
+    return versions.get("capsense", __version__) + (f" ({extra})" if extra else "")
+
+
 def render_card(meta: dict[str, Any], family: str) -> str:
     """README.md text for a compressed checkpoint described by ``meta`` (its ``capsense.json``)."""
     base = meta["base_model"].get("model", "the base model")
     fmt = meta.get("format", {})
     size, s = meta.get("size", {}), meta["summary"]
     lines = [f"# {base}, compressed: {meta['label']}", "",
-             f"Compressed from `{base}` by `{meta['method']}` with capsense {__version__}.", ""]
+             f"Compressed from `{base}` by `{meta['method']}` with capsense {_made_with(meta)}.", ""]
     if fmt.get("format") == "compressed-tensors":
         lines += ["Stored in the compressed-tensors `pack-quantized` format (integer codes, 16-bit group scales; "
                   f"other tensors in {fmt.get('dtype')}). Load it with `compressed-tensors` installed:", "",

@@ -292,11 +292,12 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
     import shutil
 
     from capsense.core.files import atomic_output_dir
+    from capsense.core.provenance import provenance
 
     work = out.parent / (out.name + ".partial")
     meta_in = Path(cfg.student) / "capsense.json"
     meta = json.loads(meta_in.read_text()) if meta_in.is_file() else {}
-    meta["distill"] = {"config": asdict(cfg), "epochs": records}
+    meta["distill"] = {"config": asdict(cfg), "epochs": records, **provenance(next(student.parameters()).device)}
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

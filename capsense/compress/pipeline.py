@@ -242,6 +242,7 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
     """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
     from capsense.core.files import atomic_output_dir
     from capsense.core.models import model_fingerprint
+    from capsense.core.provenance import provenance
     from capsense.ship.metadata import public_name
 
     base = model_fingerprint(model_name)
@@ -257,6 +258,7 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
         **({"allocation": allocation.info} if allocation is not None else {}),
         **({"measured": measured} if measured is not None else {}),
         "format": {"format": "dense"},
+        "made_with": provenance(next(model.parameters()).device),  # GPTQ's numbers move with the CPU (round 23)
         "note": "weights are stored dense: pruned weights are zeros, RTN weights are dequantized, low-rank "
         "matrices are the reconstructed products; accounting counts what a sparse/quantized/factored store needs",
     }

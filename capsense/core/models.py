@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from capsense.core.files import cache_dir
 from capsense.core.gguf import check_gguf_file, convert_gguf, ensure_gguf_folder, gguf_folder, is_converted, is_gguf_path
+from capsense.core.provenance import cpu_info
 from capsense.errors import CapsenseError, UnknownModelError
 
 if TYPE_CHECKING:
@@ -91,24 +92,6 @@ EMBEDDED_MODELS = {"smollm2-135m": SMOLLM2, "smollm2-135m-instruct": SMOLLM2, "g
 
 #: Weight dtypes a model can be loaded (or saved) in; ``auto`` is resolved by :func:`resolve_dtype`.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def cpu_info(text: str | None = None) -> dict:
-    """This host's CPU: its model name and whether it has native bf16 (AVX-512 BF16, AMX-BF16), from
-    ``/proc/cpuinfo`` (``text``: that file's contents; empty fields where it does not exist).
-
-    Results record it because numbers move with it: the same GPTQ command, code and library versions gave
-    Gemma 3's uniform 3-bit math dL +0.254 on an Intel Xeon and +0.218 on an AMD EPYC (round 23), the
-    AMD figure reproduced to the last digit at one and two threads."""
-    if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            text = ""
-    lines = text.splitlines()
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-    return {"model_name": name, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
 
 
 def resolve_dtype(dtype: str, device: str) -> str:

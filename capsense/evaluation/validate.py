@@ -20,6 +20,7 @@ import numpy as np
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
 from capsense.core.models import check_model, config_head_layout
+from capsense.core.provenance import provenance
 from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError
 from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, judge
@@ -182,7 +183,7 @@ def validate(
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
-    }
+        **provenance(device if device_map is None else f"device_map {device_map}")}
     return rows, info
 
 

@@ -16,7 +16,6 @@ each unit slower, not the count larger).
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -72,19 +71,6 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of Python and the libraries a run's numbers depend on."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("capsense", "torch", "transformers", "lm_eval", "scikit-learn", "numpy"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
 def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> int:
     """Heads per random mask (1 for methods without random masks)."""
     n = layout.n_total
@@ -132,9 +118,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
 def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layout: HeadLayout, probes: dict, extra: dict,
                  placed: dict[str, Any]) -> dict[str, Any]:
     """``manifest.json``: what ran, on what, with which versions (the CPU too: float kernels differ by CPU)."""
-    import torch
-
-    from capsense.core.models import cpu_info
+    from capsense.core.provenance import provenance
 
     return {
         "capsense_run": "locate",
@@ -157,9 +141,7 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
                 "scored_by": "lm-eval under each mask (capsense-masked)"}
             for t, sc in extra.items()
         },
-        "versions": library_versions(),
-        "host": {"platform": platform.platform(), "cpu": cpu_info()["model_name"], "cpu_threads": torch.get_num_threads(),
-                 "device": placed["device"], "device_map": cfg.device_map, "processes": placed["processes"]},
+        **provenance(placed["device"], device_map=cfg.device_map, processes=placed["processes"]),
     }
 
 

@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32", help="comma-separated: float32, bfloat16")
     ap.add_argument("--out", default="recipes/results/locate_roofline.json")
     args = ap.parse_args()
-    from capsense.core.models import cpu_info
+    from capsense.core.provenance import cpu_info
 
     torch.set_num_threads(args.threads)
     runs = {dt: measure(args, dt) for dt in args.dtypes.split(",")}

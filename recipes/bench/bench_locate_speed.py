@@ -46,7 +46,8 @@ def main() -> None:
     from capsense.core.heads import HeadSet
     from capsense.localize.evaluator import MaskEvaluator
     from capsense.scoring.probe import build_probe
-    from capsense.core.models import cpu_info, load_model, resolve_pretrained
+    from capsense.core.models import load_model, resolve_pretrained
+    from capsense.core.provenance import cpu_info
     from capsense.localize.evaluator import scorer_class
     from capsense.scoring.probe import ProbeScorer
 

@@ -80,6 +80,7 @@ from capsense.compress.engine import DEFAULT_CALIBRATION, calibrate, compress_mo
 from capsense.compress.pipeline import _write_checkpoint
 from capsense.core.files import append_jsonl
 from capsense.core.models import load_model
+from capsense.core.provenance import host_info
 
 HERE = Path(__file__).resolve().parents[1]
 CAPS = ("math", "code", "qa")
@@ -111,13 +112,6 @@ def pricing_for(setting, pricing: str | None) -> dict:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def host() -> dict:
-    """The CPU and thread count a row was measured on (its dL depends on the CPU's float kernels)."""
-    from capsense.core.models import cpu_info
-
-    return {"cpu": cpu_info()["model_name"], "threads": torch.get_num_threads()}
 
 
 def measure_caps(model, probes) -> dict:
@@ -310,7 +304,7 @@ def keep_row(model, name, tok, probes, stats, saved, base, setting, variant, gui
         "probe_losses": {c: m.to_dict(per_doc=True) for c, m in losses.items()},  # for paired differences
         "allocate_s": round(t1 - t0, 1), "compress_s": round(t2 - t1, 1), "write_s": round(write_s, 1),
         "peak_rss_mb": round(peak_rss_mb()),
-        "host": host(),  # since round 23: the same command gives different dL on different CPUs
+        "host": host_info(),  # since round 23 (as {cpu, threads} until round 24): dL differs between CPUs
     }
     if reloaded is not None:
         row.update(reload_check(model, saved, reloaded, probes))

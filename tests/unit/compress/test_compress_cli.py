@@ -68,7 +68,9 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
         w = loaded.model.layers[1].mlp.up_proj.weight
         assert ((w != 0).view(w.shape[0], -1, 4).sum(2) == 2).all() and meta["format"]["format"] == "dense"
     assert "path" not in meta["base_model"] and str(tiny_model_dir) not in (out / "capsense.json").read_text()
+    assert meta["made_with"]["versions"]["torch"] == torch.__version__ and meta["made_with"]["host"]["device"] == "cpu"
     card = (out / "README.md").read_text()
+    assert f"torch {torch.__version__}" in card and f"on {meta['made_with']['host']['cpu']}" in card
     assert str(tiny_model_dir) not in card and "| layer |" in card and f"| {meta['size']['bytes_on_disk']} |" in card
     assert ("no sparse storage" in card) == (args[1] in ("magnitude", "sparsegpt")) and ("reconstructed products" in card) == (args[1] == "svd-llm")
 
@@ -181,6 +183,7 @@ def test_measure(tmp_path, tiny_model_dir):
     data = json.loads(out.read_text())
     assert set(data["capabilities"]) == {"qa", "math"}
     assert data["capabilities"]["qa"]["n_docs"] == 3 and data["capabilities"]["qa"]["nll"] > 0
+    assert data["versions"]["torch"] == torch.__version__ and data["host"]["device"] == "cpu"  # what made the numbers
     r = run("measure", tiny_model_dir, "--capabilities", "qa,poetry")
     assert r.exit_code == 1 and "unknown capability 'poetry': valid capabilities are math, code, qa" in r.output
 

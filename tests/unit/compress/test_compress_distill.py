@@ -46,6 +46,7 @@ def test_distillation_lowers_divergence_and_keeps_masks(setup, tmp_path):
     assert all(torch.equal(t.get() == 0, zeros[t.name]) for t in find_targets(student))  # mask kept, exact size holds
     meta = json.loads((tmp_path / "out" / "capsense.json").read_text())
     assert meta["distill"]["config"]["epochs"] == 2 and not (tmp_path / "out.partial").exists()
+    assert meta["distill"]["versions"]["torch"] == torch.__version__ and meta["distill"]["host"]["device"] == "cpu"
 
 
 def test_a_killed_run_resumes_to_the_same_weights(setup, tmp_path):

@@ -46,6 +46,7 @@ def test_validate_uses_held_out_documents_and_writes_the_table(located, tmp_path
     assert len(row["random_values"]) == 2 and row["change"] == pytest.approx(row["ablated"] - row["base"])
     top2 = [f"L{h['layer']}H{h['head']}" for h in json.loads((run / "heads.json").read_text())["heads"][:2]]
     assert data["heads"] == "+".join(top2)
+    assert data["versions"] == manifest["versions"] and data["host"]["cpu"] == manifest["host"]["cpu"]  # one record
     assert (out / "validation.png").stat().st_size > 1000 and (out / "validation.md").is_file()
 
 

@@ -72,6 +72,28 @@ def test_nothing_feasible_picks_the_least_control_damage():
     assert not r.quality.feasible and set(r.heads) == {0, 1}
 
 
+def test_nothing_feasible_hands_on_heads_the_target_depends_on():
+    """As capitals on SmolLM2 (round 25): the heads that hurt the target hurt a control too, and two heads
+    help the target when knocked out. The least control damage of all would be a set that leaves the target
+    untouched; the floor keeps the set handed on among those doing at least half the largest target damage
+    measured."""
+    target = {0: 1.0, 1: 0.9, 2: 0.8, 3: -0.15, 4: -0.15, 5: 0.02}
+    control = {0: 0.3, 1: 0.2, 2: 0.25, 3: 0.02, 4: 0.02, 5: 0.03}
+    measure, _ = _world(target, control)
+    r = refine(list(range(6)), 3, measure, budget=40, tolerance=0.01)
+    most = max(q.target for q in r.measured if len(q.heads) == 3)
+    assert not r.quality.feasible and r.quality.target >= 0.5 * most
+    assert min((q for q in r.measured if len(q.heads) == 3), key=lambda q: q.control).target < 0.5 * most  # the old pick
+    strong = [q for q in r.measured if len(q.heads) == 3 and q.target >= 0.5 * most]
+    assert r.quality.control == min(q.control for q in strong)
+    from capsense.localize.refine import choose
+
+    weak, hurts = SetQuality((7,), 0.1, {"c": 0.05}, 0.03), SetQuality((8,), 1.0, {"c": 0.2}, 0.03)
+    assert choose([weak, hurts]) is hurts and choose([weak, hurts], target_floor=0.0) is weak
+    helps = [SetQuality((9,), -0.2, {"c": 0.3}, 0.03), SetQuality((10,), -0.1, {"c": 0.4}, 0.03)]
+    assert choose(helps) is helps[0]  # no set hurts the target: the least control damage
+
+
 def test_a_chosen_set_beyond_tolerance_is_said_plainly():
     measure, _ = _world({h: 1.0 for h in range(6)}, {h: 0.1 * (h + 1) for h in range(6)})
     r = refine(list(range(6)), 2, measure, budget=40, tolerance=0.01)
@@ -103,7 +125,8 @@ def test_choose_buys_control_margin_when_the_target_is_saturated():
     d = SetQuality((1, 5), 4.00, {"c": 0.20}, 0.03)  # beyond tolerance
     assert choose([a, b, c, d]) is b
     assert choose([a, b, c, d], target_slack=0.0) is a
-    assert choose([d, SetQuality((7,), 1.0, {"c": 0.1}, 0.03)]).heads == (7,)  # none feasible: least control damage
+    assert choose([d, SetQuality((7,), 2.5, {"c": 0.1}, 0.03)]).heads == (7,)  # none feasible: least control damage
+    assert choose([d, SetQuality((7,), 1.0, {"c": 0.1}, 0.03)]) is d  # ... among those doing half the most target damage
 
 
 def _singles(target, control):

@@ -183,7 +183,7 @@ def validate(
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
-        **provenance(device if device_map is None else f"device_map {device_map}")}
+        **provenance(device, device_map=device_map)}  # the host record as locate's manifest has it
     return rows, info
 
 

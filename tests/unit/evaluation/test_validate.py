@@ -47,6 +47,7 @@ def test_validate_uses_held_out_documents_and_writes_the_table(located, tmp_path
     top2 = [f"L{h['layer']}H{h['head']}" for h in json.loads((run / "heads.json").read_text())["heads"][:2]]
     assert data["heads"] == "+".join(top2)
     assert data["versions"] == manifest["versions"] and data["host"]["cpu"] == manifest["host"]["cpu"]  # one record
+    assert {k: data["host"][k] for k in ("device", "device_map")} == {"device": "cpu", "device_map": None}
     assert (out / "validation.png").stat().st_size > 1000 and (out / "validation.md").is_file()
 
 

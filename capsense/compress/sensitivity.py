@@ -21,7 +21,7 @@ from torch import nn
 from capsense.compress.protect import query_row_start
 from capsense.compress.targets import Target, out_projection_name
 from capsense.core.memory import return_freed_memory
-from capsense.core.placement import input_device
+from capsense.core.placement import input_device, text_config
 from capsense.errors import CapsenseError
 
 #: Tokens of each text the Fisher is summed over (its calibration texts are cut there; one text per backward pass).
@@ -149,9 +149,9 @@ def _looped_experts_margin(base: nn.Module, tokens: int, layers: Sequence[int] |
     1.002-1.005). Zero for models run another way."""
     from capsense.core.arch import arch_spec
 
-    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
     if not _mixture_of_experts(base) or getattr(base.config, "_experts_implementation", None) in _TRACED_EXPERTS:
         return 0
+    config = text_config(base)
     blocks = base.get_submodule(arch_spec(base).layers)
     first = min(layers) if layers else 0
     routed = sum(any(name.rsplit(".", 1)[-1] == "experts" for name, _ in block.named_modules()) for block in blocks[first:])

@@ -214,6 +214,11 @@ def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction
     return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)
 
 
+def text_config(model):
+    """The config that sizes ``model``'s decoder (a multimodal model's text config, else its own)."""
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
 def _config_int(config, *names: str) -> int:
     """The first of ``names`` that ``config`` sets (families spell sizes differently), else 0."""
     return next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)
@@ -222,7 +227,7 @@ def _config_int(config, *names: str) -> int:
 def prefix_cache_bytes(model, n_tokens: int) -> int:
     """Bytes of prefix reuse's cache for ``n_tokens`` tokens: every decoder layer's input hidden
     states (:mod:`capsense.scoring.prefix`), in the model's dtype, on its device."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     hidden = _config_int(config, "hidden_size", "n_embd")
     return _config_int(config, "num_hidden_layers", "n_layer") * n_tokens * hidden * next(model.parameters()).element_size()
 

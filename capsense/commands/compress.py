@@ -27,6 +27,9 @@ from capsense.commands.output import echo_written, log
               "(default 0.01).")
 @click.option("--act-order/--natural-order", "act_order", default=None,
               help="GPTQ: quantize columns by decreasing input energy (default) or left to right.")
+@click.option("--solve-on", "solve_on", type=click.Choice(["cpu", "layer"]), default=None,
+              help="GPTQ/SparseGPT: solve each matrix on a CPU copy (default: the result does not depend on the "
+                   "placement) or on its layer's device under --device-map (GPUs: minutes, not hours, on 70B).")
 @click.option("--ratio", type=float, default=None, help="Low-rank: factor parameters / dense parameters, in (0, 1].")
 @click.option("--alpha", type=float, default=None, help="ASVD: activation exponent (default 0.5).")
 @click.option("--targets", default=None, help="Matrices to compress: attn, mlp or attn,mlp (default both).")
@@ -95,7 +98,7 @@ from capsense.commands.output import echo_written, log
 @device_map_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
-def compress(model, method, density, scope, bits, group_size, damp, act_order, ratio, alpha, targets, budget_file,
+def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
              pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device_map,
              parallelize, out, overwrite):
@@ -108,17 +111,18 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, r
     method, settings, achieved density, bits per parameter, parameter ratio, size on disk and
     calibration data (no path of this machine). With --device-map the model is
     spread over devices (weights must stay in device memory: a map that offloads them to
-    CPU memory or disk is refused); the checkpoint is the one compressed without a map.
+    CPU memory or disk is refused); the checkpoint is the one compressed without a map, unless
+    --solve-on layer solves GPTQ/SparseGPT on the layers' devices.
     """
     from capsense.compress.request import check_request
 
     budget_file = with_old_name("budget_file", budget_file, "--budget-file")
     placed = check_request(model, out, overwrite, device_map_from(device_map, parallelize), method, budget_file,
-                           calibration)  # before any heavy import
+                           calibration, solve_on)  # before any heavy import
     from capsense.compress.request import compress_request
 
     setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
-               "damp": damp, "act_order": act_order, "ratio": ratio, "alpha": alpha}
+               "damp": damp, "act_order": act_order, "solve_on": solve_on, "ratio": ratio, "alpha": alpha}
     result = compress_request(
         model, out, setting, targets=targets, budget_file=budget_file, keep=keep, sensitivity=sensitivity,
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,

@@ -56,12 +56,33 @@ from capsense.compress.settings import (Applied, PruneSetting, QuantSetting, Set
 from capsense.errors import BudgetError
 
 DAMP = 0.01
+#: Where a compensating method solves each matrix: ``cpu`` (the default: a CPU copy, one matrix at a time, so the
+#: result does not depend on where the layers live) or ``layer`` (on the device its layer lives on, where a device
+#: map put it: two CPU cores took 125 s for GPTQ of Llama-3.1-8B's 14,336-wide down projection, round 26,
+#: ``recipes/bench/bench_gptq_solve.py``; a GPU has tens of float64 TFLOP/s; not yet timed on one). The codes may
+#: then differ from the CPU's in the last bits, as they already do between CPUs (round 23); ``capsense.json``
+#: records the device (``made_with``) and the setting ``solve_on: layer``.
+SOLVE_ON = ("cpu", "layer")
 
 
 def _check_damp(value) -> float:
     d = float(value)
     if not 0.0 < d < 1.0:
         raise BudgetError(f"damp {value} is outside (0, 1): the fraction of the mean Hessian diagonal added (default {DAMP})")
+    return d
+
+
+def _check_solve_on(value) -> str:
+    if value not in SOLVE_ON:
+        raise BudgetError(f"solve_on {value!r}: valid are {', '.join(SOLVE_ON)} (where GPTQ/SparseGPT solve each matrix)")
+    return value
+
+
+def _solved_dict(setting) -> dict[str, Any]:
+    """``to_dict`` of a compensating setting: ``solve_on`` only where it is not the default (CPU runs' records unchanged)."""
+    d = Setting.to_dict(setting)
+    if d.get("solve_on") == "cpu":
+        del d["solve_on"]
     return d
 
 
@@ -77,7 +98,8 @@ class GPTQSetting(QuantSetting):
 
     damp: float = DAMP
     act_order: bool = True
-    fields: ClassVar[tuple[str, ...]] = ("bits", "group_size", "damp", "act_order")
+    solve_on: str = "cpu"
+    fields: ClassVar[tuple[str, ...]] = ("bits", "group_size", "damp", "act_order", "solve_on")
     calibrated_methods: ClassVar[frozenset[str]] = frozenset({"gptq"})
     compensating: ClassVar[bool] = True
 
@@ -87,7 +109,8 @@ class GPTQSetting(QuantSetting):
         order = d.get("act_order", True)
         if not isinstance(order, bool):
             raise BudgetError(f"act_order {order!r} must be true or false")
-        return cls(method, base.bits, base.group_size, _check_damp(d.get("damp", DAMP)), order)
+        return cls(method, base.bits, base.group_size, _check_damp(d.get("damp", DAMP)), order,
+                   _check_solve_on(d.get("solve_on") or "cpu"))
 
     @property
     def needs_gram(self) -> bool:
@@ -96,7 +119,14 @@ class GPTQSetting(QuantSetting):
     @property
     def label(self) -> str:
         extra = ("" if self.damp == DAMP else f"/damp{self.damp:g}") + ("" if self.act_order else "/natural")
-        return f"{super().label}{extra}"
+        return f"{super().label}{extra}{'/on-layer' if self.solves_on_layer else ''}"
+
+    @property
+    def solves_on_layer(self) -> bool:
+        return self.solve_on == "layer"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _solved_dict(self)
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
@@ -108,7 +138,8 @@ class GPTQSetting(QuantSetting):
         return Applied(new.to(w.dtype) if whole else _put_block(w, fr, fc, new), stored, bits, scales if whole else None)
 
     def levels(self):
-        return [GPTQSetting(self.method, s.bits, s.group_size, self.damp, self.act_order) for s in super().levels()]
+        return [GPTQSetting(self.method, s.bits, s.group_size, self.damp, self.act_order, self.solve_on)
+                for s in super().levels()]
 
     def level_costs(self, levels, name, w, sensitivity, stats, prot, base_bits, cache=None):
         """(level, exact bits, ``sum_i r_i dW_i G dW_i^T`` of GPTQ's result): see the module docstring."""
@@ -119,7 +150,7 @@ class GPTQSetting(QuantSetting):
         """``{level: [rows] dW G dW^T}``, solved once per (matrix, free block, level) per ``cache``;
         the activation-order levels of one damping together."""
         where = _block_key(*free)
-        key = {s: ("gptq-output-error", name, s.bits, s.group_size, s.damp, s.act_order, where) for s in levels}
+        key = {s: ("gptq-output-error", name, s.bits, s.group_size, s.damp, s.act_order, s.solve_on, where) for s in levels}
         cache = {} if cache is None else cache
         todo = [s for s in levels if key[s] not in cache]
         for damp in sorted({s.damp for s in todo if s.act_order}):
@@ -140,7 +171,7 @@ def _free_block_costs(setting, levels, name, w, sensitivity, stats, prot, base_b
     if fr.any() and fc.any():
         errors = setting._output_errors(levels, name, w[fr][:, fc], gram, (fr, fc), cache)
     else:  # every row or every column protected: no level changes a weight
-        errors = {s: torch.zeros(int(fr.sum()), dtype=torch.float64) for s in levels}
+        errors = {s: torch.zeros(int(fr.sum()), dtype=torch.float64, device=w.device) for s in levels}
     return _output_costs(levels, errors, sensitivity.float()[fr][:, fc], gram, tuple(w.shape), prot, base_bits)
 
 
@@ -163,7 +194,8 @@ class SparseGPTSetting(PruneSetting):
     """SparseGPT at ``density``: per row (``scope`` row) or two of every four weights (``scope`` 2:4)."""
 
     damp: float = DAMP
-    fields: ClassVar[tuple[str, ...]] = ("density", "scope", "damp")
+    solve_on: str = "cpu"
+    fields: ClassVar[tuple[str, ...]] = ("density", "scope", "damp", "solve_on")
     calibrated_methods: ClassVar[frozenset[str]] = frozenset({"sparsegpt"})
     compensating: ClassVar[bool] = True
 
@@ -178,7 +210,7 @@ class SparseGPTSetting(PruneSetting):
         density = check_density(d["density"])
         if scope == "2:4" and density != 0.5:
             raise BudgetError(f"scope 2:4 keeps two of every four weights: density must be 0.5, not {density:g}")
-        return cls(method, density, scope, _check_damp(d.get("damp", DAMP)))
+        return cls(method, density, scope, _check_damp(d.get("damp", DAMP)), _check_solve_on(d.get("solve_on") or "cpu"))
 
     @property
     def needs_gram(self) -> bool:
@@ -186,7 +218,15 @@ class SparseGPTSetting(PruneSetting):
 
     @property
     def label(self) -> str:
-        return super().label + ("" if self.damp == DAMP else f"/damp{self.damp:g}")
+        extra = ("" if self.damp == DAMP else f"/damp{self.damp:g}") + ("/on-layer" if self.solves_on_layer else "")
+        return super().label + extra
+
+    @property
+    def solves_on_layer(self) -> bool:
+        return self.solve_on == "layer"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _solved_dict(self)
 
     def scores(self, w, stats):
         return wanda_scores(w, stats.input_norm)  # pricing only (see the module docstring)
@@ -225,7 +265,7 @@ class SparseGPTSetting(PruneSetting):
         """``{level: [rows] dW G dW^T}`` of the free block ``w``, solved once per (matrix, free block,
         level) per ``cache``; the row-pattern densities of one damping together."""
         where = _block_key(*free)
-        key = {s: ("sparsegpt-output-error", name, s.density, s.scope, s.damp, where) for s in levels}
+        key = {s: ("sparsegpt-output-error", name, s.density, s.scope, s.damp, s.solve_on, where) for s in levels}
         cache = {} if cache is None else cache
         todo = [s for s in levels if key[s] not in cache]
         for scope, damp in sorted({(s.scope, s.damp) for s in todo}):
@@ -240,7 +280,7 @@ class SparseGPTSetting(PruneSetting):
     def levels(self):
         if self.scope == "2:4":
             return [self]
-        return [SparseGPTSetting(self.method, s.density, s.scope, self.damp) for s in super().levels()]
+        return [SparseGPTSetting(self.method, s.density, s.scope, self.damp, self.solve_on) for s in super().levels()]
 
 
 

@@ -110,7 +110,9 @@ def stats_for(t: Target, s: Setting, stats: Mapping[str, InputStats] | None) -> 
 
 
 def check_plan(model: nn.Module, budget: Budget, planned) -> dict[str, Protection]:
-    """Protections of the planned targets; every setting's size must exist before any weight changes."""
+    """Protections of the planned targets; every setting's size must exist before any weight changes, and
+    ``solve_on: layer`` must have a layer off the CPU (:func:`check_solve_on`)."""
+    check_solve_on(planned)
     protected = protections(model, budget, [t for t, _ in planned])
     for t, s in planned:
         if s is not None and getattr(s, "scope", None) != "global":
@@ -119,6 +121,15 @@ def check_plan(model: nn.Module, budget: Budget, planned) -> dict[str, Protectio
             except BudgetError as e:
                 raise BudgetError(f"{t.name}: {e}") from None
     return protected
+
+
+def check_solve_on(planned) -> None:
+    """``solve_on: layer`` where every matrix it solves is on the CPU changes nothing: an error, not silence."""
+    on_layer = [t for t, s in planned if s is not None and s.solves_on_layer]
+    if on_layer and all(t.module.weight.device.type == "cpu" for t in on_layer):
+        raise BudgetError(f"`solve_on` layer solves each matrix on its layer's device, and all {len(on_layer)} it "
+                            "would solve are on the CPU (no device map placing layers on an accelerator): it changes "
+                            "nothing. Place the layers with a device map or leave `solve_on` out (cpu)")
 
 
 def _account(t: Target, s: Setting, out: Applied, prot: Protection | None) -> acc.MatrixAccount:
@@ -166,13 +177,13 @@ def compress_targets(
         else:
             prot = protected.get(t.name)
             try:
-                out = s.apply(t.name, t.get(), stats_for(t, s, stats), prot, base_bits, factor_cache)
+                out = s.apply(t.name, t.get(s.solves_on_layer), stats_for(t, s, stats), prot, base_bits, factor_cache)
             except CapsenseError as e:  # e.g. a Gram matrix the calibration data leaves singular
                 raise CapsenseError(f"{t.name}: {e}") from None
             t.set(out.weight)
             accounts[t.name] = _account(t, s, out, prot)
             if out.scales is not None:
-                scales[t.name] = out.scales
+                scales[t.name] = out.scales.cpu()  # solved on the layer's device under solve_on: layer
             del out
             return_freed_memory()  # the method's temporaries (GPTQ's float64 solve): handed back (capsense.core.memory)
         if progress:

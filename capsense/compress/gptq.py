@@ -52,16 +52,19 @@ def _inverse_factor(gram: torch.Tensor, damp: float) -> tuple[torch.Tensor, torc
     h = gram.detach().double().clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
-    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype)
+    h += damp * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     inv = torch.cholesky_inverse(torch.linalg.cholesky(h))
     return torch.linalg.cholesky(inv, upper=True), dead
 
 
-def _check(w: torch.Tensor, gram: torch.Tensor, damp: float) -> None:
+def _check(w: torch.Tensor, gram: torch.Tensor, damp: float) -> torch.Tensor:
+    """The Gram matrix on the weight's device, once its shape and ``damp`` are checked: every solve runs where the
+    weight is (a CPU copy, or the layer's device under ``solve_on: layer``), the results stay there."""
     if gram.shape != (w.shape[1], w.shape[1]):
         raise BudgetError(f"the Gram matrix has shape {tuple(gram.shape)}, expected {(w.shape[1],) * 2}")
     if not 0 < damp < 1:
         raise BudgetError(f"damp {damp} is outside (0, 1): it is the fraction of the mean Hessian diagonal added")
+    return gram.to(w.device)
 
 
 def _propagate(w: torch.Tensor, err: torch.Tensor, u: torch.Tensor, start: int, end: int) -> None:
@@ -78,7 +81,7 @@ def _solve(w: torch.Tensor, u: torch.Tensor, q_max: torch.Tensor, scale_of) -> t
     q = torch.zeros_like(w)
     for start in range(0, n_in, BLOCK):
         end = min(start + BLOCK, n_in)
-        err = torch.zeros(w.shape[0], end - start, dtype=w.dtype)
+        err = torch.zeros(w.shape[0], end - start, dtype=w.dtype, device=w.device)
         for j in range(start, end):
             s = scale_of(j, w)
             q[:, j] = torch.clamp(torch.round(w[:, j] / s), -q_max, q_max) * s
@@ -89,10 +92,25 @@ def _solve(w: torch.Tensor, u: torch.Tensor, q_max: torch.Tensor, scale_of) -> t
     return q
 
 
+def _static_scale_of(groups: list[tuple[torch.Tensor, torch.Tensor]]):
+    """``scale_of`` for :func:`_solve` from static group scales: ``groups`` is one ``([rows, groups] scales, each
+    processed column's group)`` per stack of rows. A block of columns' scales is gathered at once: not every
+    column's (memory), and not one column's by a device index (a host sync per column on a GPU)."""
+    block: dict = {}
+
+    def scale_of(j, _w):
+        start = j - j % BLOCK
+        if block.get("start") != start:
+            block["start"], block["scales"] = start, torch.cat([s[:, of[start : start + BLOCK]] for s, of in groups])
+        return block["scales"][:, j - start]
+    return scale_of
+
+
 def _permuted(weight: torch.Tensor, gram: torch.Tensor, damp: float, act_order: bool, dtype=torch.float64):
     """(permutation, upper factor of the damped inverse, weight in that column order with dead columns zeroed)."""
     n_in = weight.shape[1]
-    perm = torch.argsort(torch.diag(gram).double(), descending=True) if act_order else torch.arange(n_in)
+    diag = torch.diag(gram).double()
+    perm = torch.argsort(diag, descending=True) if act_order else torch.arange(n_in, device=diag.device)
     u, dead = _inverse_factor(gram.double()[perm][:, perm], damp)
     w = weight.detach().to(dtype)[:, perm].clone()
     w[:, dead] = 0.0
@@ -104,21 +122,18 @@ def gptq_quantize(weight: torch.Tensor, gram: torch.Tensor, bits: int, group_siz
                   damp: float = 0.01, act_order: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ of an ``[out, in]`` weight: (dequantized weight in float32, ``[out, groups]`` scales)."""
     bits, group_size = check_bits(bits), check_group_size(group_size)
-    _check(weight, gram, damp)
+    gram = _check(weight, gram, damp)
     n_in = weight.shape[1]
     perm, u, w = _permuted(weight, gram, damp, act_order)
     g = group_width(n_in, group_size)
-    q_max = torch.full((w.shape[0],), float(2 ** (bits - 1) - 1), dtype=w.dtype)
+    q_max = torch.full((w.shape[0],), float(2 ** (bits - 1) - 1), dtype=w.dtype, device=w.device)
     if act_order:  # static scales, from the original weights in the original column order
         unperm = torch.empty_like(w)
         unperm[:, perm] = w
         scales = group_scales(unperm, bits, group_size).double()
-        group_of = perm // g
-
-        def scale_of(j, _w):
-            return scales[:, group_of[j]]
+        scale_of = _static_scale_of([(scales, perm // g)])
     else:
-        scales = torch.zeros(w.shape[0], -(-n_in // g), dtype=w.dtype)
+        scales = torch.zeros(w.shape[0], -(-n_in // g), dtype=w.dtype, device=w.device)
 
         def scale_of(j, cur):  # a group starts: its scale from the updated weights
             if j % g == 0:
@@ -138,7 +153,7 @@ def gptq_output_errors(weight: torch.Tensor, gram: torch.Tensor, levels: list[tu
     GPTQ result. All levels share the Gram matrix's factor, so they are solved together as one
     stacked weight (one column loop instead of one per level); ``float32`` by default (pricing
     needs no more; ``float64`` reproduces :func:`gptq_quantize` exactly)."""
-    _check(weight, gram, damp)
+    gram = _check(weight, gram, damp)
     n_out, n_in = weight.shape
     perm, u, w = _permuted(weight, gram, damp, True, dtype)
     unperm = torch.empty_like(w)
@@ -147,18 +162,9 @@ def gptq_output_errors(weight: torch.Tensor, gram: torch.Tensor, levels: list[tu
     for bits, group_size in levels:
         g = group_width(n_in, check_group_size(group_size))
         groups.append((group_scales(unperm, check_bits(bits), group_size).to(dtype), perm // g))
-        q_max.append(torch.full((n_out,), float(2 ** (bits - 1) - 1), dtype=dtype))
+        q_max.append(torch.full((n_out,), float(2 ** (bits - 1) - 1), dtype=dtype, device=w.device))
     del unperm
-    block: dict = {}
-
-    def scale_of(j, _w):  # the stacked rows' scales of one block of columns at a time, not of every column at once
-        start = j - j % BLOCK
-        if block.get("start") != start:
-            block["start"], block["scales"] = start, torch.cat([s[:, of[start : start + BLOCK]] for s, of in groups])
-        return block["scales"][:, j - start]
-
-    q = _solve(w.repeat(len(levels), 1), u, torch.cat(q_max), scale_of)
-    del block["scales"]
+    q = _solve(w.repeat(len(levels), 1), u, torch.cat(q_max), _static_scale_of(groups))
     dw = q.view(len(levels), n_out, n_in).neg_().add_(weight.detach().to(dtype)[:, perm])  # in place: W - q per level
     return row_output_errors(dw.view(-1, n_in), gram[perm][:, perm]).view(len(levels), n_out)
 
@@ -182,7 +188,7 @@ def row_output_errors(dw: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """Per row of a weight change ``dw`` ``[rows, in]``, its output error on the calibration inputs,
     ``dW_i G dW_i^T`` (``G`` cast to ``dw``'s dtype): what GPTQ and SparseGPT minimise, and what prices
     their levels (:mod:`capsense.compress.compensated`)."""
-    return (dw @ gram.to(dw.dtype)).mul_(dw).sum(1)  # the product in place: one copy of ``dw``'s size, not two
+    return (dw @ gram.to(dw.device, dw.dtype)).mul_(dw).sum(1)  # the product in place: one copy of ``dw``'s size, not two
 
 
 def _row_prune_counts(density: torch.Tensor, start: int, end: int, n_in: int, done: torch.Tensor,
@@ -200,11 +206,11 @@ def _block_mask(saliency: torch.Tensor, pattern: str, k: torch.Tensor | None) ->
     n_out, width = saliency.shape
     if pattern == "2:4":
         low = torch.topk(saliency.view(n_out, width // 4, 4), 2, dim=2, largest=False).indices
-        pruned = torch.zeros(n_out, width // 4, 4, dtype=torch.bool).scatter_(2, low, True)
+        pruned = torch.zeros(n_out, width // 4, 4, dtype=torch.bool, device=saliency.device).scatter_(2, low, True)
         return pruned.view(n_out, width)
     order = torch.argsort(saliency, dim=1)
-    low = torch.arange(width)[None, :] < k[:, None]  # the first k[row] of each row's order
-    return torch.zeros(n_out, width, dtype=torch.bool).scatter_(1, order, low)
+    low = torch.arange(width, device=saliency.device)[None, :] < k[:, None]  # the first k[row] of each row's order
+    return torch.zeros(n_out, width, dtype=torch.bool, device=saliency.device).scatter_(1, order, low)
 
 
 def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, pattern: str) -> torch.Tensor:
@@ -213,8 +219,8 @@ def _prune_solve(w: torch.Tensor, u: torch.Tensor, density: torch.Tensor, patter
     share ``u``."""
     n_out, n_in = w.shape
     total = n_in - torch.round(density * n_in).long()  # pruned per row
-    done = torch.zeros(n_out, dtype=torch.long)
-    keep = torch.ones(n_out, n_in, dtype=torch.bool)
+    done = torch.zeros(n_out, dtype=torch.long, device=w.device)
+    keep = torch.ones(n_out, n_in, dtype=torch.bool, device=w.device)
     for start in range(0, n_in, BLOCK):
         end = min(start + BLOCK, n_in)
         sal = w[:, start:end].pow(2) / torch.diag(u)[start:end].pow(2)[None, :]
@@ -255,13 +261,13 @@ def sparsegpt_prune(weight: torch.Tensor, gram: torch.Tensor, density: float, pa
                     damp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseGPT of an ``[out, in]`` weight: (pruned, compensated weight in float32, keep-mask). With
     protected weights, call it on the free block (module docstring)."""
-    _check(weight, gram, damp)
+    gram = _check(weight, gram, damp)
     n_out, n_in = weight.shape
     check_pattern(pattern, density, n_in)
     u, dead = _inverse_factor(gram, damp)
     w = weight.detach().double().clone()
     w[:, dead] = 0.0
-    keep = _prune_solve(w, u, torch.full((n_out,), float(density), dtype=torch.float64), pattern)
+    keep = _prune_solve(w, u, torch.full((n_out,), float(density), dtype=torch.float64, device=w.device), pattern)
     return w.float(), keep
 
 
@@ -272,14 +278,14 @@ def sparsegpt_output_errors(weight: torch.Tensor, gram: torch.Tensor, densities:
     pattern) at each density, ``dW`` the weight minus its SparseGPT result. Like
     :func:`gptq_output_errors`, the levels share the Gram matrix's factor and are solved together as
     one stacked weight; ``float64`` reproduces :func:`sparsegpt_prune` exactly."""
-    _check(weight, gram, damp)
+    gram = _check(weight, gram, damp)
     n_out, n_in = weight.shape
     u, dead = _inverse_factor(gram, damp)
     w = weight.detach().to(dtype).clone()
     w[:, dead] = 0.0
     n = len(densities)
     big = w.repeat(n, 1)
-    density = torch.tensor([float(d) for d in densities], dtype=torch.float64).repeat_interleave(n_out)
+    density = torch.tensor([float(d) for d in densities], dtype=torch.float64, device=w.device).repeat_interleave(n_out)
     _prune_solve(big, u.to(dtype), density, "row")
     dw = big.view(n, n_out, n_in).neg_().add_(weight.detach().to(dtype))  # in place: W - W' per density
     return row_output_errors(dw.view(-1, n_in), gram).view(n, n_out)

@@ -224,11 +224,10 @@ def _levels(base: Setting, flat: bool, spread: tuple[float, float]) -> list[Sett
 
 @dataclass
 class GuidedPlan:
-    """What a guided allocation prices every matrix's levels with, fixed before any matrix is priced:
-    the uniform setting, the pricing, the size to match, the protected heads and their protections, the
-    per-weight sensitivity and the levels. :func:`price_matrices` prices any subset of ``targets`` from
-    their own calibration statistics (one decoder layer's, :mod:`.guided_sequential`) and
-    :func:`allocation_from_prices` allocates from all matrices' prices."""
+    """What a guided allocation prices every matrix's levels with, fixed before any matrix is priced: the uniform
+    setting, the pricing, the size to match, the protected heads and their protections, the per-weight sensitivity
+    and the levels. :func:`price_matrices` prices any subset of ``targets`` from their own calibration statistics
+    (one decoder layer's, :mod:`.guided_sequential`); :func:`allocation_from_prices` allocates from all the prices."""
 
     guide: Guide
     base: Setting
@@ -324,15 +323,16 @@ def guided_levels(base: Setting, guide: Guide, targets, packed: bool = False) ->
 
 
 def price_matrices(plan: GuidedPlan, targets, stats, cache: dict | None = None) -> dict[str, list[Candidate]]:
-    """Each of ``targets``' levels with its exact bits and estimated cost (:func:`matrix_candidates`), from
-    ``stats`` (their calibration statistics: only theirs are read). ``cache``: what the prices are
-    computed from (GPTQ's solved errors, low-rank factors), reused across plans of the same weights. Each solve's
-    freed heap goes back before the next (without it RSS grew 45-70 MiB per SmolLM2-width layer, round 20)."""
+    """Each of ``targets``' levels with its exact bits and estimated cost (:func:`matrix_candidates`), from ``stats``
+    (their calibration statistics: only theirs are read). ``cache``: what the prices are computed from (GPTQ's solved
+    errors, low-rank factors), reused across plans of the same weights. Each solve's freed heap goes back before the
+    next (without it RSS grew 45-70 MiB per SmolLM2-width layer, round 20)."""
     from capsense.core.memory import return_freed_memory
     prices = {}
     for t in targets:
         stat = stats.get(t.name) if plan.base.calibrated else None
-        prices[t.name] = matrix_candidates(t.name, t.get(), plan.fisher[t.name], plan.levels, stat, plan.prot.get(t.name),
+        w = t.get(plan.price is None and plan.base.solves_on_layer)  # the method's own solve: where it runs
+        prices[t.name] = matrix_candidates(t.name, w, plan.fisher[t.name], plan.levels, stat, plan.prot.get(t.name),
                                            acc.BASE_BITS, cache, dense=False, price=plan.price)
         return_freed_memory()
     return prices

@@ -181,7 +181,8 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     if any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in pricings):
         pricing[f"{scope} solved output errors"] = _most(targets, sequential, lambda ts: 8 * levels * sum(
             t.shape[0] for t in ts))
-        pricing["one matrix's solve"] = max(output_errors_memory(levels, *t.shape) for t in targets)
+        if not base.solves_on_layer:  # solve_on: layer solves in the layer's device memory, not the CPU's
+            pricing["one matrix's solve"] = max(output_errors_memory(levels, *t.shape) for t in targets)
     if base.family == "lowrank":
         pricing[f"{scope} low-rank factors"] = _most(targets, sequential, _factor_bytes)
     compressing = hidden | {"one layer's weights written or read back": layer_bytes if checks_uniform(guide) else 0}

@@ -17,7 +17,8 @@ from capsense.compress.settings import TYPICAL_SHAPE, Applied, LowRankSetting, P
 from capsense.errors import BudgetError, CapsenseError
 from capsense.core.registry import Registry
 
-SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "damp", "act_order", "skip"}
+SETTING_KEYS = {"method", "density", "scope", "bits", "group_size", "ratio", "alpha", "damp", "act_order", "solve_on",
+                "skip"}
 
 METHODS: Registry[type[Setting]] = Registry("method", "methods", BudgetError)
 for _name, _cls in (("magnitude", PruneSetting), ("wanda", PruneSetting), ("sparsegpt", SparseGPTSetting),

@@ -80,16 +80,16 @@ def compress_checkpoint(
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
-    With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names
-    the size and the method; the guided allocation replaces it and is also written as ``budget.yaml``,
-    unless another candidate measured better on the kept capabilities' calibration documents
-    (``guide.check_uniform``, :func:`capsense.compress.select.compress_guided`: the allocation priced
-    by the method's proxy, and the uniform setting); ``capsense.json`` records every measurement
-    (``allocation.selection``).
+    With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names the size and the
+    method; the guided allocation replaces it and is also written as ``budget.yaml``, unless another candidate
+    measured better on the kept capabilities' calibration documents (``guide.check_uniform``,
+    :func:`capsense.compress.select.compress_guided`: the allocation priced by the method's proxy, and the uniform
+    setting); ``capsense.json`` records every measurement (``allocation.selection``).
     ``device_map`` (:mod:`capsense.core.placement`) spreads the model over devices: calibration
-    and gradients run where the layers live, each matrix is compressed on CPU and written back to
-    its device, so the checkpoint equals the one compressed without a map; a map that offloads
-    weights to CPU memory or disk is refused before anything is computed or written.
+    and gradients run where the layers live, each matrix is compressed on CPU and written back to its device, so
+    the checkpoint equals the one compressed without a map (GPTQ and SparseGPT with ``solve_on: layer`` solve on
+    the layer's device: faster on GPUs, not bit-equal); a map that offloads weights to CPU memory or disk is refused
+    before anything is computed or written.
     With ``guide`` and ``probes`` > 0, each kept capability is measured on its first ``probes``
     documents (never calibration or allocation documents) before and after compressing, in
     memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.

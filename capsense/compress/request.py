@@ -17,16 +17,17 @@ from typing import Any
 from capsense.errors import CapsenseError
 
 #: The setting keys of a request (a budget file's default setting takes the same keys).
-SETTING_PARAMETERS = ("method", "density", "scope", "bits", "group_size", "damp", "act_order", "ratio", "alpha")
+SETTING_PARAMETERS = ("method", "density", "scope", "bits", "group_size", "damp", "act_order", "solve_on", "ratio", "alpha")
 
 
 def check_request(model: str, out: str | Path, overwrite: bool, device_map: str | dict[str, Any] | None,
-                  method: str | None, budget_file: str | Path | None, calibration: str | None):
+                  method: str | None, budget_file: str | Path | None, calibration: str | None, solve_on: str | None = None):
     """Refuse bad input before any heavy import; return the checked device map.
 
     ``out`` must be writable (or ``overwrite``), every device the map names must exist,
-    ``model`` must name a model, ``method`` or ``budget_file`` must be given, and a
-    misspelt task in ``calibration`` is an error, not literal calibration text.
+    ``model`` must name a model, ``method`` or ``budget_file`` must be given, a
+    misspelt task in ``calibration`` is an error, not literal calibration text, and ``solve_on`` ``layer``
+    without a device map (every layer on the CPU, where it would change nothing) is an error.
     """
     from capsense.compress.capabilities import check_calibration_spec
     from capsense.core.files import check_output_dir
@@ -40,6 +41,9 @@ def check_request(model: str, out: str | Path, overwrite: bool, device_map: str 
         raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
     if calibration:
         check_calibration_spec(calibration)
+    if solve_on == "layer" and placed is None:
+        raise CapsenseError("`solve_on` layer solves GPTQ/SparseGPT on each layer's device; without a device map every "
+                            "layer is on the CPU, where it changes nothing: give a device map (layers on GPUs) or leave it out")
     return placed
 
 

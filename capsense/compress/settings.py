@@ -80,6 +80,11 @@ class Setting:
     def needs_gram(self) -> bool:
         return False
 
+    @property
+    def solves_on_layer(self) -> bool:
+        """Whether :meth:`apply` gets the weight on its layer's device, not a CPU copy (GPTQ/SparseGPT's ``solve_on``)."""
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, **{k: getattr(self, k) for k in self.fields}}
 

@@ -44,11 +44,12 @@ class Target:
     def n_params(self) -> int:
         return int(self.module.weight.numel())
 
-    def get(self) -> torch.Tensor:
+    def get(self, on_layer: bool = False) -> torch.Tensor:
         """The weight as ``[out, in]`` on CPU: a view of it there (transposed for Conv1D), a copy
         where a device map put the layer on another device. Compression computes on CPU one
-        matrix at a time, so its result does not depend on where the layers live."""
-        w = self.module.weight.data.cpu()
+        matrix at a time, so its result does not depend on where the layers live; ``on_layer``:
+        a view on the layer's own device instead (GPTQ/SparseGPT's ``solve_on: layer``)."""
+        w = self.module.weight.data if on_layer else self.module.weight.data.cpu()
         return w.t() if self.transposed else w
 
     def set(self, w: torch.Tensor) -> None:

@@ -17,6 +17,8 @@ plus a 4-token continuation (a realistic few-shot prompt length). For each model
 
 Reports evaluations/s, seconds per mask, peak GPU memory and the ratio to the reference, and
 the agreement of packed masks and of run-time masks with zeroed weights (``agreement``);
+then GPTQ's and SparseGPT's solve of each ``--solve-shapes`` down projection on the CPU and on the
+GPU side by side (``solve_on`` cpu / layer; :mod:`bench_gptq_solve`, ``solve`` in the JSON);
 writes ``--out`` (default recipes/results/bench_gpu.json). Where there is no GPU it prints
 a message and exits with status 0 without measuring anything (``--cpu-smoke`` aside).
 """
@@ -225,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--masks", type=int, default=32, help="Masks timed per capsense setting.")
     ap.add_argument("--ref-masks", type=int, default=2, help="Masks timed for the (slow) reference method.")
     ap.add_argument("--masks-per-forward", default="1,4,16")
+    ap.add_argument("--solve-shapes", default="llama-3.2-1b,llama-3.1-8b",
+                    help="GPTQ/SparseGPT solves timed on the CPU and the GPU (bench_gptq_solve.py's shapes; '' for none).")
     ap.add_argument("--cpu-smoke", action="store_true", help="Tiny config on the CPU, a few requests: checks the script runs.")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -233,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         device, models = "cpu", ["tiny"]
         args.requests, args.context, args.masks, args.ref_masks = 6, 24, 4, 2
         args.masks_per_forward = [1, 2]
+        args.solve_shapes = "64x256"
     elif not torch.cuda.is_available():
         print("bench_gpu: no GPU here (torch.cuda.is_available() is False): nothing measured. "
               "Run it on a machine with a CUDA GPU, or pass --cpu-smoke to check the script on a tiny config.")
@@ -246,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_model(m, args, device) for m in models]
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
             "requests": args.requests, "context_tokens": args.context, "batch_size": args.batch_size, "results": results}
+    if args.solve_shapes:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_gptq_solve.py is beside this script
+        from bench_gptq_solve import parse_shape, run_shape
+
+        info["solve"] = [run_shape(*parse_shape(s.strip()), ["cpu"] if device == "cpu" else ["cpu", device], 4096)
+                         for s in args.solve_shapes.split(",") if s.strip()]
     print(table(results))
     for r in results:
         a = r["agreement"]

@@ -246,3 +246,67 @@ def test_the_stacked_solves_hold_what_output_errors_memory_counts(shape):
             solve()
         counted = output_errors_memory(n, *shape)
         assert 0.55 * counted <= peak.peak <= counted, (peak.peak / counted)
+
+
+# -- where the solve runs (solve_on: layer) ---------------------------------------------------------
+
+def test_every_solve_runs_where_the_weight_is():
+    """No tensor of a solve is made on the CPU behind the weight's back: on the ``meta`` device (shapes only, no
+    data, and an error on any CPU tensor mixed in or any per-column host sync) every solve and pricing function runs
+    and returns on the weight's device, the Gram matrix given on the CPU as calibration keeps it. What a GPU solve
+    (``solve_on: layer``) needs; the CPU results of the same code are pinned by the tests above."""
+    from capsense.compress.gptq import gptq_output_errors
+
+    w, _, gram = _data(n_out=16, n_in=32)
+    meta = w.to("meta")
+    outs = [*gptq_quantize(meta, gram, 4, 8), *gptq_quantize(meta, gram, 3, 8, act_order=False),
+            *sparsegpt_prune(meta, gram, 0.5), *sparsegpt_prune(meta, gram, 0.5, "2:4"),
+            gptq_output_errors(meta, gram, [(4, 8), (3, 16)]), sparsegpt_output_errors(meta, gram, [0.5, 0.3])]
+    assert [o.device.type for o in outs] == ["meta"] * len(outs)
+    with pytest.raises(RuntimeError):  # the check can fail: a CPU tensor mixed into a meta solve is refused
+        torch.zeros(3, device="meta") + torch.ones(3)
+
+
+@pytest.mark.parametrize("setting", [{"method": "gptq", "bits": 3, "group_size": 16, "solve_on": "layer"},
+                                     {"method": "sparsegpt", "density": 0.5, "solve_on": "layer"}])
+def test_solve_on_layer_applies_on_the_weights_device_and_records_itself(setting):
+    """The setting solves the weight it is given where it is (protected block included) and says so in its label
+    and record; on the CPU it is the CPU solve, bit for bit."""
+    from capsense.compress.calibration import InputStats
+    from capsense.compress.methods import parse_setting
+    from capsense.compress.protect import Protection
+
+    w, x, _ = _data()
+    s, cpu = parse_setting(setting), parse_setting({k: v for k, v in setting.items() if k != "solve_on"})
+    assert s.solves_on_layer and not cpu.solves_on_layer and s.label == cpu.label + "/on-layer"
+    assert s.to_dict() == {**cpu.to_dict(), "solve_on": "layer"} and "solve_on" not in cpu.to_dict()
+    assert parse_setting(s.to_dict()) == s and all(level.solve_on == "layer" for level in s.levels())
+    stats, prot = InputStats.from_inputs(x), Protection(rows=torch.arange(24) < 4, cols=torch.arange(64) >= 60)
+    assert torch.equal(s.apply("m", w, stats, prot, 16).weight, cpu.apply("m", w, stats, prot, 16).weight)
+    if s.family == "quant":  # SparseGPT's apply reads its kept count back (one host read per matrix): not on meta
+        out = s.apply("m", w.to("meta"), stats, None, 16)
+        assert out.weight.device.type == "meta" and out.scales.device.type == "meta"
+    errors = s._output_errors(s.levels()[:2], "m", w.to("meta"), stats.gram, (torch.ones(24, dtype=torch.bool),
+                                                                              torch.ones(64, dtype=torch.bool)), {})
+    assert {e.device.type for e in errors.values()} == {"meta"}
+
+
+def test_solve_on_is_refused_where_it_changes_nothing(tmp_path):
+    from capsense.compress.engine import plan
+    from capsense.compress.budget import uniform_budget
+    from capsense.compress.methods import parse_setting
+    from capsense.compress.engine import check_solve_on
+    from capsense.compress.request import check_request
+    from capsense.errors import CapsenseError
+    from conftest import make_tiny_model
+
+    for bad, message in [({"method": "rtn", "bits": 4, "solve_on": "layer"}, "solve_on does not apply to rtn"),
+                         ({"method": "gptq", "bits": 4, "solve_on": "gpu"}, "valid are cpu, layer")]:
+        with pytest.raises(BudgetError, match=message):
+            parse_setting(bad)
+    with pytest.raises(CapsenseError, match="without a device map every layer is on the CPU"):
+        check_request("smollm2-135m", tmp_path / "out", False, None, "gptq", None, None, "layer")
+    model = make_tiny_model("llama")
+    with pytest.raises(CapsenseError, match=r"all \d+ it would solve are on the CPU"):
+        check_solve_on(plan(model, uniform_budget({"method": "gptq", "bits": 4, "group_size": 16, "solve_on": "layer"})))
+    check_solve_on(plan(model, uniform_budget({"method": "gptq", "bits": 4, "group_size": 16})))  # the default: fine

@@ -140,6 +140,8 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     alone = gs.check_guided_memory(model, uni, samples, unchecked)
     assert alone == {"sensitivity": need["sensitivity"], "compressing": grams + hidden,
                      "pricing": need["pricing"] - gs.PRICE_BYTES * len(targets) * n_levels}
+    on_layer = gs.check_guided_memory(model, uniform_budget({**GPTQ, "solve_on": "layer"}), samples, guide)
+    assert on_layer == {**need, "pricing": need["pricing"] - solve}  # solved in the layer's device memory
 
 
 def _compress(tiny_model_dir, out, *extra):

@@ -83,6 +83,20 @@ def test_bad_device_map_is_one_message_and_writes_nothing(tmp_path, tiny_model_d
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("extra, message", [
+    ([], "without a device map every layer is on the CPU, where it changes nothing"),  # before the model loads
+    (["--device-map", json.dumps(ON_CPU)], "it would solve are on the CPU"),  # once the map has placed them
+])
+def test_solve_on_layer_where_every_layer_is_on_the_cpu_is_one_message(tmp_path, tiny_model_dir, extra, message):
+    out = tmp_path / "out"
+    r = _compress(tiny_model_dir, out, ["--method", "gptq", "--bits", "4", "--solve-on", "layer"], *extra)
+    assert r.exit_code == 1 and r.output.count("Error") == 1 and message in r.output, r.output
+    assert "Traceback" not in r.output and not out.exists()
+    r = _compress(tiny_model_dir, out, ["--method", "rtn", "--bits", "4", "--solve-on", "layer"], "--device-map",
+                  json.dumps(ON_CPU))
+    assert r.exit_code == 1 and "solve_on does not apply to rtn" in r.output and not out.exists(), r.output
+
+
 def test_offload_refusal_says_what_to_do(tiny_model_dir):
     from capsense.core.models import load_model
     from capsense.core.placement import check_weights_in_memory, offloaded_weights

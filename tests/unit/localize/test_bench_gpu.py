@@ -29,6 +29,20 @@ def test_cpu_smoke_runs_end_to_end(tmp_path, capsys):
     agree = res["agreement"]
     assert agree["vs_weights_max_abs_dnll"] < 1e-4 and agree["nll_scale"] > 1.0
     assert set(agree["packing_max_abs_dnll"]) == {"2"} and agree["packing_max_abs_dnll"]["2"] < 1e-4
+    solve = json.loads(out.read_text())["solve"][0]  # GPTQ/SparseGPT timed (on the CPU alone here)
+    assert solve["shape"] == "64x256" and set(solve["gptq"]) == set(solve["sparsegpt"]) == {"cpu"}
+    assert 0 < solve["gptq"]["cpu"]["relative_output_error"] < solve["sparsegpt"]["cpu"]["relative_output_error"] < 0.5
+
+
+def test_solve_bench_compares_devices_and_refuses_a_missing_gpu(tmp_path, capsys):
+    mod = load_bench_script("bench_gptq_solve")
+    row = mod.run_shape("32x128", (32, 128), ["cpu"], 256)
+    assert row["gptq"]["cpu"]["seconds"] >= 0 and 0 < row["gptq"]["cpu"]["relative_output_error"] < 0.05
+    assert mod.parse_shape("llama-3.1-70b") == ("llama-3.1-70b", (8192, 28672))
+    assert mod.main(["--devices", "cpu,cpu", "--out", str(tmp_path / "x.json")]) == 2
+    if not torch.cuda.is_available():
+        assert mod.main(["--devices", "cpu,cuda", "--out", str(tmp_path / "x.json")]) == 2
+    assert "give" in capsys.readouterr().out and not (tmp_path / "x.json").exists()
 
 
 def test_meta_build_has_the_published_shapes():

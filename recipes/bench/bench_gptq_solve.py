@@ -16,10 +16,8 @@ Values do not matter for speed; they do for agreement, which is why the inputs a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -107,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
         print("bench_gptq_solve: no GPU here (torch.cuda.is_available() is False): give --devices cpu")
         return 2
+    from capsense.core.files import atomic_write_json
     from capsense.core.provenance import provenance
 
     rows = [run_shape(*parse_shape(s.strip()), devices, args.tokens) for s in args.shapes.split(",") if s.strip()]
@@ -115,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for kind in ("gptq", "sparsegpt"):
             print(f"{r['shape']} {kind}: " + ", ".join(f"{d} {v['seconds']} s" for d, v in r[kind].items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(info, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {atomic_write_json(args.out, info)}")
     return 0
 
 

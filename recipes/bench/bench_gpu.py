@@ -26,7 +26,6 @@ a message and exits with status 0 without measuring anything (``--cpu-smoke`` as
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -263,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['model']}: |dnll| packed vs one mask per forward {a['packing_max_abs_dnll']}; "
               f"masks at run time vs heads zeroed in the weights {a['vs_weights_max_abs_dnll']:.2e} "
               f"(nll ~{a['nll_scale']:.2f} nats/token)")
-    out = Path(args.out or ("recipes/results/bench_gpu_cpu_smoke.json" if args.cpu_smoke else "recipes/results/bench_gpu.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(info, indent=2) + "\n")
-    print(f"wrote {out}")
+    from capsense.core.files import atomic_write_json
+
+    default = "recipes/results/bench_gpu_cpu_smoke.json" if args.cpu_smoke else "recipes/results/bench_gpu.json"
+    print(f"wrote {atomic_write_json(args.out or default, info)}")
     return 0
 
 

@@ -22,12 +22,14 @@ from capsense.errors import BudgetError, CapsenseError
 import capsense.compress.accounting as acc
 from capsense.compress.budget import Budget, protections, setting_label
 from capsense.compress.calibration import DEFAULT_CALIBRATION, InputStats, calibration_samples, collect_stats
+from capsense.compress.gptq import output_errors_memory
 from capsense.compress.lowrank import stable_rank
 from capsense.compress.methods import Applied, Setting
 from capsense.compress.protect import Protection
 from capsense.compress.prune import apply_mask, global_masks
 from capsense.compress.targets import Target, find_targets
 from capsense.core.memory import return_freed_memory
+from capsense.core.placement import check_device_memory
 
 
 @dataclass
@@ -123,13 +125,27 @@ def check_plan(model: nn.Module, budget: Budget, planned) -> dict[str, Protectio
     return protected
 
 
-def check_solve_on(planned) -> None:
-    """``solve_on: layer`` where every matrix it solves is on the CPU changes nothing: an error, not silence."""
+def check_solve_on(planned, n_levels: int = 1, itemsize: int = 8, available: Callable[[Any], int | None] | None = None
+                   ) -> None:
+    """``solve_on: layer`` where every matrix it solves is on the CPU changes nothing: an error, not silence. And on
+    each device, the largest solve there (:func:`~capsense.compress.gptq.output_errors_memory` of ``n_levels``
+    stacked levels of ``itemsize`` bytes: one float64 level to compress a matrix, a guided pricing's levels in
+    float32) must fit in what that device has free beside the model (``available(device)``, default
+    :func:`~capsense.core.placement.available_device_memory`): refused before any weight changes, not out of
+    memory mid-run (a 70B down projection's float64 solve holds up to about 32 GiB; 8B's 8 GiB)."""
     on_layer = [t for t, s in planned if s is not None and s.solves_on_layer]
     if on_layer and all(t.module.weight.device.type == "cpu" for t in on_layer):
         raise BudgetError(f"`solve_on` layer solves each matrix on its layer's device, and all {len(on_layer)} it "
-                            "would solve are on the CPU (no device map placing layers on an accelerator): it changes "
-                            "nothing. Place the layers with a device map or leave `solve_on` out (cpu)")
+                          "would solve are on the CPU (no device map placing layers on an accelerator): it changes "
+                          "nothing. Place the layers with a device map or leave `solve_on` out (cpu)")
+    by_device: dict[Any, list[Target]] = {}
+    for t in on_layer:
+        by_device.setdefault(t.module.weight.device, []).append(t)
+    for device, ts in by_device.items():
+        need = {"the largest matrix's solve": max(output_errors_memory(n_levels, *t.shape, itemsize) for t in ts)}
+        check_device_memory(device, need, "`solve_on` layer", "leave `solve_on` out (each matrix solved on a CPU "
+                            "copy), or leave that much free on the device (the device map's max_memory)",
+                            None if available is None else available(device))
 
 
 def _account(t: Target, s: Setting, out: Applied, prot: Protection | None) -> acc.MatrixAccount:

@@ -62,7 +62,7 @@ from capsense.compress.allocate import Candidate
 from capsense.compress.budget import Budget
 from capsense.compress.calibration import accumulate_stats, gram_memory
 from capsense.compress.compensated import level_pricer
-from capsense.compress.engine import needs_calibration, plan
+from capsense.compress.engine import check_solve_on, needs_calibration, plan
 from capsense.compress.gptq import output_errors_memory
 from capsense.compress.guided import (
     Allocation, GuidedPlan, allocation_from_prices, fisher_sources, fisher_tokens, guided_levels, guided_setting, plan_guided,
@@ -105,7 +105,10 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
     they are cut to."""
     tokens = fisher_tokens(texts) if texts is not None else FISHER_MAX_TOKENS
     phases = guided_memory(model, uniform, samples, guide, packed, sequential, tokens)
-    _, gram = needs_calibration(plan(model, uniform))
+    planned, base = plan(model, uniform), parse_setting(uniform.default)
+    _, gram = needs_calibration(planned)
+    if base.solves_on_layer and any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in _pricings(uniform, guide)):
+        check_solve_on(planned, len(guided_levels(base, guide, find_targets(model, uniform.targets), packed)), 4)
     mode = ("one decoder layer at a time" if sequential else
             "in one pass (every matrix's calibration statistics held from calibration to the end)")
     return {phase: check_cpu_memory(held, f"a guided run {mode}, {_DOING[phase]},", _advice(phase, sequential, gram),

@@ -133,11 +133,33 @@ def check_cpu_memory(held: dict[str, int], what: str, advice: str, available: in
     (default: :func:`available_cpu_memory`): running out of memory hours into a calibration or a Fisher loses the
     hours. The error names ``what`` holds them, each part's size and what is available, then ``advice`` (what to
     do instead): one refusal for every such check (a calibration's Gram matrices, a guided run's Fisher)."""
+    return _check_held(held, "CPU memory", available_cpu_memory() if available is None else available, what, advice)
+
+
+def available_device_memory(device) -> int | None:
+    """Bytes a run may plan to use on ``device``: 90% of what is free there now (CUDA), the CPU's
+    (:func:`available_cpu_memory`), or None where torch reports no figure (the check is then skipped)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return available_cpu_memory()
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * 0.9)
+    return None
+
+
+def check_device_memory(device, held: dict[str, int], what: str, advice: str, available: int | None = None) -> int:
+    """:func:`check_cpu_memory` on ``device``'s memory (``available``: default :func:`available_device_memory`)."""
+    have = available_device_memory(device) if available is None else available
+    return sum(held.values()) if have is None else _check_held(held, f"{device} memory", have, what, advice)
+
+
+def _check_held(held: dict[str, int], where: str, have: int, what: str, advice: str) -> int:
     total = sum(held.values())
-    have = available_cpu_memory() if available is None else available
     if total > have:
         kinds = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(held.items()))
-        raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of CPU memory beside the model ({kinds}), but "
+        raise CapsenseError(f"{what} holds {total / 2**30:.1f} GiB of {where} beside the model ({kinds}), but "
                             f"{have / 2**30:.1f} GiB is available: {advice}")
     return total
 

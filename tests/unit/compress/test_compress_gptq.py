@@ -310,3 +310,28 @@ def test_solve_on_is_refused_where_it_changes_nothing(tmp_path):
     with pytest.raises(CapsenseError, match=r"all \d+ it would solve are on the CPU"):
         check_solve_on(plan(model, uniform_budget({"method": "gptq", "bits": 4, "group_size": 16, "solve_on": "layer"})))
     check_solve_on(plan(model, uniform_budget({"method": "gptq", "bits": 4, "group_size": 16})))  # the default: fine
+
+
+def test_solve_on_layer_is_refused_where_the_largest_solve_does_not_fit_its_device():
+    """Each device's largest solve against what it has free, before any weight changes (here the ``meta`` device
+    stands for a GPU, its free memory given); a guided pricing's stacked float32 levels are counted the same way."""
+    from capsense.compress.budget import uniform_budget
+    from capsense.compress.engine import check_solve_on, plan
+    from capsense.compress.gptq import output_errors_memory
+    from capsense.compress.targets import find_targets
+    from capsense.errors import CapsenseError
+    from conftest import make_tiny_model
+
+    model = make_tiny_model("llama").to("meta")
+    planned = plan(model, uniform_budget({"method": "sparsegpt", "density": 0.5, "solve_on": "layer"}))
+    need = max(output_errors_memory(1, *t.shape, 8) for t in find_targets(model))
+    check_solve_on(planned, available=lambda device: need)  # fits exactly
+    with pytest.raises(CapsenseError, match=r"`solve_on` layer holds .* GiB of meta memory .*the largest matrix's "
+                                            r"solve.* leave `solve_on` out") as e:
+        check_solve_on(planned, available=lambda device: need - 1)
+    stacked = max(output_errors_memory(18, *t.shape, 4) for t in find_targets(model))
+    assert stacked > need
+    check_solve_on(planned, 18, 4, available=lambda device: stacked)
+    with pytest.raises(CapsenseError):
+        check_solve_on(planned, 18, 4, available=lambda device: stacked - 1)
+    assert "meta" in str(e.value)

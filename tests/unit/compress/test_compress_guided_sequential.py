@@ -140,8 +140,11 @@ def test_the_memory_check_counts_what_each_phase_holds_beside_one_layers_grams()
     alone = gs.check_guided_memory(model, uni, samples, unchecked)
     assert alone == {"sensitivity": need["sensitivity"], "compressing": grams + hidden,
                      "pricing": need["pricing"] - gs.PRICE_BYTES * len(targets) * n_levels}
-    on_layer = gs.check_guided_memory(model, uniform_budget({**GPTQ, "solve_on": "layer"}), samples, guide)
+    on_layer = {phase: sum(parts.values()) for phase, parts in gs.guided_memory(  # the parts in CPU memory
+        model, uniform_budget({**GPTQ, "solve_on": "layer"}), samples, guide).items()}
     assert on_layer == {**need, "pricing": need["pricing"] - solve}  # solved in the layer's device memory
+    with pytest.raises(CapsenseError, match="all 21 it would solve are on the CPU"):  # and the check says so
+        gs.check_guided_memory(model, uniform_budget({**GPTQ, "solve_on": "layer"}), samples, guide)
 
 
 def _compress(tiny_model_dir, out, *extra):

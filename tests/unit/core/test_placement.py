@@ -154,6 +154,17 @@ def test_a_memory_check_refuses_above_what_is_available_naming_the_parts_and_wha
         check_cpu_memory(held, "calibrating", "calibrate less")
 
 
+def test_a_device_memory_check_names_the_device_and_skips_where_torch_gives_no_figure(monkeypatch):
+    held, gib = {"the largest matrix's solve": 3 * 2**30}, 2**30
+    with pytest.raises(CapsenseError, match=r"^solving holds 3.0 GiB of cuda:1 memory beside the model .* 2.0 GiB"):
+        placement.check_device_memory("cuda:1", held, "solving", "solve less", available=2 * gib)
+    assert placement.available_device_memory("meta") is None  # no figure: the check is skipped, not guessed
+    assert placement.check_device_memory("meta", held, "solving", "solve less") == 3 * gib
+    monkeypatch.setattr(placement, "available_cpu_memory", lambda: gib)  # the CPU's figure is the CPU check's
+    with pytest.raises(CapsenseError, match="of cpu memory .* but 1.0 GiB is available: solve less"):
+        placement.check_device_memory("cpu", held, "solving", "solve less")
+
+
 def test_prefix_cache_and_float32_recast_fit_the_gpu_or_not(folder, monkeypatch):
     """The GPU memory rules on a simulated device: the cache of clean block inputs against half the free
     memory, a float32 copy of the model against half the total; both always fit off GPUs."""

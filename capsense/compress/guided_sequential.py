@@ -71,7 +71,7 @@ from capsense.compress.guided import (
 from capsense.compress.methods import parse_setting
 from capsense.compress.select import checks_uniform, proxy_pricing
 from capsense.compress.sensitivity import FISHER_MAX_TOKENS, backward_memory
-from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer
+from capsense.compress.sequential import cached_bytes, capture_inputs, decoder_layers, run_layer, sums_fit_device
 from capsense.compress.spill import check_disk, layer_files, layer_groups
 from capsense.compress.targets import find_targets
 from capsense.core.placement import check_cpu_memory
@@ -276,7 +276,8 @@ def price_layer_by_layer(model: nn.Module, uniform: Budget, samples: Sequence[Se
     for i, layer in enumerate(layers):
         outputs: list[torch.Tensor] = []
         forwards = (lambda j=j: outputs.append(run_layer(layer, cached, i, j)) for j in range(len(samples)))
-        stats = accumulate_stats([t for t in calibrated if t.layer == i], forwards, gram)
+        mine = [t for t in calibrated if t.layer == i]
+        stats = accumulate_stats(mine, forwards, gram, on_device=sums_fit_device(mine, gram))
         shared: dict = {}  # this layer's solved errors or factors, read by every plan
         for p, out in zip(plans, prices):
             out.update(price_matrices(p, [t for t in p.targets if t.layer == i], stats, shared))

@@ -201,6 +201,24 @@ def compress_sequential(
     return result
 
 
+def sums_fit_device(targets, gram: bool, available: Callable[[Any], int | None] | None = None) -> bool:
+    """Whether one decoder layer's statistics can be summed on its device (:func:`accumulate_stats`'
+    ``on_device``): every target off the CPU, and on each device their float64 sums (a Gram matrix counted per
+    target, so q/k/v's shared one thrice: an overcount) within half of what it has free (``available(device)``,
+    default :func:`~capsense.core.placement.available_device_memory`; the other half for the layer's forwards).
+    Else they are summed on the CPU as in one pass: the same values, one transfer per calibration text."""
+    from capsense.core.placement import available_device_memory
+
+    available = available or available_device_memory
+    need: dict[Any, int] = {}
+    for t in targets:
+        device = t.module.weight.device
+        if device.type == "cpu":
+            return False
+        need[device] = need.get(device, 0) + 8 * t.shape[1] * ((t.shape[1] if gram else 0) + 2)
+    return bool(need) and all((have := available(d)) is not None and n <= have / 2 for d, n in need.items())
+
+
 def _compress_layer(layer, i: int, mine, cached: LayerInputs, protected, gram: bool, propagate: str, base_bits: int,
                     accounts: dict, scales: dict) -> list[torch.Tensor]:
     """Layer ``i``'s statistics, compression (into ``accounts``, ``scales``) and the outputs passed on:
@@ -217,7 +235,8 @@ def _compress_layer(layer, i: int, mine, cached: LayerInputs, protected, gram: b
 
     targets = [t for t, s in mine if s is not None and s.calibrated]
     if targets:
-        stats = accumulate_stats(targets, (lambda j=j: forward(j) for j in range(n)), gram)
+        stats = accumulate_stats(targets, (lambda j=j: forward(j) for j in range(n)), gram,
+                                 on_device=sums_fit_device(targets, gram))
     else:
         stats = None
         if not rerun:

@@ -222,3 +222,35 @@ def test_the_sequential_check_counts_the_cached_hidden_states(monkeypatch):
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing compressed
     monkeypatch.setattr("capsense.core.placement.available_cpu_memory", lambda: one_layer + hidden)
     seq.compress_sequential(model, uniform_budget(GPTQ), SAMPLES)  # exactly enough: runs
+
+
+def test_a_layers_sums_stay_on_its_device_until_its_last_forward_and_are_the_same_sums():
+    """``on_device``: no transfer per calibration text (the sums stay where the inputs are: ``meta`` here, standing
+    for a GPU), one move to the CPU at the end, the same float64 sums as summing on the CPU; and a layer's sums are
+    summed there only when every target is off the CPU and they fit in half of what each device has free."""
+    from capsense.compress.calibration import accumulate_stats
+
+    x = torch.randn(3, 5, 16)
+    on_meta = InputStats(16, device="meta")
+    for xi in x.to("meta"):
+        on_meta.add(xi, gram=True)
+    assert {on_meta.gram.device.type, on_meta.sq_sum.device.type, on_meta.abs_sum.device.type} == {"meta"}
+    model = make_tiny_model("llama")
+    targets = [t for t in find_targets(model) if t.layer == 0]
+    ids = [list(map(int, torch.randint(0, 50, (12,)))) for _ in range(3)]
+
+    def forwards():
+        return (lambda ids=i: model(input_ids=torch.tensor([ids]), use_cache=False) for i in ids)
+
+    apart, together = (accumulate_stats(targets, forwards(), True, on_device=d) for d in (False, True))
+    for t in targets:
+        a, b = apart[t.name], together[t.name]
+        assert b.device == "cpu" and b.gram.device.type == "cpu" and a.n_tokens == b.n_tokens == 36
+        assert torch.equal(a.gram, b.gram) and torch.equal(a.sq_sum, b.sq_sum) and torch.equal(a.abs_sum, b.abs_sum)
+    assert not seq.sums_fit_device(targets, True)  # on the CPU already: nothing to gain
+    meta = [t for t in find_targets(make_tiny_model("llama").to("meta")) if t.layer == 0]
+    need = sum(8 * t.shape[1] * (t.shape[1] + 2) for t in meta)
+    assert seq.sums_fit_device(meta, True, available=lambda d: 2 * need)
+    assert not seq.sums_fit_device(meta, True, available=lambda d: 2 * need - 1)
+    assert not seq.sums_fit_device(meta, True, available=lambda d: None)  # no figure for the device: the CPU
+    assert seq.sums_fit_device(meta, False, available=lambda d: 2 * need)  # without Grams far less is needed

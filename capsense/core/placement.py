@@ -137,7 +137,9 @@ def check_cpu_memory(held: dict[str, int], what: str, advice: str, available: in
 
 
 def available_device_memory(device) -> int | None:
-    """Bytes a run may plan to use on ``device``: 90% of what is free there now (CUDA), the CPU's
+    """Bytes a run may plan to use on ``device``: 90% of what is free there now (CUDA: free on the device plus
+    what torch's caching allocator holds reserved and unused, which this process's next tensors reuse; without it a
+    check made after a large solve would see the solve's freed memory as taken), the CPU's
     (:func:`available_cpu_memory`), or None where torch reports no figure (the check is then skipped)."""
     import torch
 
@@ -145,7 +147,8 @@ def available_device_memory(device) -> int | None:
     if device.type == "cpu":
         return available_cpu_memory()
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0] * 0.9)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int((torch.cuda.mem_get_info(device)[0] + cached) * 0.9)
     return None
 
 

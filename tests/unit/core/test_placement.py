@@ -159,6 +159,12 @@ def test_a_device_memory_check_names_the_device_and_skips_where_torch_gives_no_f
     with pytest.raises(CapsenseError, match=r"^solving holds 3.0 GiB of cuda:1 memory beside the model .* 2.0 GiB"):
         placement.check_device_memory("cuda:1", held, "solving", "solve less", available=2 * gib)
     assert placement.available_device_memory("meta") is None  # no figure: the check is skipped, not guessed
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (6 * gib, 80 * gib))  # a simulated GPU whose
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 5 * gib)  # allocator keeps 4 GiB unused
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: gib)
+    assert placement.available_device_memory("cuda:1") == int(10 * gib * 0.9)
     assert placement.check_device_memory("meta", held, "solving", "solve less") == 3 * gib
     monkeypatch.setattr(placement, "available_cpu_memory", lambda: gib)  # the CPU's figure is the CPU check's
     with pytest.raises(CapsenseError, match="of cpu memory .* but 1.0 GiB is available: solve less"):

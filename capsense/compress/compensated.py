@@ -78,12 +78,21 @@ def _check_solve_on(value) -> str:
     return value
 
 
-def _solved_dict(setting) -> dict[str, Any]:
-    """``to_dict`` of a compensating setting: ``solve_on`` only where it is not the default (CPU runs' records unchanged)."""
-    d = Setting.to_dict(setting)
-    if d.get("solve_on") == "cpu":
-        del d["solve_on"]
-    return d
+class _Solved:
+    """What GPTQ and SparseGPT share about their ``solve_on`` field (each declares the field itself, after its own)."""
+
+    solve_on: str
+
+    @property
+    def solves_on_layer(self) -> bool:
+        return self.solve_on == "layer"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``solve_on`` recorded only where it is not the default (CPU runs' records unchanged)."""
+        d = super().to_dict()  # type: ignore[misc]
+        if d.get("solve_on") == "cpu":
+            del d["solve_on"]
+        return d
 
 
 def _gram(name: str, stats, fc: torch.Tensor) -> torch.Tensor:
@@ -93,7 +102,7 @@ def _gram(name: str, stats, fc: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class GPTQSetting(QuantSetting):
+class GPTQSetting(_Solved, QuantSetting):
     """GPTQ at ``bits`` with a scale per ``group_size`` columns; ``damp`` and activation order."""
 
     damp: float = DAMP
@@ -121,12 +130,6 @@ class GPTQSetting(QuantSetting):
         extra = ("" if self.damp == DAMP else f"/damp{self.damp:g}") + ("" if self.act_order else "/natural")
         return f"{super().label}{extra}{'/on-layer' if self.solves_on_layer else ''}"
 
-    @property
-    def solves_on_layer(self) -> bool:
-        return self.solve_on == "layer"
-
-    def to_dict(self) -> dict[str, Any]:
-        return _solved_dict(self)
 
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
@@ -190,7 +193,7 @@ def rtn_level_costs(levels, name, w, sensitivity, stats, prot, base_bits, cache=
 
 
 @dataclass(frozen=True)
-class SparseGPTSetting(PruneSetting):
+class SparseGPTSetting(_Solved, PruneSetting):
     """SparseGPT at ``density``: per row (``scope`` row) or two of every four weights (``scope`` 2:4)."""
 
     damp: float = DAMP
@@ -221,12 +224,6 @@ class SparseGPTSetting(PruneSetting):
         extra = ("" if self.damp == DAMP else f"/damp{self.damp:g}") + ("/on-layer" if self.solves_on_layer else "")
         return super().label + extra
 
-    @property
-    def solves_on_layer(self) -> bool:
-        return self.solve_on == "layer"
-
-    def to_dict(self) -> dict[str, Any]:
-        return _solved_dict(self)
 
     def scores(self, w, stats):
         return wanda_scores(w, stats.input_norm)  # pricing only (see the module docstring)

@@ -46,7 +46,7 @@ from capsense.compress.engine import (
 )
 from capsense.compress.methods import parse_setting
 from capsense.core.arch import arch_spec, unwrap
-from capsense.core.placement import input_device
+from capsense.core.placement import available_device_memory, input_device
 from capsense.errors import CapsenseError
 
 PROPAGATE = ("compressed", "original")
@@ -207,8 +207,6 @@ def sums_fit_device(targets, gram: bool, available: Callable[[Any], int | None] 
     target, so q/k/v's shared one thrice: an overcount) within half of what it has free (``available(device)``,
     default :func:`~capsense.core.placement.available_device_memory`; the other half for the layer's forwards).
     Else they are summed on the CPU as in one pass: the same values, one transfer per calibration text."""
-    from capsense.core.placement import available_device_memory
-
     available = available or available_device_memory
     need: dict[Any, int] = {}
     for t in targets:

@@ -90,6 +90,11 @@ def _pricings(uniform: Budget, guide) -> list[tuple[str, object]]:
     return [("guided", guide)] + ([(f"guided-{proxy}", replace(guide, pricing=proxy))] if proxy is not None else [])
 
 
+def _output_priced(pricings: list[tuple[str, object]], base) -> bool:
+    """Whether one of ``pricings`` prices by the method's own output error (every level of a matrix solved)."""
+    return any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in pricings)
+
+
 def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[int]], guide,
                         packed: bool = False, available: int | None = None, sequential: bool = True,
                         texts: Mapping[str, Sequence[Sequence[int]]] | None = None) -> dict[str, int]:
@@ -107,7 +112,7 @@ def check_guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Seq
     phases = guided_memory(model, uniform, samples, guide, packed, sequential, tokens)
     planned, base = plan(model, uniform), parse_setting(uniform.default)
     _, gram = needs_calibration(planned)
-    if base.solves_on_layer and any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in _pricings(uniform, guide)):
+    if base.solves_on_layer and _output_priced(_pricings(uniform, guide), base):
         check_solve_on(planned, len(guided_levels(base, guide, find_targets(model, uniform.targets), packed)), 4)
     mode = ("one decoder layer at a time" if sequential else
             "in one pass (every matrix's calibration statistics held from calibration to the end)")
@@ -181,7 +186,7 @@ def guided_memory(model: nn.Module, uniform: Budget, samples: Sequence[Sequence[
     scope = "one layer's" if sequential else "every matrix's"
     pricing = hidden | {"one matrix's Fisher, read back and summed": 2 * 4 * max(t.n_params for t in targets),
                         "kept prices": PRICE_BYTES * len(targets) * levels * (len(pricings) if sequential else 1)}
-    if any(level_pricer(base.method, g.pricing)[0] == "output" for _, g in pricings):
+    if _output_priced(pricings, base):
         pricing[f"{scope} solved output errors"] = _most(targets, sequential, lambda ts: 8 * levels * sum(
             t.shape[0] for t in ts))
         if not base.solves_on_layer:  # solve_on: layer solves in the layer's device memory, not the CPU's

@@ -21,7 +21,7 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @click.option("--ablation", type=click.Choice(["zero", "mean"]), default="zero", show_default=True)
 @click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated lm-eval tasks.")
 @limit_option(None, "Documents per task (the first N).")
-@batch_size_option()
+@batch_size_option(auto=True)
 @device_option()
 @dtype_option()
 @include_path_option()

@@ -69,7 +69,7 @@ from capsense.commands.output import echo_written, log
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@batch_size_option()
+@batch_size_option(auto=True)
 @click.option("--masks-per-forward", default="auto", show_default=True,
               help="Masks packed in one forward pass: auto (1 with prefix reuse, the default, and on CPUs: packed masks "
                    "run full forwards, which cost more than they save; on a GPU with --no-prefix-reuse the most that "
@@ -87,7 +87,7 @@ from capsense.commands.output import echo_written, log
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, prior_score: str, group_price: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
-           seed: int, batch_size: int, masks_per_forward: str, no_prefix_reuse: bool, device: str,
+           seed: int, batch_size: int | str, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
     """Rank MODEL's attention heads by how much --task depends on them.

@@ -12,7 +12,9 @@ from typing import Any
 
 import click
 
+from capsense.core.batching import CPU_BATCH_SIZE, check_batch_size
 from capsense.core.models import DTYPES
+from capsense.errors import CapsenseError
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -61,10 +63,26 @@ def limit_option(default: int | None, help: str) -> Decorator:
     return click.option("--limit", type=int, default=default, show_default=default is not None, help=help)
 
 
-def batch_size_option(default: int = 16, help: str | None = None) -> Decorator:
-    """``--batch-size``: requests per forward pass."""
-    return click.option("--batch-size", type=int, default=default, show_default=True,
-                        help=help or "Requests per forward pass.")
+class _BatchSize(click.ParamType):
+    """A positive number of requests, or ``auto`` (:func:`capsense.core.batching.check_batch_size`)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        try:
+            return check_batch_size(value)
+        except CapsenseError as e:
+            self.fail(str(e), param, ctx)
+
+
+def batch_size_option(default: int = 16, help: str | None = None, *, auto: bool = False) -> Decorator:
+    """``--batch-size``: requests per forward pass (and ``auto`` where the command sizes it from free memory)."""
+    if not auto:
+        return click.option("--batch-size", type=click.IntRange(min=1), default=default, show_default=True,
+                            help=help or "Requests per forward pass.")
+    return click.option("--batch-size", type=_BatchSize(), default=default, show_default=True,
+                        help=help or "Requests per forward pass, or auto: sized from the GPU's free memory "
+                                     f"({CPU_BATCH_SIZE} on a CPU).")
 
 
 def overwrite_option() -> Decorator:

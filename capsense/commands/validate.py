@@ -27,7 +27,7 @@ from capsense.commands.output import echo_written
               help="Random K-head ablations to compare with.")
 @limit_option(100, "Held-out documents per task.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@batch_size_option()
+@batch_size_option(auto=True)
 @device_option()
 @device_map_option()
 @dtype_option()
@@ -35,7 +35,7 @@ from capsense.commands.output import echo_written
 @unsafe_code_option()
 @out_option("Folder for validation.json/.md/.png.")
 def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: float, n_random: int, limit: int, seed: int,
-             batch_size: int, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
+             batch_size: int | str, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
              out: Path) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
     from capsense.evaluation.validate import check_validate

@@ -25,6 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from capsense.core.batching import (
+    AUTO, AUTO_MEMORY_FRACTION, CPU_BATCH_SIZE, MAX_AUTO_BATCH_SIZE, config_int, row_bytes, rows_that_fit,
+)
 from capsense.errors import CapsenseError
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -244,17 +247,12 @@ def text_config(model):
     return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
-def _config_int(config, *names: str) -> int:
-    """The first of ``names`` that ``config`` sets (families spell sizes differently), else 0."""
-    return next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)
-
-
 def prefix_cache_bytes(model, n_tokens: int) -> int:
     """Bytes of prefix reuse's cache for ``n_tokens`` tokens: every decoder layer's input hidden
     states (:mod:`capsense.scoring.prefix`), in the model's dtype, on its device."""
     config = text_config(model)
-    hidden = _config_int(config, "hidden_size", "n_embd")
-    return _config_int(config, "num_hidden_layers", "n_layer") * n_tokens * hidden * next(model.parameters()).element_size()
+    hidden = config_int(config, "hidden_size", "n_embd")
+    return config_int(config, "num_hidden_layers", "n_layer") * n_tokens * hidden * next(model.parameters()).element_size()
 
 
 def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> bool:
@@ -291,36 +289,56 @@ def recast_fits(model, dtype: str, memory_fraction: float = 0.5) -> bool:
     return n_bytes <= torch.cuda.get_device_properties(dev).total_memory * memory_fraction
 
 
-def plan_scoring(model, batch_size: int, lengths: list[int], prefix_reuse: bool, masks_per_forward: int | None,
-                 dtype: str, refine_dtype: str, refine_asked: bool = False, log=print) -> dict[str, Any]:
-    """How a run scores masks on ``model``'s device: ``masks_per_forward`` (as given, else
-    :func:`auto_masks_per_forward`), ``prefix_reuse`` (as asked, unless its cache for requests of
-    ``lengths`` tokens does not fit: :func:`prefix_cache_fits`) and ``refine_dtype`` (the run's
-    ``dtype`` instead where a float32 copy would not fit and none was asked for: :func:`recast_fits`).
-    Each fallback is said through ``log``."""
-    n_tokens = sum(lengths)
+def plan_scoring(model, batch_size: int | str, lengths: list[int], prefix_reuse: bool, masks_per_forward: int | None,
+                 dtype: str, refine_dtype: str, refine_asked: bool = False, log=print, scored: int = 0,
+                 most_requests: int | None = None) -> dict[str, Any]:
+    """How a run scores masks on ``model``'s device: ``prefix_reuse`` (as asked, unless its cache for requests of
+    ``lengths`` tokens does not fit: :func:`prefix_cache_fits`), ``batch_size`` and ``attribution_batch_size``
+    (as given, else ``auto`` resolved by :func:`auto_batch_size` for requests of up to ``scored`` scored tokens,
+    at most ``most_requests`` in a batch, beside the prefix cache), ``masks_per_forward`` (as given, else
+    :func:`auto_masks_per_forward`) and ``refine_dtype`` (the run's ``dtype`` instead where a float32 copy would
+    not fit and none was asked for: :func:`recast_fits`). Each fallback is said through ``log``."""
+    n_tokens, longest = sum(lengths), max(lengths, default=1)
     reuse = prefix_reuse and prefix_cache_fits(model, n_tokens)
     if prefix_reuse and not reuse:
         log(f"prefix reuse off: its cache of clean block inputs ({prefix_cache_bytes(model, n_tokens) / 2**30:.1f} GiB) "
             "does not fit in half the GPU's free memory")
-    mpf = masks_per_forward or auto_masks_per_forward(model, batch_size, max(lengths, default=1), prefix_reuse=reuse)
+    batch = grad_batch = batch_size
+    if batch_size == AUTO:
+        # (the attribution's forward fills the prefix cache: it is reserved for both)
+        sizes = dict(longest=longest, scored=scored, n_requests=most_requests or len(lengths) or 1,
+                     reserved_bytes=prefix_cache_bytes(model, n_tokens) if reuse else 0)
+        batch, grad_batch = auto_batch_size(model, **sizes), auto_batch_size(model, **sizes, backward=True)
+    mpf = masks_per_forward or auto_masks_per_forward(model, batch, longest, prefix_reuse=reuse)
     if not refine_asked and refine_dtype != dtype and not recast_fits(model, refine_dtype):
         log(f"refine: measuring sets in {dtype}: the model in {refine_dtype} would take more than half the GPU's memory "
             f"(--refine-dtype {refine_dtype} asks for it anyway)")
         refine_dtype = dtype
-    return {"masks_per_forward": mpf, "prefix_reuse": reuse, "refine_dtype": refine_dtype}
+    return {"batch_size": batch, "attribution_batch_size": grad_batch, "masks_per_forward": mpf, "prefix_reuse": reuse,
+            "refine_dtype": refine_dtype}
 
 
 def masks_that_fit(config, batch_size: int, longest: int, budget_bytes: float, dtype_bytes: int = 2) -> int:
-    """The packing :func:`auto_masks_per_forward` picks for ``budget_bytes`` (pure arithmetic, testable)."""
-    hidden = _config_int(config, "hidden_size", "n_embd")
-    inter = _config_int(config, "intermediate_size", "n_inner") or 4 * hidden
-    heads = _config_int(config, "num_attention_heads", "n_head")
-    # one (mask, request) row at its peak layer: residual stream, q/k/v/o, the MLP's activations
-    # and (eager attention) the score matrix, twice over for temporaries
-    per_row = 2 * longest * dtype_bytes * (6 * hidden + 3 * inter + heads * longest)
-    fit = int(budget_bytes // max(1, per_row * batch_size))
+    """The packing :func:`auto_masks_per_forward` picks for ``budget_bytes`` (pure arithmetic, testable): one
+    (mask, request) row costs :func:`~capsense.core.batching.row_bytes`."""
+    fit = int(budget_bytes // max(1, row_bytes(config, longest, dtype_bytes) * batch_size))
     mpf = 1
     while mpf * 2 <= min(fit, MAX_MASKS_PER_FORWARD):
         mpf *= 2
     return mpf
+
+
+def auto_batch_size(model, longest: int, scored: int, n_requests: int, backward: bool = False,
+                    reserved_bytes: int = 0) -> int:
+    """``batch_size: auto`` resolved for ``model`` (:mod:`capsense.core.batching`): its CPU figure off CUDA devices
+    and under a device map (whose activations cross devices), else the requests of ``longest`` tokens (``scored``
+    of them through the LM head; ``backward``: a gradient pass) that fit in its share of the input device's free
+    memory less ``reserved_bytes`` (the prefix cache), at most ``n_requests`` (the most one batch can hold)."""
+    import torch
+
+    dev = input_device(model)
+    if dev.type != "cuda" or getattr(model, "hf_device_map", None):
+        return CPU_BATCH_SIZE
+    budget = max(0, available_device_memory(dev) - reserved_bytes) * AUTO_MEMORY_FRACTION
+    fit = rows_that_fit(text_config(model), longest, budget, torch.finfo(model.dtype).bits // 8, scored, backward)
+    return max(1, min(fit, MAX_AUTO_BATCH_SIZE, n_requests))

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, check_output_file
 from capsense.core.heads import HeadSet
 from capsense.core.models import check_model, config_head_layout
@@ -44,10 +45,11 @@ def check_evaluate(
 
 def run_evaluate(
     model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", limit: int | None = None,
-    batch_size: int = 16, device: str = "cpu", dtype: str = "float32", include_path: Sequence[str] = (),
+    batch_size: int | str = 16, device: str = "cpu", dtype: str = "float32", include_path: Sequence[str] = (),
     out: str | os.PathLike | None = None,
 ) -> tuple[str, list[Path]]:
     """Evaluate ``model`` as is and with ``head_set`` ablated; the markdown table and the files written."""
+    check_batch_size(batch_size)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype)
     sets = {"base": HeadSet()}
@@ -72,10 +74,11 @@ class MetricRow:
     higher_is_better: bool | None = None  # as the task declares the metric (None: not declared)
 
 
-def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: str = "cpu", dtype: str = "float32",
+def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, device: str = "cpu", dtype: str = "float32",
             device_map: str | None = None, **kwargs: Any):
     """Build a ``capsense-masked`` LM once (no heads yet); ``device_map`` spreads it over devices
-    (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`)."""
+    (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`); ``batch_size`` ``auto`` is lm-eval's
+    own on GPUs, 16 on a CPU (:func:`capsense.core.batching.lm_eval_batch_size`)."""
     from transformers.utils import logging as hf_logging
 
     from capsense.core.placement import check_device, placement_kwargs
@@ -89,7 +92,8 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int = 16, device: st
     hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user
     try:
         return CapsenseMaskedLM(
-            pretrained=model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, **kwargs
+            pretrained=model, ablation=ablation, batch_size=lm_eval_batch_size(batch_size, device, device_map), device=device,
+            dtype=dtype, **kwargs
         )
     finally:
         hf_logging.enable_progress_bar()

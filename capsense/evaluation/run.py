@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsense.core.batching import check_batch_size
 from capsense.evaluation.preflight import check_locate, check_output_folder
 from capsense.tasks import check_task_names
 from capsense.tasks.suite import expand_controls
@@ -34,6 +35,7 @@ def check_steps(steps: list[Step]) -> None:
     for cfg, val in steps:
         check_locate(cfg)
         if val:
+            check_batch_size(val.get("batch_size", 16), "validate `batch_size`")
             if val["tasks"]:
                 check_task_names(expand_controls(val["tasks"], cfg.task), val.get("include_path", cfg.include_path))
             check_output_folder(val["out"], "validate `out`")
@@ -44,7 +46,7 @@ def validate_kwargs(cfg: Any, val: dict[str, Any]) -> dict[str, Any]:
     return dict(
         n_random=int(val.get("random", 3)), limit=val.get("limit", 100), seed=int(val.get("seed", 0)),
         tolerance=float(val.get("tolerance", 0.10)),
-        batch_size=int(val.get("batch_size", 16)), device=val.get("device", cfg.device),
+        batch_size=val.get("batch_size", 16), device=val.get("device", cfg.device),
         dtype=val.get("dtype", "float32"), include_path=val.get("include_path", cfg.include_path),
         confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
         device_map=val.get("device_map", cfg.device_map),

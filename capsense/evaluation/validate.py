@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
 from capsense.core.models import check_model, config_head_layout
@@ -100,9 +101,11 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
 def check_validate(
     model: str, heads: str | Path, top_k: int, tasks: Sequence[str] | None, limit: int | None = 100,
     include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
+    batch_size: int | str = 16,
 ) -> HeadsFile:
     """Every check that needs neither torch nor lm-eval nor the model; returns the heads file."""
     heads_path = Path(heads)
+    check_batch_size(batch_size)
     hf = load_heads_file(heads_path)
     if not tolerance >= 0:
         raise CapsenseError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
@@ -133,7 +136,7 @@ def validate(
     n_random: int = 3,
     limit: int | None = 100,
     seed: int = 0,
-    batch_size: int = 16,
+    batch_size: int | str = 16,
     device: str = "cpu",
     dtype: str = "float32",
     include_path: Sequence[str] = (),
@@ -158,7 +161,7 @@ def validate(
     from capsense.tasks import task_manager
 
     heads_path = Path(heads)
-    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance)
+    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size)
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)
@@ -167,10 +170,8 @@ def validate(
     layout = head_layout(lm.model)
     top.check_fits(layout)
     samples = held_out_samples(tasks, include_path, lm.tokenizer, used, limit, seed)
-    sets = {"base": HeadSet(), "ablated": top}
     randoms = random_head_sets(layout.n_layers, layout.n_heads, top_k, n_random, seed, top)
-    for i, hs in enumerate(randoms):
-        sets[f"random{i + 1}"] = hs
+    sets = {"base": HeadSet(), "ablated": top, **{f"random{i + 1}": hs for i, hs in enumerate(randoms)}}
     log(f"Validating top-{top_k} ({top}) and {n_random} random {top_k}-head sets on "
         + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
     raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
@@ -182,6 +183,7 @@ def validate(
         "random_sets": [str(h) for h in randoms], "samples": samples,
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
+        "batch_size": batch_size, "lm_eval_batch_size": lm_eval_batch_size(batch_size, device, device_map),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **provenance(device, device_map=device_map)}  # the host record as locate's manifest has it
     return rows, info

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from capsense.core.batching import check_batch_size
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
@@ -46,7 +47,7 @@ class LocateConfig:
     alpha: float | None = None  # paper: 0.01
     method: str = "prior-guided"
     seed: int = 0
-    batch_size: int = 16
+    batch_size: int | str = 16  # requests per forward pass, or "auto" (capsense.core.batching)
     masks_per_forward: int | None = None  # None: automatic (1, with prefix reuse; from free memory on a GPU without it)
     device: str = "cpu"
     device_map: str | None = None  # spread the model over devices (capsense.core.placement): auto, or a map
@@ -102,6 +103,7 @@ class LocateConfig:
             raise CapsenseError(f"duplicate control tasks in {self.controls}")
 
     def _check_numbers(self) -> None:
+        self.batch_size = check_batch_size(self.batch_size)
         if self.heads_per_mask is None and (self.sparsity is None or not 0 < self.sparsity < 1):
             raise CapsenseError(f"`sparsity` must be strictly between 0 and 1, got {self.sparsity}")
         if self.heads_per_mask is not None and self.heads_per_mask < 1:

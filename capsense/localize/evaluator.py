@@ -209,9 +209,10 @@ class MaskRunner:
         return out
 
 
-def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> dict:
+def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict, batch_size: int) -> dict:
     """With ``metric`` one of the target task's own lm-eval metrics (not nll/acc): a scorer that
-    runs the task through lm-eval under each mask on the probe's documents (faithful, slow).
+    runs the task through lm-eval under each mask on the probe's documents (faithful, slow), ``batch_size``
+    requests per forward (the run's, resolved).
 
     Sets ``cfg.task_metric_higher_is_better`` from the task.
     """
@@ -221,7 +222,7 @@ def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict) -> di
         return {}
     task_obj = load_task(cfg.task, cfg.include_path, tokenizer)
     scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, None, cfg.metric,
-                              batch_size=cfg.batch_size, include_path=cfg.include_path,
+                              batch_size=batch_size, include_path=cfg.include_path,
                               confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
     try:
         tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)

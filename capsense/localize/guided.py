@@ -62,7 +62,7 @@ def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]
         estimates, evaluator.folded_share = stored
         return estimates, s.run(no_knockout(s.n))
     sinks = {} if ctx.distributed else evaluator.clean_sinks()
-    atts = attribute_probes(s.model, s.probes, batch_size=s.cfg.batch_size, ctx=ctx, sinks=sinks)
+    atts = attribute_probes(s.model, s.probes, batch_size=s.attribution_batch_size or s.cfg.batch_size, ctx=ctx, sinks=sinks)
     evals = s.run(no_knockout(s.n))
     folded = evaluator.folded_share
     return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts, folded)), evals

@@ -70,6 +70,7 @@ class Search:
     tokenizer: Any = None
     probes: dict[str, Any] = field(default_factory=dict)
     log: Callable[[str], None] = print
+    attribution_batch_size: int | None = None  # the gradient pass's requests per batch (None: cfg.batch_size)
 
 
 @dataclass

@@ -129,7 +129,9 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
         "controls": list(cfg.controls),
         "metric": cfg.metric,
         "heads_per_mask": k,
-        "args": {**asdict(cfg), "dtype_resolved": dtype, "masks_per_forward_resolved": placed["masks_per_forward"],
+        "args": {**asdict(cfg), "dtype_resolved": dtype, "batch_size_resolved": placed["batch_size"],
+                 "attribution_batch_size_resolved": placed["attribution_batch_size"],
+                 "masks_per_forward_resolved": placed["masks_per_forward"],
                  "prefix_reuse_resolved": placed["prefix_reuse"], "refine_dtype_resolved": placed["refine_dtype"]},
         "probes": {
             t: {"doc_ids": [int(d) for d in p.doc_ids], "n_requests": p.n_requests, "kind": p.kind, **p.meta}
@@ -227,7 +229,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     from capsense.core.arch import head_layout
     from capsense.core.distributed import context
     from capsense.core.models import load_model, model_fingerprint, resolve_dtype
-    from capsense.core.placement import check_device, parse_device_map, plan_scoring
+    from capsense.core.placement import check_device, parse_device_map
 
     ctx = context()
     cfg.check()
@@ -246,11 +248,9 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     check_processes(ctx.world, method.n_evaluations(cfg, n) - 1)
     k = random_mask_size(cfg, method, layout)
     probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path) for t in cfg.tasks}
-    extra = task_metric_scorers(cfg, model, tokenizer, probes)
-    lengths = [len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)]
-    placed = {"device": device, "processes": ctx.world, **plan_scoring(
-        model, cfg.batch_size, lengths, cfg.prefix_reuse, cfg.masks_per_forward, dtype, cfg.resolved_refine_dtype(dtype),
-        refine_asked=cfg.refine_dtype is not None, log=log if ctx.is_main else _quiet)}
+    placed = {"device": device, "processes": ctx.world,
+              **_plan_scoring(cfg, model, probes, dtype, log if ctx.is_main else _quiet)}
+    extra = task_metric_scorers(cfg, model, tokenizer, probes, placed["batch_size"])
     manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra, placed)
     lock = RunFolderLock(out)
     try:
@@ -258,10 +258,11 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         load_s = time.perf_counter() - t_load
         if store.done and ctx.is_main:
             log(f"Resuming {out}: {len(store.done)} masks already evaluated")
-        evaluator = MaskEvaluator(model, probes, cfg.batch_size, placed["masks_per_forward"], placed["prefix_reuse"], extra)
+        evaluator = MaskEvaluator(model, probes, placed["batch_size"], placed["masks_per_forward"], placed["prefix_reuse"], extra)
         runner = MaskRunner(store, evaluator, placed["masks_per_forward"], ctx=ctx)
         runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
-        search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet)
+        search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet,
+                        attribution_batch_size=placed["attribution_batch_size"])
         t0 = time.perf_counter()
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
@@ -272,6 +273,18 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
     finally:
         lock.release()
+
+
+def _plan_scoring(cfg: LocateConfig, model, probes: dict, dtype: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """:func:`~capsense.core.placement.plan_scoring` for the run's settings and the requests of its ``probes``."""
+    from capsense.core.placement import plan_scoring
+
+    conts = [t for p in probes.values() for t in p.continuation_ids]
+    lengths = [len(c) + len(t) for p in probes.values() for c, t in zip(p.context_ids, p.continuation_ids)]
+    return plan_scoring(model, cfg.batch_size, lengths, cfg.prefix_reuse, cfg.masks_per_forward, dtype,
+                        cfg.resolved_refine_dtype(dtype), refine_asked=cfg.refine_dtype is not None, log=log,
+                        scored=max(map(len, conts), default=1),
+                        most_requests=max((p.n_requests for p in probes.values()), default=1))
 
 
 def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layout: HeadLayout, done: int,

@@ -11,6 +11,8 @@ plus a 4-token continuation (a realistic few-shot prompt length). For each model
 * capsense: model loaded once, requests tokenized once, logits only at scored positions,
   ``masks_per_forward`` 1, 4 and 16 masks packed per forward pass (and the most that fit in
   half the free memory: what ``auto`` packs without prefix reuse), 5% of heads knocked out per mask;
+  then one mask per forward at each of ``--batch-sizes`` requests per forward (``auto``: what
+  ``--batch-size auto`` resolves to, :func:`capsense.core.placement.auto_batch_size`), side by side;
 * reference (the paper's code): per mask, reload the weights (copied from host memory, the
   best case of ``from_pretrained`` from a warm page cache), zero the knocked-out heads, and
   score every request at batch size 1 with full logits, as lm-eval's ``hf`` model does.
@@ -187,6 +189,7 @@ def run_model(name: str, args, device: str) -> dict:
             rows.append({"masks_per_forward": mpf, "error": "out of memory"})
         print(f"{name} capsense mpf={mpf}: {rows[-1]}", file=sys.stderr, flush=True)
     out["capsense"] = rows
+    out["batch_sizes"] = bench_batch_sizes(model, probe, args, device)
     ref_masks = random_masks(args.ref_masks, cfg.num_hidden_layers, cfg.num_attention_heads)
     ref = bench_reference(model, probe, ref_masks, device)
     print(f"{name} reference: {ref}", file=sys.stderr, flush=True)
@@ -200,6 +203,27 @@ def run_model(name: str, args, device: str) -> dict:
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return out
+
+
+def bench_batch_sizes(model, probe, args, device: str) -> list[dict]:
+    """One mask per forward at each of ``args.batch_sizes`` (``auto`` resolved as locate resolves it), the same
+    masks each time; evaluations/s and the ratio to the first size."""
+    from capsense.core.placement import auto_batch_size
+
+    masks = random_masks(args.masks, model.config.num_hidden_layers, model.config.num_attention_heads)
+    rows = []
+    for size in args.batch_sizes:
+        n = auto_batch_size(model, args.context + 4, 4, args.requests) if size == "auto" else int(size)
+        try:
+            row = {"batch_size": size, "resolved": n, **bench_capsense(model, probe, masks, 1, n, device)}
+        except torch.OutOfMemoryError:
+            row = {"batch_size": size, "resolved": n, "error": "out of memory"}
+        if rows and "evaluations_per_s" in rows[0] and "evaluations_per_s" in row:
+            row["vs_first"] = round(row["evaluations_per_s"] / rows[0]["evaluations_per_s"], 3)
+        rows.append(row)
+        print(f"batch size {size} ({n}): {row.get('evaluations_per_s', row.get('error'))} evaluations/s "
+              f"{('x' + str(row['vs_first'])) if 'vs_first' in row else ''}", file=sys.stderr, flush=True)
+    return rows
 
 
 def table(results: list[dict]) -> str:
@@ -226,16 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--masks", type=int, default=32, help="Masks timed per capsense setting.")
     ap.add_argument("--ref-masks", type=int, default=2, help="Masks timed for the (slow) reference method.")
     ap.add_argument("--masks-per-forward", default="1,4,16")
+    ap.add_argument("--batch-sizes", default="16,auto",
+                    help="Requests per forward timed side by side at one mask per forward (auto: as locate resolves it).")
     ap.add_argument("--solve-shapes", default="llama-3.2-1b,llama-3.1-8b",
                     help="GPTQ/SparseGPT solves timed on the CPU and the GPU (bench_gptq_solve.py's shapes; '' for none).")
     ap.add_argument("--cpu-smoke", action="store_true", help="Tiny config on the CPU, a few requests: checks the script runs.")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     args.masks_per_forward = [int(x) for x in args.masks_per_forward.split(",")]
+    args.batch_sizes = [x.strip() for x in args.batch_sizes.split(",") if x.strip()]
     if args.cpu_smoke:
         device, models = "cpu", ["tiny"]
         args.requests, args.context, args.masks, args.ref_masks = 6, 24, 4, 2
-        args.masks_per_forward = [1, 2]
+        args.masks_per_forward, args.batch_sizes = [1, 2], ["2", "auto"]
         args.solve_shapes = "64x256"
     elif not torch.cuda.is_available():
         print("bench_gpu: no GPU here (torch.cuda.is_available() is False): nothing measured. "
@@ -257,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         info["solve"] = [run_shape(*parse_shape(s.strip()), ["cpu"] if device == "cpu" else ["cpu", device], 4096)
                          for s in args.solve_shapes.split(",") if s.strip()]
     print(table(results))
+    for r in results:
+        print(f"{r['model']}, one mask per forward: " + "; ".join(
+            f"batch {b['batch_size']} ({b['resolved']}): " + (f"{b['evaluations_per_s']:.3f} evaluations/s"
+                                                             f"{' x' + str(b['vs_first']) if 'vs_first' in b else ''}"
+                                                             if "evaluations_per_s" in b else b["error"])
+            for b in r["batch_sizes"]))
     for r in results:
         a = r["agreement"]
         print(f"{r['model']}: |dnll| packed vs one mask per forward {a['packing_max_abs_dnll']}; "

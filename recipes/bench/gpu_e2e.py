@@ -19,7 +19,8 @@ capability is at chance; what is measured is that each step runs, its wall time,
 forward-equivalents spent, and the exactness of the export (logits of the exported model vs the
 base model with the same heads knocked out by :class:`capsense.core.ablation.HeadAblator`, in bf16
 and in float32 on the device). Each step runs as a subprocess of the CLI (``python -m capsense``),
-so the thin commands are what is exercised; a failing step is recorded with the tail of its output
+so the thin commands are what is exercised (``--batch-size auto`` compares the sizes locate resolves there with
+16, the default, by two runs); a failing step is recorded with the tail of its output
 and the later steps that need it are skipped. Writes ``OUT/gpu_e2e.json``.
 """
 
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controls", default="default")
     ap.add_argument("--step-timeout", type=float, default=600)
     ap.add_argument("--masks-per-forward", default="auto", help="locate's --masks-per-forward (auto, or a count).")
+    ap.add_argument("--batch-size", default="16", help="locate's and validate's --batch-size (a count, or auto).")
     ap.add_argument("--locate-only", action="store_true", help="Stop after locate (no validate, export).")
     ap.add_argument("--cpu-smoke", action="store_true", help="Tiny shape on the CPU, few documents, no controls.")
     args = ap.parse_args(argv)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     info["model"] = build_model(args.shape, args.tokenizer, model_dir, args.device)
     info["model"]["build_s"] = round(time.perf_counter() - t0, 1)
-    common = ["--device", args.device, "--no-progress"]
+    common = ["--device", args.device, "--no-progress", "--batch-size", args.batch_size]
     steps = info["steps"]
     steps.append(step("locate", ["locate", str(model_dir), "--task", "capsense_induction", "--controls", args.controls,
                                  "--limit", str(args.limit), "--dtype", "auto", "--masks-per-forward",
@@ -145,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         heads = json.loads(heads_json.read_text())
         info["locate"] = {"forward_equivalents": manifest.get("forward_equivalents"), "timing": manifest.get("timing"),
                           "masks_per_forward": manifest["args"].get("masks_per_forward_resolved"),
+                          "batch_size": manifest["args"].get("batch_size_resolved"),
+                          "attribution_batch_size": manifest["args"].get("attribution_batch_size_resolved"),
                           "dtype": manifest["args"].get("dtype_resolved"),
                           "top5": [f"L{h['layer']}H{h['head']}" for h in heads["heads"][:5]]}
     if steps[-1]["rc"] == 0 and not args.locate_only:
         steps.append(step("validate", ["validate", str(model_dir), "--heads", str(heads_json), "--top-k", "5",
                                        "--tasks", "capsense_induction", "--random", "1", "--limit", str(args.limit),
-                                       "--device", args.device, "--out", str(out / "validate")],
+                                       "--device", args.device, "--batch-size", args.batch_size,
+                                       "--out", str(out / "validate")],
                           out / "validate.log", args.step_timeout))
         steps.append(step("export", ["export", str(model_dir), "--heads", str(heads_json), "--top-k", "5",
                                      "--format", "checkpoint", "--out", str(out / "export")], out / "export.log",

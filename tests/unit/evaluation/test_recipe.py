@@ -75,8 +75,8 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
 
     recipe = write_toy_recipe(
         tmp_path,
-        {"limit": 12, "method": "cs", "masks": 8, "heads_per_mask": 2, "sparsity": None, "refine": 4},
-        {"tasks": [TOY_GEN], "top_k": 2, "random": 1, "limit": 4, "include_path": "TASKS"},
+        {"limit": 12, "method": "cs", "masks": 8, "heads_per_mask": 2, "sparsity": None, "refine": 4, "batch_size": "auto"},
+        {"tasks": [TOY_GEN], "top_k": 2, "random": 1, "limit": 4, "include_path": "TASKS", "batch_size": "auto"},
     )
     r = CliRunner().invoke(main, ["run", str(recipe), "--no-progress"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -85,4 +85,6 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
     assert 1 <= n_refine <= 4  # the predicted set first; more only when it breaks the tolerance
     recast = json.loads((tmp_path / "out" / "locate" / "manifest.json").read_text())["identity"]["refine_dtype"] is not None
     assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + recast + n_refine
-    assert json.loads((tmp_path / "out" / "validate" / "validation.json").read_text())["rows"]
+    validation = json.loads((tmp_path / "out" / "validate" / "validation.json").read_text())
+    assert validation["rows"] and (validation["batch_size"], validation["lm_eval_batch_size"]) == ("auto", 16)  # CPU
+    assert json.loads((tmp_path / "out" / "locate" / "manifest.json").read_text())["args"]["batch_size_resolved"] == 16

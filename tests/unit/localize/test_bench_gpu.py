@@ -25,6 +25,9 @@ def test_cpu_smoke_runs_end_to_end(tmp_path, capsys):
     assert [r["masks_per_forward"] for r in res["capsense"]] == [1, 2]
     assert all(r["evaluations_per_s"] > 0 for r in res["capsense"]) and res["reference"]["evaluations_per_s"] > 0
     assert "reference (reload, bs 1)" in capsys.readouterr().out
+    sizes = res["batch_sizes"]  # one mask per forward at 2 requests and at auto (16 on a CPU), the same masks
+    assert [(b["batch_size"], b["resolved"]) for b in sizes] == [("2", 2), ("auto", 16)]
+    assert sizes[0]["nll"] == pytest.approx(sizes[1]["nll"], abs=1e-5) and sizes[1]["vs_first"] > 0
     # float32 on the CPU: run-time masks equal heads zeroed in the weights, packed or not
     agree = res["agreement"]
     assert agree["vs_weights_max_abs_dnll"] < 1e-4 and agree["nll_scale"] > 1.0

@@ -21,10 +21,12 @@ def test_cpu_smoke_locates_validates_exports_and_reloads(tmp_path):
     tok = tmp_path / "tok"
     make_char_tokenizer().save_pretrained(tok)
     out = tmp_path / "e2e"
-    assert load_bench_script("gpu_e2e").main(["--tokenizer", str(tok), "--out", str(out), "--cpu-smoke"]) == 0
+    args = ["--tokenizer", str(tok), "--out", str(out), "--cpu-smoke", "--batch-size", "auto"]
+    assert load_bench_script("gpu_e2e").main(args) == 0
     info = json.loads((out / "gpu_e2e.json").read_text())
     assert [(s["step"], s["rc"]) for s in info["steps"]] == [("locate", 0), ("validate", 0), ("export", 0)]
     assert info["locate"]["forward_equivalents"] > 0 and len(info["locate"]["top5"]) == 5
+    assert info["locate"]["batch_size"] == info["locate"]["attribution_batch_size"] == 16  # auto on a CPU
     for dtype in ("bfloat16", "float32"):
         agree = info["export_agreement"][dtype]
         # the exported checkpoint is the run-time ablation, and differs from the unablated base

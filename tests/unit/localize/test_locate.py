@@ -275,6 +275,22 @@ def test_many_masks_per_forward_gives_the_same_scores(toy, tmp_path):
         assert x["scores"][TOY_TASK]["nll"] == pytest.approx(y["scores"][TOY_TASK]["nll"], abs=1e-5)
 
 
+def test_batch_size_auto_resolves_to_the_cpu_figure_and_is_recorded(toy, tmp_path):
+    """``--batch-size auto`` on a CPU runs at 16 requests per forward and says so in the manifest; scores do not
+    depend on the batch (here against 3 per forward)."""
+    auto, three = tmp_path / "auto", tmp_path / "three"
+    assert _locate(toy, auto, "--masks", "5", "--batch-size", "auto").exit_code == 0
+    assert _locate(toy, three, "--masks", "5", "--batch-size", "3").exit_code == 0
+    args = json.loads((auto / "manifest.json").read_text())["args"]
+    assert (args["batch_size"], args["batch_size_resolved"], args["attribution_batch_size_resolved"]) == ("auto", 16, 16)
+    assert json.loads((three / "manifest.json").read_text())["args"]["batch_size_resolved"] == 3
+    a = [json.loads(ln) for ln in (auto / "evaluations.jsonl").read_text().splitlines()]
+    b = [json.loads(ln) for ln in (three / "evaluations.jsonl").read_text().splitlines()]
+    assert [e["heads"] for e in a] == [e["heads"] for e in b]
+    for x, y in zip(a, b):
+        assert x["scores"][TOY_TASK]["nll"] == pytest.approx(y["scores"][TOY_TASK]["nll"], abs=1e-5)
+
+
 def test_task_metric_is_lm_eval_under_each_mask(toy, tmp_path):
     # --metric names the task's own metric: every mask runs the generation task through lm-eval
     # (capsense-masked) on the run's documents; the values equal a direct lm-eval evaluation.

@@ -73,7 +73,9 @@ def held_out_samples(
         n_docs = len(load_task(t, include_path, tokenizer).eval_docs)
         docs = held_out_documents(n_docs, used.get(t, []), limit, seed)
         if not docs:
-            raise CapsenseError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run used")
+            raise CapsenseError(f"task {t!r}: no documents left after excluding the {len(used.get(t, []))} the locate run "
+                                f"scored (of {n_docs}): locate with fewer documents (its limit, or control_limit for a control) "
+                                "to hold some out, or leave the task out of `tasks`")
         samples[t] = docs
     return samples
 
@@ -159,17 +161,18 @@ def validate(
     from capsense.core.arch import head_layout
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
     from capsense.tasks import task_manager
+    from capsense.tasks.common import tokenizer_from_metadata
 
     heads_path = Path(heads)
     hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size)
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)
-    used = used_documents(heads_path)
+    used = used_documents(heads_path)  # held out with the tokenizer alone: a task with none left fails before the load
+    samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
     lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map)
     layout = head_layout(lm.model)
     top.check_fits(layout)
-    samples = held_out_samples(tasks, include_path, lm.tokenizer, used, limit, seed)
     randoms = random_head_sets(layout.n_layers, layout.n_heads, top_k, n_random, seed, top)
     sets = {"base": HeadSet(), "ablated": top, **{f"random{i + 1}": hs for i, hs in enumerate(randoms)}}
     log(f"Validating top-{top_k} ({top}) and {n_random} random {top_k}-head sets on "

@@ -62,6 +62,29 @@ def test_validate_bad_input(located, tmp_path, extra, message):
     assert r.exit_code == 1 and message in r.output, r.output
 
 
+def test_a_task_the_locate_run_used_up_is_refused_before_the_model_loads(located, tmp_path, monkeypatch):
+    """A locate run that scored every document of a task leaves none to validate on: one error naming the counts
+    and what to do, before the model loads (a 70B load takes minutes)."""
+    import shutil
+
+    from capsense.evaluation import evaluate
+
+    model, tasks, run = located
+    used_up = tmp_path / "run"
+    shutil.copytree(run, used_up)
+    manifest = json.loads((used_up / "manifest.json").read_text())
+    manifest["probes"][TOY_TASK]["doc_ids"] = list(range(40))  # the toy task's 40 documents
+    (used_up / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(evaluate, "load_lm", lambda *a, **k: pytest.fail("the model was loaded"))
+    r = CliRunner().invoke(main, ["validate", str(model), "--heads", str(used_up / "heads.json"), "--top-k", "2",
+                                  "--tasks", TOY_TASK, "--include-path", str(tasks), "--out", str(tmp_path / "v")])
+    assert r.exit_code == 1, r.output
+    assert (f"task '{TOY_TASK}': no documents left after excluding the 40 the locate run scored (of 40): locate with "
+            "fewer documents (its limit, or control_limit for a control) to hold some out, or leave the task out of "
+            "--tasks") in r.output
+    assert not (tmp_path / "v").exists()
+
+
 def test_held_out_and_random_sets():
     docs = held_out_documents(50, used=range(0, 50, 2), limit=10, seed=0)
     assert len(docs) == 10 and all(d % 2 for d in docs)

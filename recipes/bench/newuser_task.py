@@ -9,12 +9,22 @@ close to the default suite's factual-recall control). It writes the task folder 
     HF_HUB_OFFLINE=1 capsense validate smollm2-135m --heads RUN/heads.json --top-k 5 \\
         --include-path /tmp/usertask --limit 40 --out RUN/validate
 
-Results: recipes/results/RESULTS-locate.md, "Round 25".
+Round 27 added a second task of another kind, a multiple-choice one (the plural of 24 English nouns among 4
+choices, ``user_plural``, written beside the first), located with ``--limit 12`` so that 12 documents are held out
+for validation::
+
+    HF_HUB_OFFLINE=1 capsense locate smollm2-135m --task user_plural --include-path /tmp/usertask \
+        --limit 12 --fe-budget 20 --out RUN
+    HF_HUB_OFFLINE=1 capsense validate smollm2-135m --heads RUN/heads.json --top-k 5 \
+        --include-path /tmp/usertask --limit 40 --out RUN/validate
+
+Results: recipes/results/RESULTS-locate.md, "Round 25" and "Round 27".
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -57,6 +67,50 @@ def write_task(folder: Path) -> Path:
     return folder
 
 
+NOUNS = ("cat cats|dog dogs|house houses|tree trees|car cars|book books|pen pens|cup cups|box boxes|fox foxes|"
+         "bus buses|city cities|baby babies|leaf leaves|knife knives|wolf wolves|mouse mice|child children|man men|"
+         "woman women|tooth teeth|foot feet|goose geese|person people")
+
+PLURAL_YAML = """task: user_plural
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "The plural of {{{{word}}}} is"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+target_delimiter: " "
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def write_plural_task(folder: Path) -> Path:
+    """``folder``/plural.jsonl and plural.yaml: each noun's plural among 4 choices (3 other nouns' plurals, drawn
+    with a fixed seed), a multiple-choice task with the answer's position varying."""
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    pairs = [p.split(" ") for p in NOUNS.split("|")]
+    plurals = [p for _, p in pairs]
+    rng, rows = random.Random(0), []
+    for word, plural in pairs:
+        wrong = [x for x in plurals if x != plural]
+        rng.shuffle(wrong)
+        choices = [plural, *wrong[:3]]
+        rng.shuffle(choices)
+        rows.append({"word": word, "choices": choices, "label": choices.index(plural)})
+    data = folder / "plural.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "plural.yaml").write_text(PLURAL_YAML.format(data=data))
+    return folder
+
+
 if __name__ == "__main__":
     out = write_task(Path(sys.argv[1] if len(sys.argv) > 1 else "usertask"))
-    print(f"wrote {out}/capitals.yaml and capitals.jsonl (task user_capitals, 60 documents)")
+    write_plural_task(out)
+    print(f"wrote {out}/capitals.yaml and capitals.jsonl (task user_capitals, 60 documents), "
+          f"{out}/plural.yaml and plural.jsonl (task user_plural, 24 documents)")

@@ -7,12 +7,14 @@ measure-and-choose, in that order (each reads the search's result; only refine e
   (:mod:`capsense.localize.screen`);
 * :func:`refine_ranking`: the K-set measured on the run's documents, starting from the set the
   single-head effects predict (:mod:`capsense.localize.refine`), from the candidates of
-  :mod:`capsense.localize.pool` (which measures more heads alone when too few are clean).
+  :mod:`capsense.localize.pool` (which measures more heads alone when too few are clean);
+* :func:`chosen_accuracy`: what the chosen set does to the target's accuracy when it was chosen by nll.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from capsense.core.arch import HeadLayout
 from capsense.core.heads import Head
@@ -69,3 +71,34 @@ def screen_step(cfg: LocateConfig, result: LocateResult, layout: HeadLayout, log
         worst = sorted(result.screen.excluded.items(), key=lambda kv: -kv[1][1])
         log(f"screen: {len(worst)} head(s) set aside for collateral damage: "
             + ", ".join(f"{name(h)} ({c} {100 * d:+.1f}%)" for h, (c, d) in worst[:8]) + (" ..." if len(worst) > 8 else ""))
+
+
+#: The relative fall in the target's accuracy below which an nll-chosen set's damage "does not show as accuracy":
+#: validation's tolerance (capsense.evaluation.selectivity.DEFAULT_TOLERANCE).
+ACCURACY_SHOWS = 0.10
+
+
+def chosen_accuracy(cfg: LocateConfig, evals: list[Evaluation], chosen: list[int]) -> dict[str, Any] | None:
+    """The target's accuracy on the run's documents, clean (in refine's precision: the last clean evaluation) and
+    under the ``chosen`` set, when the run chose by ``nll`` and the clean model gets some right; ``nll_only`` when the
+    set's accuracy falls less than :data:`ACCURACY_SHOWS` (relative). Round 27: on a multiple-choice target, where
+    ``nll`` scores the gold choice alone, a set did +90% nll and left accuracy at 0.92 of 1.00 on the run's
+    documents, 1.00 held out (RESULTS-locate.md): the log and report say so instead of leaving it to validation."""
+    if cfg.metric != "nll":
+        return None
+    clean = next((e for e in reversed(evals) if not e.heads), None)
+    under = next((e for e in reversed(evals) if set(e.heads) == set(chosen)), None)
+    if clean is None or under is None or not clean.scores[cfg.task].get("acc"):
+        return None
+    a0, a1 = clean.scores[cfg.task]["acc"], under.scores[cfg.task]["acc"]
+    return {"clean": round(a0, 4), "chosen": round(a1, 4), "nll_only": bool((a0 - a1) / a0 < ACCURACY_SHOWS)}
+
+
+def accuracy_line(acc: dict[str, Any]) -> str:
+    """The log's and report's sentence for :func:`chosen_accuracy`."""
+    line = f"the chosen set takes the target's accuracy on the run's documents from {acc['clean']:.3f} to {acc['chosen']:.3f}"
+    if acc["nll_only"]:
+        line += (f", less than {100 * ACCURACY_SHOWS:.0f}% down: its nll damage does not show as accuracy here (nll "
+                 "scores how likely the reference is, not whether it still wins: on a multiple-choice target, the gold "
+                 "choice alone); validate before relying on it")
+    return line

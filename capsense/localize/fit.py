@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,9 @@ class LocateResult:
     screen: Screen | None = None  # the collateral screen of a selective run
     coverage: Coverage | None = None  # the heads not measured alone and a bound on what they hide
     pool_singles: list[int] = field(default_factory=list)  # measured alone after the search, for refine (pool.py)
+    # the target's accuracy on the run's documents, clean and under the chosen set (refine's precision), when the
+    # run chose by nll: {"clean": ..., "chosen": ..., "nll_only": whether nll damage did not show as accuracy}
+    chosen_accuracy: dict[str, Any] | None = None
 
 
 def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from capsense.core.arch import HeadLayout
 from capsense.core.files import atomic_write_text
 from capsense.core.heads import Head, HeadsFile, write_heads_file
 from capsense.core.tables import format_percent
+from capsense.localize.choice import accuracy_line
 from capsense.localize.config import LocateConfig
 from capsense.localize.fit import LocateResult
 from capsense.localize.refine import shortfall
@@ -88,6 +89,8 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         meta["screen"] = result.screen.as_dict(lambda i: _name(i, n_heads))
     if result.refinement is not None:
         meta["refine"] = result.refinement.as_dict(lambda i: _name(i, n_heads))
+        if result.chosen_accuracy is not None:
+            meta["refine"]["target_accuracy"] = result.chosen_accuracy
     if result.coverage is not None:
         meta["coverage"] = result.coverage.as_dict(lambda i: _name(i, n_heads))
     heads_path = write_heads_file(out / "heads.json", HeadsFile(model=cfg.model, heads=recs, meta=meta))
@@ -201,6 +204,9 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         lines += ["", *_screen_lines(result.screen, manifest["layout"]["n_heads"])]
     if result.refinement is not None:
         lines += ["", *_refine_lines(result.refinement, cfg, manifest["layout"]["n_heads"])]
+        if (acc := result.chosen_accuracy) is not None:
+            line = accuracy_line(acc)
+            lines += ["", (f"**{line[0].upper()}{line[1:]}.**" if acc["nll_only"] else f"{line[0].upper()}{line[1:]}.")]
     if result.coverage is not None:
         lines += ["", *_coverage_lines(result.coverage, manifest["layout"]["n_heads"])]
     if result.raw_scores is not None:

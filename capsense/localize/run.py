@@ -33,7 +33,7 @@ from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_s
 from capsense.localize.fit import LocateResult, put_first
 from capsense.localize.methods import Method, Search, get_method, no_knockout, refine_budget
 from capsense.localize.outputs import write_outputs
-from capsense.localize.choice import coverage_step, refine_ranking, screen_step
+from capsense.localize.choice import accuracy_line, chosen_accuracy, coverage_step, refine_ranking, screen_step
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
 from capsense.localize.refine import shortfall
@@ -201,7 +201,11 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
     )
     if (line := shortfall(result.refinement)) is not None:
         log(f"refine: {line}")
+    if (acc := chosen_accuracy(cfg, evals + spent, result.refinement.heads)) is not None:
+        result.chosen_accuracy = acc
+        log(f"refine: {accuracy_line(acc)}")
     return spent
+
 
 
 def _display(cfg: LocateConfig, progress: RunProgress | None, n_evaluations: int) -> RunProgress | None:

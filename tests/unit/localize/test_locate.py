@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from capsense.cli import main
 from capsense.core.heads import load_heads_file
-from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+from _toy_task import TOY_CONTROL, TOY_MC, TOY_TASK, make_toy_setup
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,7 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
         want = (chosen["scores"][task]["nll"] - base[task]["nll"]) / base[task]["nll"]
         assert got == pytest.approx(want, abs=1e-4)
     assert ref["chosen"]["feasible"] == (ref["chosen"]["control_damage"][TOY_CONTROL] <= 0.02)
+    assert base[TOY_TASK]["acc"] == 0 and "target_accuracy" not in ref  # the random model copies nothing: no accuracy
     assert len(ref["start"]["heads"]) == 3 and sorted(extra[0]["heads"]) == sorted(ref["start"]["heads"])  # the fit's top 3 first
     report = (out / "report.md").read_text()
     assert "Chosen top-3 set" in report
@@ -273,6 +274,22 @@ def test_many_masks_per_forward_gives_the_same_scores(toy, tmp_path):
     assert [e["heads"] for e in a] == [e["heads"] for e in b]
     for x, y in zip(a, b):
         assert x["scores"][TOY_TASK]["nll"] == pytest.approx(y["scores"][TOY_TASK]["nll"], abs=1e-5)
+
+
+def test_a_multiple_choice_target_reports_what_the_chosen_set_does_to_its_accuracy(toy, tmp_path):
+    """Chosen by nll, the set's effect on the target's accuracy (against refine's clean model) is in the log,
+    heads.json and the report (round 27: +90% gold-choice nll left a plural task's accuracy unmoved)."""
+    out = tmp_path / "mc"
+    r = _locate(toy, out, "--task", TOY_MC, "--masks", "8", "--controls", TOY_CONTROL, "--top-k", "2", "--refine", "3")
+    assert r.exit_code == 0, r.output
+    ref = load_heads_file(out / "heads.json").meta["refine"]
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    clean = [ln for ln in lines if not ln["heads"]][-1]["scores"][TOY_MC]["acc"]
+    chosen = [ln for ln in lines if sorted(ln["heads"]) == sorted(ref["heads"])][-1]["scores"][TOY_MC]["acc"]
+    assert clean > 0 and ref["target_accuracy"] == {"clean": round(clean, 4), "chosen": round(chosen, 4),
+                                                    "nll_only": (clean - chosen) / clean < 0.10}
+    line = f"takes the target's accuracy on the run's documents from {clean:.3f} to {chosen:.3f}"
+    assert line in r.output and line in (out / "report.md").read_text()
 
 
 def test_batch_size_auto_resolves_to_the_cpu_figure_and_is_recorded(toy, tmp_path):

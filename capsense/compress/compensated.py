@@ -130,7 +130,6 @@ class GPTQSetting(_Solved, QuantSetting):
         extra = ("" if self.damp == DAMP else f"/damp{self.damp:g}") + ("" if self.act_order else "/natural")
         return f"{super().label}{extra}{'/on-layer' if self.solves_on_layer else ''}"
 
-
     def apply(self, name, w, stats, prot, base_bits, cache=None):
         fr, fc = _free_block(w, prot)
         if not (fr.any() and fc.any()):  # every row or every column protected: nothing to quantize
@@ -223,7 +222,6 @@ class SparseGPTSetting(_Solved, PruneSetting):
     def label(self) -> str:
         extra = ("" if self.damp == DAMP else f"/damp{self.damp:g}") + ("/on-layer" if self.solves_on_layer else "")
         return super().label + extra
-
 
     def scores(self, w, stats):
         return wanda_scores(w, stats.input_norm)  # pricing only (see the module docstring)

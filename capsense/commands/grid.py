@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import dtype_option, out_option
+from capsense.commands.options import dtype_option, no_progress_option, out_option
 from capsense.commands.output import log
 
 
@@ -34,9 +34,9 @@ def _floats(text: str | None) -> list[float]:
 @click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa).")
 @click.option("--calibration-samples", type=int, default=None)
 @out_option("JSONL file (appended; resumed).", file=True)
-@click.option("--no-progress", is_flag=True)
+@no_progress_option()
 def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, targets, capabilities, probes, dtype,
-         calibration, calibration_samples, out, no_progress):
+         calibration, calibration_samples, out, quiet):
     """Measure every (method, setting) x capability of a grid; one JSONL line per measurement.
 
     Re-running the same command skips the measurements the file already holds.
@@ -54,7 +54,7 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     values = {"densities": _floats(densities) or None, "bits": _floats(bits_list) or None, "ratios": _floats(ratios) or None}
     spec = grid_spec(spec_file, names, values, group_size, model=model, capabilities=capabilities, probes=probes,
                      dtype=dtype, calibration=calibration, calibration_samples=calibration_samples, targets=targets)
-    records = run_grid(spec, out, progress=not no_progress, log=log)
+    records = run_grid(spec, out, progress=not quiet, log=log)
     click.echo(grid_table(records))
     click.echo(f"{len(records)} measurements in {out}")
     click.echo(f"Wrote:\n  {out}")

@@ -8,7 +8,7 @@ import click
 
 from capsense.commands.options import (
     batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
-    limit_option, old_name, out_option, registry_option, with_old_name,
+    limit_option, no_progress_option, old_name, out_option, registry_option, with_old_name,
     revision_option, top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written, log
@@ -27,8 +27,10 @@ from capsense.commands.output import echo_written, log
               help="Collateral screen: a head whose damage to a control exceeds this many robust noises (and "
                    "--tolerance / --top-k) is not handed on; 0 turns it off.")
 @click.option("--metric", default="nll", show_default=True,
-              help="nll (nats/token of the reference continuation), acc (greedy exact match / multiple-choice "
-                   "accuracy), or one of the target task's own lm-eval metrics (e.g. exact_match, "
+              help="nll (nats/token of the reference continuation; for multiple choice the gold choice's), acc "
+                   "(greedy exact match / multiple-choice accuracy), choice_nll (a multiple-choice target: nats per "
+                   "document of the gold choice among its document's choices, the loss acc decides by; the "
+                   "controls use nll), or one of the target task's own lm-eval metrics (e.g. exact_match, "
                    "exact_match,flexible-extract, pass@1): then the target is run through lm-eval under each mask "
                    "(generation for generation tasks: faithful, slow) and the controls use nll.")
 @unsafe_code_option()
@@ -81,7 +83,7 @@ from capsense.commands.output import echo_written, log
 @revision_option()
 @include_path_option()
 @out_option("Run folder (rerunning the same command resumes).")
-@click.option("--no-progress", "quiet", is_flag=True, help="No progress bar.")
+@no_progress_option()
 @old_name("--quiet", "--no-progress", "quiet", is_flag=True)
 @old_name("--budget", "--fe-budget", "budget", type=float)
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,

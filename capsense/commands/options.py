@@ -85,6 +85,11 @@ def batch_size_option(default: int = 16, help: str | None = None, *, auto: bool 
                                      f"({CPU_BATCH_SIZE} on a CPU).")
 
 
+def no_progress_option() -> Decorator:
+    """``--no-progress`` (into ``quiet``): no progress bar, for logs (locate, run, validate, grid)."""
+    return click.option("--no-progress", "quiet", is_flag=True, help="No progress bar.")
+
+
 def overwrite_option() -> Decorator:
     """``--overwrite`` an existing non-empty output folder."""
     return click.option("--overwrite", is_flag=True, help="Replace an existing non-empty output folder.")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from capsense.commands.options import old_name, out_option, with_old_name
+from capsense.commands.options import no_progress_option, old_name, out_option, with_old_name
 from capsense.commands.output import echo_written, log
 
 
@@ -14,7 +14,7 @@ from capsense.commands.output import echo_written, log
 @click.argument("recipe", type=click.Path(path_type=Path))
 @out_option("Output root (default: the recipe's 'out').", required=False)
 @click.option("--dry-run", is_flag=True, help="Print the steps and stop.")
-@click.option("--no-progress", "quiet", is_flag=True, help="No progress bar.")
+@no_progress_option()
 @old_name("--quiet", "--no-progress", "quiet", is_flag=True)
 def run(recipe: Path, out: Path | None, dry_run: bool, quiet: bool) -> None:
     """Run RECIPE: locate each target (resumable), then validate its top heads on held-out documents."""

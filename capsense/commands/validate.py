@@ -8,7 +8,7 @@ import click
 
 from capsense.commands.options import (
     batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
-    limit_option, out_option,
+    limit_option, no_progress_option, out_option,
     top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written
@@ -34,9 +34,10 @@ from capsense.commands.output import echo_written
 @include_path_option()
 @unsafe_code_option()
 @out_option("Folder for validation.json/.md/.png.")
+@no_progress_option()
 def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: float, n_random: int, limit: int, seed: int,
              batch_size: int | str, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
-             out: Path) -> None:
+             out: Path, quiet: bool) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
     from capsense.evaluation.validate import check_validate
 
@@ -45,7 +46,7 @@ def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: 
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate as run_validate, write_validation
 
-    progress = RunProgress([Phase("validate", 2 + n_random, "conditions")])
+    progress = RunProgress([Phase("validate", 2 + n_random, "conditions")], enabled=not quiet)
     with progress.phase("validate") as phase:
         rows, info = run_validate(
             model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,

@@ -8,7 +8,8 @@ measure-and-choose, in that order (each reads the search's result; only refine e
 * :func:`refine_ranking`: the K-set measured on the run's documents, starting from the set the
   single-head effects predict (:mod:`capsense.localize.refine`), from the candidates of
   :mod:`capsense.localize.pool` (which measures more heads alone when too few are clean);
-* :func:`chosen_accuracy`: what the chosen set does to the target's accuracy when it was chosen by nll.
+* :func:`chosen_accuracy`: what the chosen set does to the target's accuracy when it was chosen by a loss
+  (:func:`metric_note`: before the search, what ``nll`` scores on a multiple-choice target).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from capsense.localize.methods import refine_budget
 from capsense.localize.pool import estimates_in_metric, screen_of
 from capsense.localize.refine import Refinement, Singles, Widen, head_set_masks, refine
 from capsense.localize.store import REFINE_ROUND, Evaluation
+from capsense.scoring.attribution import GRADIENT_METRICS
 
 
 def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, ranking: Sequence[int],
@@ -80,25 +82,40 @@ ACCURACY_SHOWS = 0.10
 
 def chosen_accuracy(cfg: LocateConfig, evals: list[Evaluation], chosen: list[int]) -> dict[str, Any] | None:
     """The target's accuracy on the run's documents, clean (in refine's precision: the last clean evaluation) and
-    under the ``chosen`` set, when the run chose by ``nll`` and the clean model gets some right; ``nll_only`` when the
-    set's accuracy falls less than :data:`ACCURACY_SHOWS` (relative). Round 27: on a multiple-choice target, where
-    ``nll`` scores the gold choice alone, a set did +90% nll and left accuracy at 0.92 of 1.00 on the run's
-    documents, 1.00 held out (RESULTS-locate.md): the log and report say so instead of leaving it to validation."""
-    if cfg.metric != "nll":
+    under the ``chosen`` set, when the run chose by a loss (``nll``, ``choice_nll``) and the clean model gets some
+    right; ``nll_only`` when the set's accuracy falls less than :data:`ACCURACY_SHOWS` (relative). Round 27: on a
+    multiple-choice target, where ``nll`` scores the gold choice alone, a set did +90% nll and left accuracy at 0.92
+    of 1.00 on the run's documents, 1.00 held out (RESULTS-locate.md): the log and report say so instead of leaving
+    it to validation, and name ``choice_nll`` (the choice itself) for a multiple-choice target scored by ``nll``."""
+    if cfg.metric not in GRADIENT_METRICS:
         return None
     clean = next((e for e in reversed(evals) if not e.heads), None)
     under = next((e for e in reversed(evals) if set(e.heads) == set(chosen)), None)
     if clean is None or under is None or not clean.scores[cfg.task].get("acc"):
         return None
     a0, a1 = clean.scores[cfg.task]["acc"], under.scores[cfg.task]["acc"]
-    return {"clean": round(a0, 4), "chosen": round(a1, 4), "nll_only": bool((a0 - a1) / a0 < ACCURACY_SHOWS)}
+    return {"clean": round(a0, 4), "chosen": round(a1, 4), "nll_only": bool((a0 - a1) / a0 < ACCURACY_SHOWS),
+            "metric": cfg.metric, "choices": "choice_nll" in clean.scores[cfg.task]}
+
+
+def metric_note(cfg: LocateConfig, target) -> str | None:
+    """Before the search, for a multiple-choice ``target`` probe scored by ``nll``: what that scores, and the metric
+    that scores the choice (measured on round 27's plural task, RESULTS-locate.md round 28: over a run's 48
+    evaluations, Spearman with the accuracy fall 0.63 for the gold nll, 0.89 for ``choice_nll``)."""
+    if cfg.metric != "nll" or target.kind != "multiple_choice":
+        return None
+    return (f"note: {cfg.task} is multiple choice and nll scores its gold choice alone, not whether it still wins; "
+            "metric choice_nll scores the choice (the gold choice's share of its document's choices)")
 
 
 def accuracy_line(acc: dict[str, Any]) -> str:
     """The log's and report's sentence for :func:`chosen_accuracy`."""
     line = f"the chosen set takes the target's accuracy on the run's documents from {acc['clean']:.3f} to {acc['chosen']:.3f}"
-    if acc["nll_only"]:
-        line += (f", less than {100 * ACCURACY_SHOWS:.0f}% down: its nll damage does not show as accuracy here (nll "
-                 "scores how likely the reference is, not whether it still wins: on a multiple-choice target, the gold "
-                 "choice alone); validate before relying on it")
-    return line
+    if not acc["nll_only"]:
+        return line
+    metric = acc.get("metric", "nll")
+    line += f", less than {100 * ACCURACY_SHOWS:.0f}% down: its {metric} damage does not show as accuracy here"
+    if metric == "nll":
+        line += (" (nll scores how likely the reference is, not whether it still wins: on a multiple-choice target, "
+                 "the gold choice alone" + ("; metric choice_nll scores the choice" if acc.get("choices") else "") + ")")
+    return line + "; validate before relying on it"

@@ -17,7 +17,7 @@ from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, GROUP_PRI
 from capsense.localize.refine import DEFAULT_TOLERANCE
 from capsense.localize.screen import DEFAULT_SCREEN_Z
 from capsense.localize.solvers import SOLVERS
-from capsense.scoring import METRICS
+from capsense.scoring import CHOICE_METRICS, METRICS
 from capsense.tasks.suite import expand_controls
 
 
@@ -94,7 +94,8 @@ class LocateConfig:
         if not self.metric or not isinstance(self.metric, str):
             raise CapsenseError(
                 "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "
-                "exact match, or multiple-choice accuracy) or one of the target task's own lm-eval metrics"
+                "exact match, or multiple-choice accuracy), choice_nll (a multiple-choice target: nats per document "
+                "of the gold choice among its document's choices) or one of the target task's own lm-eval metrics"
             )
         self._check_numbers()
         if self.task in self.controls:
@@ -150,14 +151,15 @@ class LocateConfig:
 
     def metric_for(self, task: str) -> str:
         """The metric ``task`` is scored by: ``metric`` for the target, and for controls too
-        when it is a probe metric (nll, acc); a task's own metric (``exact_match``) is the
-        target's, so controls then use nll."""
-        return self.metric if task == self.task or self.metric in METRICS else "nll"
+        when every probe has it (nll, acc); a task's own metric (``exact_match``) and
+        ``choice_nll`` (multiple choice only) are the target's, so controls then use nll."""
+        shared = self.metric in METRICS and self.metric not in CHOICE_METRICS
+        return self.metric if task == self.task or shared else "nll"
 
     def higher_is_better(self, task: str) -> bool:
         """Whether a larger value of ``task``'s metric is better."""
         m = self.metric_for(task)
-        return {"nll": False, "acc": True}.get(m, self.task_metric_higher_is_better)
+        return {"nll": False, "acc": True, "choice_nll": False}.get(m, self.task_metric_higher_is_better)
 
 
 def choice(name: str, value: str, valid: Sequence[str]) -> None:

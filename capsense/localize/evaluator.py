@@ -38,17 +38,23 @@ class MaskEvaluator:
         # share of the run's tokens whose clean forward another pass ran (set by clean_sinks' users; resumed runs restore it)
         self.folded_share = 0.0
 
-    def clean_sinks(self) -> dict:
+    def clean_sinks(self, batches: dict[str, frozenset[tuple[int, ...]]]) -> dict:
         """Per probe whose clean forward the gradient attribution can stand in for, the sink that
-        takes it (:data:`capsense.scoring.attribution.CleanSink`): the prefix-reuse scorers of
-        log-likelihood probes, and of multiple-choice probes on the shared context (since round 12
-        the attribution runs their shared-context passes, every choice included, with their batches).
-        Sets :attr:`folded_share` to those probes' share of the tokens."""
+        takes it (:data:`capsense.scoring.attribution.CleanSink`): the prefix-reuse scorers whose own
+        batches are the attribution's (``batches``: per probe, its
+        :meth:`~capsense.scoring.attribution.AttributionScorer.batch_keys`). They are for log-likelihood
+        probes, and multiple-choice probes on the shared context (since round 12 the attribution runs their
+        shared-context passes, every choice included, with their batches), at the same batch size. Not where
+        the batches differ: a smaller gradient batch (``--batch-size auto`` on a GPU), or choices with
+        contexts of their own (the gold choices alone, or whole documents for ``choice_nll``); handing
+        those on raised in the first batch until round 28. Sets :attr:`folded_share` to the share of the
+        tokens they hold."""
         from capsense.scoring.prefix import TakesClean
 
         if self.extra:  # a task's own metric needs its own clean run
             return {}
-        sinks = {name: s.take_clean for name, s in self.scorers.items() if isinstance(s, TakesClean) and s.can_take_clean()}
+        sinks = {name: s.take_clean for name, s in self.scorers.items()
+                 if isinstance(s, TakesClean) and s.can_take_clean() and s.batch_keys() == batches.get(name)}
         self.folded_share = self.token_share(set(sinks))
         return sinks
 

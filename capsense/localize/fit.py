@@ -43,7 +43,8 @@ class LocateResult:
     coverage: Coverage | None = None  # the heads not measured alone and a bound on what they hide
     pool_singles: list[int] = field(default_factory=list)  # measured alone after the search, for refine (pool.py)
     # the target's accuracy on the run's documents, clean and under the chosen set (refine's precision), when the
-    # run chose by nll: {"clean": ..., "chosen": ..., "nll_only": whether nll damage did not show as accuracy}
+    # run chose by a loss: {"clean": ..., "chosen": ..., "nll_only": whether its damage did not show as accuracy,
+    # "metric": that loss, "choices": whether the target has choice_nll (multiple choice)}
     chosen_accuracy: dict[str, Any] | None = None
 
 

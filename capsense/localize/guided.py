@@ -36,7 +36,7 @@ from capsense.localize.prior import PriorSettings, prior_guided
 from capsense.localize.refine import head_set_masks
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
-from capsense.scoring.attribution import Attribution, attribute_probes, check_gradient_metric
+from capsense.scoring.attribution import Attribution, attribute_probes, attribution_scorers, check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION, FORWARD
 
 ATTRIBUTION_FILE = "attribution.json"
@@ -61,8 +61,9 @@ def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]
     if stored is not None:
         estimates, evaluator.folded_share = stored
         return estimates, s.run(no_knockout(s.n))
-    sinks = {} if ctx.distributed else evaluator.clean_sinks()
-    atts = attribute_probes(s.model, s.probes, batch_size=s.attribution_batch_size or s.cfg.batch_size, ctx=ctx, sinks=sinks)
+    scorers = attribution_scorers(s.model, s.probes, s.gradient_batch_size, metrics={t: s.cfg.metric_for(t) for t in s.probes})
+    sinks = {} if ctx.distributed else evaluator.clean_sinks({t: sc.batch_keys() for t, sc in scorers.items()})
+    atts = attribute_probes(s.model, s.probes, ctx=ctx, sinks=sinks, scorers=scorers)
     evals = s.run(no_knockout(s.n))
     folded = evaluator.folded_share
     return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts, folded)), evals
@@ -78,12 +79,13 @@ def _write_attribution(path: Path, atts: dict[str, Attribution], folded: float =
     atomic_write_json(path, {
         "estimate": est,
         "magnitude": mag,
-        "clean_nll": {t: a.nll for t, a in atts.items()},
+        "clean_nll": {t: a.nll for t, a in atts.items()},  # (the clean choice_nll for a target scored by it)
         "clean_forward_folded": round(folded, 6),
         "meaning": "estimate: first-order estimate of the relative nll worsening when a head is zero-ablated "
                    "(-d nll/d xi / nll, xi = the head's multiplier at the output projection), flat head order; "
                    "magnitude: each document's |d nll/d xi| summed, over nll (>= |estimate|); "
-                   "clean_forward_folded: share of the run's tokens whose clean evaluation came from this forward",
+                   "clean_forward_folded: share of the run's tokens whose clean evaluation came from this forward; "
+                   "a target scored by choice_nll has it in place of nll here",
     })
     return {t: np.asarray(v, dtype=float) for t, v in est.items()}  # as a resumed run reads them
 

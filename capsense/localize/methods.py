@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from capsense.core.batching import AUTO
 from capsense.localize.config import LocateConfig
 from capsense.errors import CapsenseError
 from capsense.localize.designs import balanced_design, run_design
@@ -71,6 +72,17 @@ class Search:
     probes: dict[str, Any] = field(default_factory=dict)
     log: Callable[[str], None] = print
     attribution_batch_size: int | None = None  # the gradient pass's requests per batch (None: cfg.batch_size)
+
+    @property
+    def gradient_batch_size(self) -> int:
+        """The gradient pass's requests per batch: :attr:`attribution_batch_size` (locate resolves it from the device),
+        else ``cfg.batch_size``, which must then be a count: ``auto`` is resolved against a device and a model."""
+        size = self.attribution_batch_size or self.cfg.batch_size
+        if size == AUTO:
+            raise CapsenseError("this Search's batch_size is auto and it has no attribution_batch_size: give the "
+                                "gradient pass's requests per batch (locate resolves both with "
+                                "capsense.core.placement.plan_scoring)")
+        return int(size)
 
 
 @dataclass

@@ -46,12 +46,14 @@ from capsense.localize.fit import LocateResult, damage, put_last
 from capsense.localize.refine import SWAPS_PER_ROUND, Singles, Widen, Widening, head_set_masks
 from capsense.localize.screen import Screen, collateral_screen
 from capsense.localize.store import POOL_ROUND, Evaluation
+from capsense.scoring.attribution import GRADIENT_METRICS
 
 
 def estimates_in_metric(result: LocateResult, cfg: LocateConfig) -> dict[str, np.ndarray] | None:
-    """Attribution's estimates where they are in the run's damage unit (relative nll: the run ranks by
-    nll), else None: an nll estimate says nothing of an accuracy drop's size."""
-    return result.estimates if cfg.metric == "nll" else None
+    """Attribution's estimates where they are in the run's damage unit (relative nll, or relative
+    choice_nll on the target, which attribution then estimates: the run ranks by a gradient metric),
+    else None: an nll estimate says nothing of an accuracy drop's size."""
+    return result.estimates if cfg.metric in GRADIENT_METRICS else None
 
 
 def single_effects(result: LocateResult, cfg: LocateConfig, heads: Sequence[int]) -> Singles:

@@ -33,15 +33,15 @@ from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_s
 from capsense.localize.fit import LocateResult, put_first
 from capsense.localize.methods import Method, Search, get_method, no_knockout, refine_budget
 from capsense.localize.outputs import write_outputs
-from capsense.localize.choice import accuracy_line, chosen_accuracy, coverage_step, refine_ranking, screen_step
+from capsense.localize.choice import accuracy_line, chosen_accuracy, coverage_step, metric_note, refine_ranking, screen_step
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
 from capsense.localize.refine import shortfall
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
-from capsense.scoring import METRICS
+from capsense.scoring import CHOICE_METRICS, METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
-from capsense.scoring.probe import build_probe
+from capsense.scoring.probe import build_probe, check_choice_metric
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
 BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")
@@ -233,14 +233,9 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     from capsense.core.arch import head_layout
     from capsense.core.distributed import context
     from capsense.core.models import load_model, model_fingerprint, resolve_dtype
-    from capsense.core.placement import check_device, parse_device_map
 
     ctx = context()
-    cfg.check()
-    parse_device_map(cfg.device_map) if cfg.device_map else check_device(cfg.device)  # exists on this machine
-    method = get_method(cfg)
-    if method.attribution:  # before anything is written
-        check_gradient_metric(cfg.metric)
+    method = _checked_method(cfg)
     out = Path(cfg.out)
     ctx.on_main(lambda: check_free(out))  # a file, a foreign or a busy folder: refused before the slow load
     device = ctx.device(cfg.device)
@@ -252,6 +247,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     check_processes(ctx.world, method.n_evaluations(cfg, n) - 1)
     k = random_mask_size(cfg, method, layout)
     probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path) for t in cfg.tasks}
+    if (note := metric_note(cfg, probes[cfg.task])) is not None and ctx.is_main:
+        log(note)
     placed = {"device": device, "processes": ctx.world,
               **_plan_scoring(cfg, model, probes, dtype, log if ctx.is_main else _quiet)}
     extra = task_metric_scorers(cfg, model, tokenizer, probes, placed["batch_size"])
@@ -277,6 +274,23 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
     finally:
         lock.release()
+
+
+def _checked_method(cfg: LocateConfig) -> Method:
+    """``cfg``'s method, once the settings, the device and the metric (against the method and the target task)
+    are checked: before the model loads, and before anything is written."""
+    from capsense.core.placement import check_device, parse_device_map
+
+    cfg.check()
+    parse_device_map(cfg.device_map) if cfg.device_map else check_device(cfg.device)  # exists on this machine
+    method = get_method(cfg)
+    if method.attribution:
+        check_gradient_metric(cfg.metric)
+    if cfg.metric in CHOICE_METRICS:
+        from capsense.tasks.common import tokenizer_from_metadata
+
+        check_choice_metric(cfg.metric, cfg.task, cfg.include_path, tokenizer_from_metadata({"pretrained": cfg.model}))
+    return method
 
 
 def _plan_scoring(cfg: LocateConfig, model, probes: dict, dtype: str, log: Callable[[str], None]) -> dict[str, Any]:

@@ -22,6 +22,12 @@ gradient flowing back through the cache): its nll is still the gold choices', an
 choices cost a few tokens more, so that the forward is the clean shared-context evaluation and
 stands in for it (round 12; before, only the gold requests ran and the clean forward ran again).
 
+A multiple-choice target may be scored by ``choice_nll`` instead (round 28): each document's
+``logsumexp`` over its choices' summed log-likelihoods minus its gold choice's, averaged over
+documents, so the gradient weighs every choice by how much it competes with the gold one (the
+gold nll alone rose +90% under a set that left the choice unchanged, RESULTS-locate.md round 27).
+Off the shared context its batches are then whole documents, every choice of each.
+
 Each document gets its own multiplier (``scale_heads`` with one row per document), so the same
 backward also gives :attr:`Attribution.magnitude`, each document's ``|gradient|`` summed: a head
 whose documents pull both ways keeps a large magnitude where the summed estimate cancels
@@ -52,6 +58,7 @@ from capsense.core.ablation import check_ablation_mode, scale_heads
 from capsense.core.distributed import DistContext, split
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
+from capsense.scoring import CHOICE_METRICS
 from capsense.scoring.logits import float32_head, output_logits, scored_hidden
 from capsense.scoring.probe import Probe, ProbeScorer, pad_right, per_request
 from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
@@ -59,7 +66,7 @@ from capsense.scoring.shared_context import SharedContextScorer, shared_context_
 if TYPE_CHECKING:
     from torch import nn
 
-GRADIENT_METRICS = ("nll",)
+GRADIENT_METRICS = ("nll", "choice_nll")
 
 #: Takes one batch of the attribution's forward, which is a clean forward (every multiplier is 1):
 #: log-likelihood probes ``(requests, recorded block inputs, final hidden states, per-request
@@ -77,7 +84,8 @@ def check_gradient_metric(metric: str) -> None:
         raise CapsenseError(
             f"attribution needs a score with a gradient, and metric {metric!r} has none (accuracy, exact "
             f"match and pass@k count discrete outcomes): use metric nll (nats/token of the reference "
-            f"continuation), or a knockout method that measures any metric: {', '.join(KNOCKOUT_METHODS)}"
+            f"continuation), choice_nll (a multiple-choice target: the gold choice among its document's), or a "
+            f"knockout method that measures any metric: {', '.join(KNOCKOUT_METHODS)}"
         )
 
 
@@ -130,10 +138,16 @@ def _frozen(model: nn.Module):
 
 
 class AttributionScorer:
-    """The nll of one probe as a differentiable function of the head multipliers, batched."""
+    """The score (``metric``: nll, or a multiple-choice probe's choice_nll) of one probe as a differentiable
+    function of the head multipliers, batched."""
 
     def __init__(self, model: nn.Module, probe: Probe, batch_size: int = 16, ablation: str = "zero",
-                 means: dict[int, torch.Tensor] | None = None) -> None:
+                 means: dict[int, torch.Tensor] | None = None, metric: str = "nll") -> None:
+        check_gradient_metric(metric)
+        if metric in CHOICE_METRICS and probe.kind != "multiple_choice":
+            raise CapsenseError(f"metric {metric!r} compares a document's choices, and {probe.name!r} is a "
+                                f"{probe.kind} task: use nll, or a multiple-choice task")
+        self.metric = metric
         self.ablation = check_ablation_mode(ablation)
         if self.ablation == "mean" and means is None:
             raise CapsenseError("mean ablation needs per-head `means` (capsense.core.ablation.compute_head_means)")
@@ -142,9 +156,16 @@ class AttributionScorer:
         self.model, self.probe, self.layout = model, probe, self.base.layout
         self.batch_size = max(1, int(batch_size))
         counted = probe.counted
-        self.requests = [r for r in self.base._order if counted[r]]
-        self.n_tokens = sum(len(self.base._targets[r]) for r in self.requests)
         self._counted = counted
+        if metric in CHOICE_METRICS:  # every choice, whole documents together (longest first, as the base orders)
+            by_doc: dict[int, list[int]] = {}
+            for r in self.base._order:
+                by_doc.setdefault(int(probe.doc_of[r]), []).append(r)
+            self._docs = list(by_doc.values())
+            self.requests = [r for reqs in self._docs for r in reqs]
+        else:
+            self.requests = [r for r in self.base._order if counted[r]]
+        self.n_tokens = sum(len(self.base._targets[r]) for r in self.requests if counted[r])
         # multiple choice: the shared-context scorer's passes and batches (whole documents), where valid
         self.shared = SharedContextScorer(model, probe, batch_size=batch_size) if shared_context_groups(probe) else None
 
@@ -166,7 +187,22 @@ class AttributionScorer:
         if keep is not None:
             lengths = [len(self.base._targets[r]) for r in reqs]
             keep(hidden.detach(), *per_request(lengths, logp.detach().cpu().double().numpy(), hit.cpu().numpy()))
-        return -logp.sum() / self.n_tokens
+        return self._loss(logp, reqs, [len(self.base._targets[r]) for r in reqs])
+
+    def _loss(self, logp: torch.Tensor, reqs: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
+        """This batch's share of the probe's score from its tokens' log-probabilities (``lengths``: each
+        request's, in order): the counted requests' nats over the probe's tokens, or for ``choice_nll``
+        each document's ``logsumexp`` over its choices minus its gold choice, over the probe's documents."""
+        if self.metric not in CHOICE_METRICS:
+            counted = torch.tensor([bool(self._counted[r]) for r, n in zip(reqs, lengths) for _ in range(n)], device=logp.device)
+            return -logp[counted].sum() / self.n_tokens
+        owner = torch.tensor([i for i, n in enumerate(lengths) for _ in range(n)], device=logp.device)
+        per_req = torch.zeros(len(reqs), dtype=logp.dtype, device=logp.device).index_add(0, owner, logp)
+        doc, gold = self.probe.doc_of[list(reqs)], self._counted[list(reqs)]
+        loss = logp.new_zeros(())
+        for d in dict.fromkeys(doc.tolist()):
+            loss = loss + torch.logsumexp(per_req[torch.from_numpy(np.flatnonzero(doc == d)).to(logp.device)], 0)
+        return (loss - per_req[torch.from_numpy(np.flatnonzero(gold)).to(logp.device)].sum()) / self.probe.n_docs
 
     def _token_logp(self, h: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each target token's log-probability from the final hidden state predicting it (differentiable,
@@ -186,15 +222,31 @@ class AttributionScorer:
         """Forward-and-backward passes one attribution takes."""
         return len(self._all_batches())
 
+    def batch_keys(self) -> frozenset[tuple[int, ...]]:
+        """The request batches of this attribution's forward, as a prefix scorer keys its own
+        (:meth:`~capsense.scoring.prefix.TakesClean.batch_keys`): a clean sink takes them only where they match."""
+        return frozenset(tuple(reqs) for reqs in self._all_batches())
+
     def _all_batches(self) -> list[list[int]]:
         if self.on_shared_context:
             return [reqs for _, _, reqs in self.shared._batches(torch.zeros(1, 1, 1, dtype=torch.bool))]
         return list(self._batches())
 
     def _batches(self):
-        """Batches of the counted requests (each document's reference, or its gold choice)."""
-        for b0 in range(0, len(self.requests), self.batch_size):
-            yield self.requests[b0 : b0 + self.batch_size]
+        """Batches of the counted requests (each document's reference, or its gold choice); for
+        ``choice_nll`` whole documents, as many as fit in ``batch_size`` requests (at least one)."""
+        if self.metric not in CHOICE_METRICS:
+            for b0 in range(0, len(self.requests), self.batch_size):
+                yield self.requests[b0 : b0 + self.batch_size]
+            return
+        batch: list[int] = []
+        for reqs in self._docs:
+            if batch and len(batch) + len(reqs) > self.batch_size:
+                yield batch
+                batch = []
+            batch = batch + reqs
+        if batch:
+            yield batch
 
     @torch.no_grad()
     def score(self, scale: torch.Tensor) -> float:
@@ -228,14 +280,22 @@ class AttributionScorer:
         return out
 
     def _n_docs(self, reqs: list[int]) -> int:
-        return len({int(self.probe.doc_of[r]) for r in reqs}) if self.on_shared_context else len(reqs)
+        whole = self.on_shared_context or self.metric in CHOICE_METRICS  # batches of whole documents
+        return len({int(self.probe.doc_of[r]) for r in reqs}) if whole else len(reqs)
+
+    def _rows(self, reqs: list[int], scale: torch.Tensor) -> torch.Tensor:
+        """``scale`` (one row per document of the batch, or one for all) as one row per request."""
+        if scale.dim() == 2 or self.metric not in CHOICE_METRICS:
+            return scale
+        docs = list(dict.fromkeys(int(self.probe.doc_of[r]) for r in reqs))
+        return scale[torch.tensor([docs.index(int(self.probe.doc_of[r])) for r in reqs])]
 
     def _forward(self, reqs: list[int], scale: torch.Tensor, sink: CleanSink | None) -> torch.Tensor:
         """This batch's share of the nll under ``scale`` (one row per document, or one for all), its
         clean forward handed to ``sink`` when there is one."""
         if self.on_shared_context:
             return self._shared_nll(reqs, scale, sink)
-        with scale_heads(self.model, scale, self.means):
+        with scale_heads(self.model, self._rows(reqs, scale), self.means):
             if sink is None:
                 return self._batch_nll(reqs)
             replay, kept = BlockReplay(self.model), []
@@ -245,8 +305,8 @@ class AttributionScorer:
 
     def _shared_nll(self, reqs: list[int], scale: torch.Tensor, sink: CleanSink | None) -> torch.Tensor:
         """:meth:`_forward` on the shared context: each document's context once (its multiplier row),
-        then all its choices on top of the cached keys and values (the same row); the gold choices'
-        nats count, as in :meth:`_batch_nll`, and the gradient flows back through the cache."""
+        then all its choices on top of the cached keys and values (the same row); scored as in
+        :meth:`_batch_nll` (:meth:`_loss`), and the gradient flows back through the cache."""
         sh = self.shared
         b = sh._shared_batch(reqs)
         replays = None if sink is None else (BlockReplay(self.model), BlockReplay(self.model))  # only a sink keeps them
@@ -259,11 +319,10 @@ class AttributionScorer:
         with scale_heads(self.model, scale if scale.dim() == 2 else scale[b.doc_idx], self.means):
             hid = run(1, lambda: sh._choices_pass(b, cache))
         logp, hit = self._token_logp(*sh._scored_states(b, ctx_hidden, hid))
-        gold = torch.tensor([bool(self._counted[r]) for r, t in zip(reqs, b.conts) for _ in t], device=logp.device)
         if replays is not None:
             lp, ok = per_request([len(t) for t in b.conts], logp.detach().cpu().double().numpy(), hit.cpu().numpy())
             sink(list(reqs), b, replays[0].detach(), replays[1].detach(), cache, lp, ok)
-        return -logp[gold].sum() / self.n_tokens
+        return self._loss(logp, reqs, [len(t) for t in b.conts])
 
     def combine(self, terms: Sequence[BatchTerm]) -> Attribution:
         """The probe's :class:`Attribution` from all of its batch terms, summed in batch order
@@ -285,22 +344,36 @@ class AttributionScorer:
         return self.combine(self.terms(range(self.n_batches), scale))
 
 
+def attribution_scorers(model: nn.Module, probes: dict[str, Probe], batch_size: int = 16, ablation: str = "zero",
+                        means: dict[int, torch.Tensor] | None = None,
+                        metrics: dict[str, str] | None = None) -> dict[str, AttributionScorer]:
+    """One :class:`AttributionScorer` per probe, each in its metric (``metrics``: probe -> one of
+    :data:`GRADIENT_METRICS`; nll where none is given)."""
+    metrics = metrics or {}
+    return {name: AttributionScorer(model, p, batch_size, ablation, means, metrics.get(name, "nll"))
+            for name, p in probes.items()}
+
+
 def attribute_probes(model: nn.Module, probes: dict[str, Probe], batch_size: int = 16, ablation: str = "zero",
                      means: dict[int, torch.Tensor] | None = None, ctx: DistContext | None = None,
-                     sinks: dict[str, CleanSink] | None = None) -> dict[str, Attribution]:
-    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch.
+                     sinks: dict[str, CleanSink] | None = None, metrics: dict[str, str] | None = None,
+                     scorers: dict[str, AttributionScorer] | None = None) -> dict[str, Attribution]:
+    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch,
+    each in its metric (``metrics``: probe -> one of :data:`GRADIENT_METRICS`; nll where none is given).
 
     Under several processes (``ctx``) the batches of all probes are cut into one contiguous
     share per process; every process computes its share, the terms are exchanged, and each
     probe's terms are summed in batch order, so every process (and a lone one) gets the same
     result to the bit. ``sinks`` (probe -> :data:`CleanSink`; one process only: each process
-    would see only its share) receive the forwards as clean ones.
+    would see only its share) receive the forwards as clean ones. ``scorers``: the
+    :func:`attribution_scorers` of these settings, where the caller built them already (to match sinks to
+    their batches); the settings above then do not apply.
     """
     ctx = ctx or DistContext()
     sinks = sinks or {}
     if sinks and ctx.distributed:
         raise CapsenseError("`sinks` take every batch of a probe, and under several processes each sees only its share")
-    scorers = {name: AttributionScorer(model, p, batch_size, ablation, means) for name, p in probes.items()}
+    scorers = scorers or attribution_scorers(model, probes, batch_size, ablation, means, metrics)
     jobs = [(name, b) for name, sc in scorers.items() for b in range(sc.n_batches)]
     mine: dict[str, list[int]] = {}
     for name, b in split(jobs, ctx)[ctx.rank]:

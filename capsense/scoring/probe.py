@@ -4,8 +4,10 @@ A :class:`Probe` holds the requests of a task, built from an lm-eval task (its o
 requests: log-likelihood or multiple choice; for a generation task, its reference answers:
 :func:`build_probe`) or from (context, continuation) pairs. :class:`ProbeScorer` scores it under many
 knockout masks: per mask, ``nll`` (nats/token of the reference continuation,
-token-weighted over documents) and ``acc`` (greedy exact match of the continuation, or
-multiple-choice accuracy). Logits are computed only at the scored positions.
+token-weighted over documents; for multiple choice the gold choice's) and ``acc`` (greedy exact
+match of the continuation, or multiple-choice accuracy); a multiple-choice probe adds
+``choice_nll`` (nats per document of the gold choice under the softmax over its document's
+choices: what ``acc`` decides by, as a smooth loss). Logits are computed only at the scored positions.
 
 Tokenization follows lm-eval's ``HFLM``: trailing context spaces move onto the
 continuation, ``context + continuation`` is encoded whole and split at the context length.
@@ -32,7 +34,6 @@ from capsense.core.placement import input_device
 if TYPE_CHECKING:
     from torch import nn
 
-from capsense.scoring import METRICS
 ProbeKind = Literal["loglikelihood", "multiple_choice"]
 
 
@@ -201,6 +202,16 @@ def build_probe(
     return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer)
 
 
+def check_choice_metric(metric: str, task: str, include_path: Sequence[str | os.PathLike] = (), tokenizer=None) -> None:
+    """Refuse a multiple-choice score (:data:`~capsense.scoring.CHOICE_METRICS`) for a task without choices; loads
+    the task (with ``tokenizer``: capsense's tasks count tokens), not the model, so a run refuses before its load."""
+    from capsense.scoring import CHOICE_METRICS
+
+    if metric in CHOICE_METRICS and (kind := load_task(task, include_path, tokenizer).OUTPUT_TYPE) != "multiple_choice":
+        raise CapsenseError(f"metric {metric!r} compares each document's choices, and {task!r} is a {kind} task, "
+                            f"without choices: use nll or acc, or a multiple-choice target")
+
+
 def _gold_index(task_obj, doc) -> int:
     target = task_obj.doc_to_target(doc)
     if isinstance(target, str):
@@ -332,12 +343,13 @@ class ProbeScorer:
         if p.kind == "multiple_choice":
             is_gold = p.counted
             nll = -logprob[:, is_gold].sum(1) / n_tokens[is_gold].sum()
-            acc = np.zeros(logprob.shape[0])
+            acc, choice = np.zeros(logprob.shape[0]), np.zeros(logprob.shape[0])
             for d in range(p.n_docs):
                 sel = np.flatnonzero(p.doc_of == d)
                 best = sel[np.argmax(logprob[:, sel], axis=1)]
                 acc += p.choice_of[best] == p.gold[d]
-            return {"nll": nll, "acc": acc / p.n_docs}
+                choice += np.logaddexp.reduce(logprob[:, sel], axis=1) - logprob[:, sel[is_gold[sel]]].sum(1)
+            return {"nll": nll, "acc": acc / p.n_docs, "choice_nll": choice / p.n_docs}
         nll = -logprob.sum(1) / n_tokens.sum()
         return {"nll": nll, "acc": greedy.mean(1)}
 

@@ -70,9 +70,12 @@ def resolve_task_metric(task: str, task_obj, metric: str, reported: Sequence[str
     if by_name:
         return by_name[0]
     valid = ", ".join(metrics) or "none"
+    choices = (", choice_nll (nats per document of the gold choice among the document's choices)"
+               if getattr(task_obj, "OUTPUT_TYPE", None) == "multiple_choice" else "")
     raise CapsenseError(
         f"unknown `metric` {metric!r} for task {task!r}: valid metrics are nll (nats/token of the reference "
-        f"continuation, the default), acc (greedy exact match or multiple-choice accuracy) and the task's own: {valid}"
+        f"continuation, the default), acc (greedy exact match or multiple-choice accuracy){choices} and the task's "
+        f"own: {valid}"
     )
 
 

@@ -137,3 +137,15 @@ def test_tasks_without_accuracy_get_no_acc_row():
     assert [(r.task, r.metric) for r in rows] == [
         ("capsense_prose", "nats_per_token"), ("capsense_arithmetic", "acc"), ("capsense_arithmetic", "nats_per_token")]
     assert "| capsense_prose | acc |" not in format_validation(rows)
+
+
+def test_no_progress_prints_a_line_for_the_phase_instead_of_a_bar(located, tmp_path):
+    """``--no-progress`` on validate, as on locate and run (round 28: a script's log filled with bar redraws)."""
+    model, tasks, run = located
+    args = ["validate", str(model), "--heads", str(run / "heads.json"), "--top-k", "2", "--tasks", TOY_TASK,
+            "--random", "1", "--limit", "4", "--include-path", str(tasks)]
+    bar = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "bar")], catch_exceptions=False)
+    quiet = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "quiet"), "--no-progress"], catch_exceptions=False)
+    assert bar.exit_code == 0 == quiet.exit_code, quiet.output
+    assert "%|" in bar.output and "%|" not in quiet.output
+    assert "validate: 3 conditions" in quiet.output and "Verdict:" in quiet.output

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from capsense.localize.evaluator import MaskEvaluator
-from capsense.scoring.attribution import attribute_probes
+from capsense.scoring.attribution import attribute_probes, attribution_scorers
 from capsense.scoring.cost import FORWARD
 from conftest import choice_probe, loglik_probe, make_tiny_model
 
@@ -20,12 +20,14 @@ def test_both_probe_kinds_take_the_attributions_forward_and_the_clean_cost_follo
     plain = MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=True)
     folded = MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=True)
     assert folded.cost([]) == FORWARD
-    assert MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=False).clean_sinks() == {}
-    sinks = folded.clean_sinks()
+    scorers = attribution_scorers(model, probes, batch_size=4)
+    batches = {name: sc.batch_keys() for name, sc in scorers.items()}
+    assert MaskEvaluator(model, probes, batch_size=4, masks_per_forward=1, prefix_reuse=False).clean_sinks(batches) == {}
+    sinks = folded.clean_sinks(batches)
     assert set(sinks) == {"toy", "mc"}
     assert folded.folded_share == pytest.approx(1.0)
     assert folded.cost([]) == pytest.approx(0.0) and folded.cost([5]) == plain.cost([5])  # knockouts cost the same
-    attribute_probes(model, probes, batch_size=4, sinks=sinks)
+    attribute_probes(model, probes, sinks=sinks, scorers=scorers)
     clean = np.zeros((1, model.config.num_hidden_layers * model.config.num_attention_heads), dtype=bool)
     got, want = folded(clean)[0], plain(clean)[0]
     for task in probes:
@@ -97,3 +99,18 @@ def test_the_runner_stores_what_it_measured_counts_it_and_resumes_it(tmp_path):
     assert again.forward_equivalents == pytest.approx(1.0 + 2 * 0.25)  # counted by what each holds
     with pytest.raises(RunStoreError, match="scored on other probes"):
         MaskRunner(RunStore.open(tmp_path / "run", manifest, ["task"], n_heads=4), _Fake(), 1)(masks[:2], probes=["c"])
+
+
+def test_a_gradient_batch_other_than_the_evaluators_hands_no_clean_forward_on():
+    """``--batch-size auto`` on a GPU gives the gradient pass a smaller batch than the knockouts': the prefix scorers'
+    batches are then not the attribution's, so none takes its forward (taking them raised in the first batch), the
+    clean model is evaluated on its own and costs its forward; at one size both probe kinds take it."""
+    model = make_tiny_model("llama")
+    probes = {"toy": loglik_probe(n=8), "mc": choice_probe(n_docs=4)}
+    evaluator = MaskEvaluator(model, probes, batch_size=6, masks_per_forward=1, prefix_reuse=True)
+    smaller = attribution_scorers(model, probes, batch_size=3)
+    sinks = evaluator.clean_sinks({name: sc.batch_keys() for name, sc in smaller.items()})
+    assert sinks == {} and evaluator.folded_share == 0 and evaluator.cost([]) == FORWARD
+    attribute_probes(model, probes, sinks=sinks, scorers=smaller)
+    same = attribution_scorers(model, probes, batch_size=6)
+    assert set(evaluator.clean_sinks({name: sc.batch_keys() for name, sc in same.items()})) == {"toy", "mc"}

@@ -293,3 +293,32 @@ def test_group_price_where_it_does_not_apply_is_refused(toy, tmp_path, extra, me
     r = _locate(toy, out, "--group-price", "target", *extra)
     assert r.exit_code != 0 and message in r.output, r.output
     assert not out.exists()
+
+
+def test_a_multiple_choice_target_located_by_choice_nll(toy, tmp_path):
+    """``--metric choice_nll``: the target is attributed and measured by the gold choice's share of its document's
+    choices, the controls by nll; a target without choices is refused before the model loads (round 28)."""
+    from _toy_task import TOY_MC
+
+    out = tmp_path / "mc"
+    r = _locate(toy, out, "--task", TOY_MC, "--metric", "choice_nll", "--controls", TOY_CONTROL, "--top-m", "3",
+                "--top-k", "2", "--refine", "3")
+    assert r.exit_code == 0, r.output
+    hf = load_heads_file(out / "heads.json")
+    assert hf.meta["metric"] == "choice_nll" and hf.meta["control_metric"] == "nll"
+    assert "nll scores its gold choice alone" not in r.output  # the note is for a target scored by nll
+    att = json.loads((out / "attribution.json").read_text())
+    evals = read_evaluations(out)
+    clean = evals[0].scores
+    assert att["clean_nll"][TOY_MC] == pytest.approx(clean[TOY_MC]["choice_nll"], rel=1e-4)
+    assert att["clean_nll"][TOY_CONTROL] == pytest.approx(clean[TOY_CONTROL]["nll"], rel=1e-4)
+    assert "choice_nll" not in clean[TOY_CONTROL]
+    ref = hf.meta["refine"]
+    heads = sorted(int(h[1:].split("H")[0]) * N_HEADS + int(h.split("H")[1]) for h in ref["heads"])
+    chosen = [e for e in evals if sorted(e.heads) == heads][-1].scores[TOY_MC]
+    base = [e for e in evals if not e.heads][-1].scores[TOY_MC]["choice_nll"]  # refine's clean model
+    assert ref["chosen"]["target_damage"] == pytest.approx((chosen["choice_nll"] - base) / base, abs=1e-4)
+    assert ref["target_accuracy"]["metric"] == "choice_nll"
+    bad = _locate(toy, tmp_path / "bad", "--metric", "choice_nll")
+    assert bad.exit_code == 1 and "'toy_copy' is a loglikelihood task, without choices" in bad.output
+    assert not (tmp_path / "bad").exists()

@@ -287,9 +287,11 @@ def test_a_multiple_choice_target_reports_what_the_chosen_set_does_to_its_accura
     clean = [ln for ln in lines if not ln["heads"]][-1]["scores"][TOY_MC]["acc"]
     chosen = [ln for ln in lines if sorted(ln["heads"]) == sorted(ref["heads"])][-1]["scores"][TOY_MC]["acc"]
     assert clean > 0 and ref["target_accuracy"] == {"clean": round(clean, 4), "chosen": round(chosen, 4),
-                                                    "nll_only": (clean - chosen) / clean < 0.10}
+                                                    "nll_only": (clean - chosen) / clean < 0.10, "metric": "nll",
+                                                    "choices": True}
     line = f"takes the target's accuracy on the run's documents from {clean:.3f} to {chosen:.3f}"
     assert line in r.output and line in (out / "report.md").read_text()
+    assert f"note: {TOY_MC} is multiple choice and nll scores its gold choice alone" in r.output  # said before the search
 
 
 def test_batch_size_auto_resolves_to_the_cpu_figure_and_is_recorded(toy, tmp_path):

@@ -138,3 +138,12 @@ def test_a_registered_method_is_one_registration():
         assert len(found.evals) == method.n_evaluations(cfg, N) == 7
     finally:
         del METHODS["pairs-test"]
+
+
+def test_the_gradient_pass_batch_of_a_search():
+    """locate hands the resolved size; a hand-built Search falls back to a counted batch_size and refuses auto,
+    which only a device and a model resolve (it used to reach the scorer as the string 'auto')."""
+    assert Search(run=None, cfg=_cfg(batch_size=8), n=4).gradient_batch_size == 8
+    assert Search(run=None, cfg=_cfg(batch_size="auto"), n=4, attribution_batch_size=5).gradient_batch_size == 5
+    with pytest.raises(CapsenseError, match="batch_size is auto and it has no attribution_batch_size"):
+        Search(run=None, cfg=_cfg(batch_size="auto"), n=4).gradient_batch_size

@@ -106,14 +106,18 @@ def test_every_head_gradient_equals_its_finite_difference(arch_):
     _assert_gradient(scorer, scorer.attribute().gradient, all_fp64=arch_ == "gpt2", per_head=True)
 
 
+def one_head(layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head (layer, head) knocked out: as a knockout mask [1, layers, heads] and as multipliers (0 there, else 1)."""
+    ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
+    ko[0, layer, head] = True
+    return ko, (~ko[0]).float()
+
+
 def test_multiplier_zero_is_the_knockout_and_batching_does_not_matter(arch):
     model = make_tiny_model(arch)
     probe = loglik_probe()
     scorer = AttributionScorer(model, probe, batch_size=2)
-    ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
-    ko[0, 1, 2] = True
-    scale = torch.ones(N_LAYERS, N_HEADS)
-    scale[1, 2] = 0
+    ko, scale = one_head(1, 2)
     knocked = ProbeScorer(model, probe, batch_size=3).score(ko)["nll"][0]
     assert scorer.score(scale) == pytest.approx(knocked, abs=1e-5)
     whole = AttributionScorer(model, probe, batch_size=64).attribute()
@@ -125,10 +129,7 @@ def test_mean_multiplier_zero_is_mean_ablation():
     means = _means(model)
     probe = loglik_probe()
     scorer = AttributionScorer(model, probe, ablation="mean", means=means)
-    ko = torch.zeros(1, N_LAYERS, N_HEADS, dtype=torch.bool)
-    ko[0, 2, 1] = True
-    scale = torch.ones(N_LAYERS, N_HEADS)
-    scale[2, 1] = 0
+    ko, scale = one_head(2, 1)
     knocked = ProbeScorer(model, probe, HeadAblator(model, "mean", means)).score(ko)["nll"][0]
     assert scorer.score(scale) == pytest.approx(knocked, abs=1e-5)
 

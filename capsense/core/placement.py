@@ -225,7 +225,8 @@ def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction
     """How many masks to pack in one forward pass: 1 on CPUs (compute-bound there: packing does
     not pay) and wherever prefix reuse is on, since packed masks run full forwards; on a GPU
     without prefix reuse, the most (a power of two, at most 64) whose activations for
-    ``batch_size`` requests of up to ``longest`` tokens fit in ``memory_fraction`` of its free memory.
+    ``batch_size`` requests of up to ``longest`` tokens fit in ``memory_fraction`` of what a run may use there
+    (:func:`available_device_memory`: free memory plus what torch's allocator holds unused).
 
     Measured on one H200 (round 24, ``recipes/results/RESULTS-scale.md``): the same prior-guided
     job on a 1B-shaped model spent 1.0 s per forward-equivalent with prefix reuse and one mask per
@@ -238,7 +239,7 @@ def auto_masks_per_forward(model, batch_size: int, longest: int, memory_fraction
     dev = input_device(model)
     if dev.type != "cuda" or prefix_reuse:
         return 1
-    free = torch.cuda.mem_get_info(dev)[0]
+    free = available_device_memory(dev)
     return masks_that_fit(model.config, batch_size, longest, free * memory_fraction, torch.finfo(model.dtype).bits // 8)
 
 
@@ -256,8 +257,8 @@ def prefix_cache_bytes(model, n_tokens: int) -> int:
 
 
 def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> bool:
-    """Whether prefix reuse's cache for ``n_tokens`` tokens fits in ``memory_fraction`` of the GPU's
-    free memory. True off GPUs (host memory is not checked: by :func:`prefix_cache_bytes`, the
+    """Whether prefix reuse's cache for ``n_tokens`` tokens fits in ``memory_fraction`` of what a run may
+    use on the GPU (:func:`available_device_memory`). True off GPUs (host memory is not checked: by :func:`prefix_cache_bytes`, the
     SmolLM2 main job's 5,661 request tokens come to 0.2 GB in bf16). Until round 24 a GPU run
     packed masks by default, which keeps no cache; with one mask per forward the default there
     too, a run whose cache would not fit turns prefix reuse off instead of running out of memory
@@ -268,7 +269,7 @@ def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> boo
     dev = input_device(model)
     if dev.type != "cuda":
         return True
-    return prefix_cache_bytes(model, n_tokens) <= torch.cuda.mem_get_info(dev)[0] * memory_fraction
+    return prefix_cache_bytes(model, n_tokens) <= available_device_memory(dev) * memory_fraction
 
 
 def recast_fits(model, dtype: str, memory_fraction: float = 0.5) -> bool:

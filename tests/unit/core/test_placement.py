@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from capsense.core.ablation import HeadAblator
+from capsense.core.batching import row_bytes
 from capsense.core.models import load_model
 from capsense.core import placement
 from capsense.core.placement import check_cpu_memory, check_device, input_device, parse_device_map
@@ -113,10 +114,12 @@ def test_auto_packs_only_without_prefix_reuse_on_a_gpu(folder, monkeypatch):
 
     model, _ = load_model(str(folder), "float32")
     monkeypatch.setattr(placement, "input_device", lambda m: torch.device("cuda"))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (80 * 2**30, 80 * 2**30))
+    one = row_bytes(model.config, 512, 4) * 16  # one mask's 16 requests of 512 tokens in float32
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (5 * one, 10**12))  # free, and 4 masks' worth
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: 6 * one)  # that torch's allocator holds
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: 2 * one)  # unused: 0.9 x 9 x 0.5 = 4.05
     assert placement.auto_masks_per_forward(model, 16, 512) == 1  # prefix reuse (the default): one mask per forward
-    fits = placement.masks_that_fit(model.config, 16, 512, 40 * 2**30, 4)
-    assert placement.auto_masks_per_forward(model, 16, 512, prefix_reuse=False) == fits > 1
+    assert placement.auto_masks_per_forward(model, 16, 512, prefix_reuse=False) == 4  # free memory alone: 2
 
 
 def test_checkpoint_export_with_a_device_map(folder, tmp_path):
@@ -185,7 +188,10 @@ def test_prefix_cache_and_float32_recast_fit_the_gpu_or_not(folder, monkeypatch)
     assert placement.prefix_cache_bytes(model, 1000) == 1000 * per_token
     n_params = sum(p.numel() for p in model.parameters())
     monkeypatch.setattr(placement, "input_device", lambda m: torch.device("cuda"))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1000 * per_token, 10**12))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (800 * per_token, 10**12))  # free, and the
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: 400 * per_token)  # allocator's unused 311.1:
+    monkeypatch.setattr(torch.cuda, "memory_allocated",  # 0.9 x 1111.1 = 1000 tokens usable (free alone: 720)
+                        lambda dev=None: 200 * per_token - 1000 * per_token // 9 - 10)
     assert placement.prefix_cache_fits(model, 500) and not placement.prefix_cache_fits(model, 501)
     total = type("Props", (), {"total_memory": 8 * n_params})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev=None: total)

@@ -7,7 +7,8 @@ A design is a boolean matrix ``[n_masks, n_heads]`` over the flattened heads
 * :func:`balanced_design`: exactly ``k`` heads per mask, least-used heads first (random
   tie-breaks), so every head is knocked out ``floor`` or ``ceil`` of ``m k / n`` times;
 * :func:`adaptive_round`: later rounds spend half their masks on the heads a fit so far
-  ranks high or is unsure about, and half on a balanced design over all heads.
+  ranks high or is unsure about, and half on a balanced design over all heads;
+* :func:`head_set_masks`: the masks of given head sets (measure-and-choose's, a search's singles and groups).
 
 Designs are registered by name in :data:`DESIGNS`; :func:`run_design` draws any of them
 round by round (a fixed design is one round).
@@ -18,7 +19,7 @@ design of ``m`` masks, so a run can be extended with more masks and resumed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,3 +167,11 @@ def run_design(name: str, n_masks: int, n_heads: int, k: int, seed: int, evaluat
         if design.adaptive and fit is not None and len(history) < n_masks:
             importance, confidence = fit()
     return history
+
+
+def head_set_masks(sets: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """0/1 knockout masks ``[len(sets), n]`` for head sets."""
+    masks = np.zeros((len(sets), n), dtype=bool)
+    for i, s in enumerate(sets):
+        masks[i, list(s)] = True
+    return masks

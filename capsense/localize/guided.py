@@ -30,10 +30,10 @@ import numpy as np
 from capsense.core.files import atomic_write_json
 from capsense.errors import CapsenseError
 from capsense.localize.config import LocateConfig
+from capsense.localize.designs import head_set_masks
 from capsense.localize.fit import LocateResult, damage, fit_single_heads
 from capsense.localize.methods import Found, Method, Search, no_knockout
 from capsense.localize.prior import PriorSettings, prior_guided
-from capsense.localize.refine import head_set_masks
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
 from capsense.scoring.attribution import Attribution, attribute_probes, attribution_scorers, check_gradient_metric

@@ -16,10 +16,9 @@ from capsense.core.arch import HeadLayout
 from capsense.core.files import atomic_write_text
 from capsense.core.heads import Head, HeadsFile, write_heads_file
 from capsense.core.tables import format_percent
-from capsense.localize.choice import accuracy_line
+from capsense.localize.choice import accuracy_line, shortfall
 from capsense.localize.config import LocateConfig
 from capsense.localize.fit import LocateResult
-from capsense.localize.refine import shortfall
 
 
 def _name(i: int, n_heads: int) -> str:

@@ -44,7 +44,10 @@ widens: the run is then the same as before, evaluation for evaluation (the SmolL
 Measured and not adopted (round 15, RESULTS-locate.md): naming the head to swap out from the singles
 instead of leave-one-out, and stopping once no swap is predicted to beat a feasible set. On the SmolLM2
 main job with groups at their real cost it measured 5 sets instead of 19 to the same set; on Gemma 3,
-where no set is feasible, it handed on another set that left held-out induction accuracy untouched.
+where no set is feasible, it handed on another set that left held-out induction accuracy untouched. Replayed in
+round 29 (``recipes/bench/replay_refine_stop.py``): stopping once the choice had not changed for P sets, on
+SmolLM2 runs with no set within tolerance, handed on a worse set at P = 4 and 8 and saved nothing at P = 12: their
+choices changed at the 20th and 22nd of 24 sets. :attr:`Refinement.stopped` and ``settled`` say so in each run.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equ
 #: measured (see :func:`choose`).
 DEFAULT_TARGET_FLOOR = 0.5
 SWAPS_PER_ROUND = 3
+#: Why a search ends (``Refinement.stopped``): a start (predicted, or predicted again after extra singles) within
+#: tolerance, the budget of evaluations spent, or every candidate tried against the head to swap out.
+STOPPED = ("start within tolerance", "budget", "candidates")
 
 #: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
 Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
@@ -139,6 +145,8 @@ class Refinement:
     start: SetQuality
     measured: list[SetQuality] = field(default_factory=list)
     widening: Widening | None = None  # extra singles measured before the swaps (None: none were needed)
+    stopped: str = "budget"  # why the search ended: one of STOPPED
+    settled: int = 1  # how many sets were measured when the set handed on became the choice for good
 
     def as_dict(self, name: Callable[[int], str]) -> dict:
         def q(s: SetQuality) -> dict:
@@ -156,29 +164,13 @@ class Refinement:
             "chosen": q(self.quality),
             "start": q(self.start),
             "n_evaluations": len(self.measured),
+            "stopped": self.stopped,
+            "choice_settled_at": self.settled,  # well before n_evaluations: later sets changed nothing
             "measured": [q(s) for s in self.measured],
         }
         if self.widening is not None:  # its singles are evaluations of the same budget
             out["extra_singles"] = self.widening.as_dict(name)
         return out
-
-
-def shortfall(ref: Refinement) -> str | None:
-    """One plain sentence when no measured set is within tolerance (None when the chosen one is): the set
-    handed on is then the one that damages the controls least among those doing at least half the largest
-    target damage measured (:func:`choose`), not a selective set; log and report say so in these words.
-
-    Measured on Gemma 3 270M induction (round 20, 24 sets): every set that hurt the target hurt a control by
-    more than 3%, and the least-damaging one (target +8.7%, categories +26.1%) left held-out induction accuracy
-    untouched; the line before this one only said "tolerance 3.0%"."""
-    q = ref.quality
-    if q.feasible:
-        return None
-    return (f"NO measured set is within tolerance ({len(ref.measured)} measured): every one worsens a control by "
-            f"more than {100 * q.tolerance:.1f}%; the set handed on damages the controls least among those doing at "
-            f"least half the largest target damage measured ({q.worst()} {100 * q.control:+.1f}%, target "
-            f"{100 * q.target:+.1f}%) and is NOT a selective set: its target's heads serve the controls too; "
-            "validate before relying on it, or raise the refine budget or the tolerance")
 
 
 class _Measured:
@@ -247,13 +239,12 @@ def refine(
 ) -> Refinement:
     """Search K-head sets near the top of ``ranking``.
 
-    ``measure(sets)`` returns, per head set, the relative target damage and the relative
-    damage per control (positive = worse); it is called with only unmeasured sets and never
-    with more than ``budget`` sets in total. ``singles``: per candidate head its single-head
-    damage (target, controls); with them the search starts from the predicted best K-set
-    (:func:`predicted_best`) and stops there when it is within tolerance. ``widen``: called once
-    before the swaps, it may measure more heads alone (see "Extra singles"); its evaluations
-    count against ``budget``.
+    ``measure(sets)`` returns, per head set, the relative target damage and the relative damage per control
+    (positive = worse); it is called with only unmeasured sets and never with more than ``budget`` sets in total.
+    ``singles``: per candidate head its single-head damage (target, controls); with them the search starts from
+    the predicted best K-set (:func:`predicted_best`) and stops there when it is within tolerance. ``widen``:
+    called once before the swaps, it may measure more heads alone (see "Extra singles"); its evaluations count
+    against ``budget``.
     """
     if k < 1 or k > len(ranking):
         raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
@@ -268,16 +259,16 @@ def refine(
     if start is None:
         raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     if singles is not None and start.feasible:
-        return Refinement(list(current), start, start, measured.order)
+        return Refinement(list(current), start, start, measured.order, stopped=STOPPED[0])
     widened, ranking, current, stop = _widened(widen, ranking, k, pool, current, measured, target_slack)
     if stop:
-        return Refinement(list(current), measured.get(current), start, measured.order, widened)
+        return Refinement(list(current), measured.get(current), start, measured.order, widened, STOPPED[0], len(measured.order))
     queue = [h for h in ranking[: k + pool] if h not in current]
     tried: dict[int, set[int]] = {}
     while len(measured.order) < measured.budget and queue:
         cur = measured.get(current)
         out = _head_to_swap(current, measured)
-        if out is None:
+        if out is None:  # the budget ran out within the leave-one-out sets
             break
         done = tried.setdefault(out, set())
         cands = [c for c in queue if c not in done][:SWAPS_PER_ROUND]
@@ -291,15 +282,26 @@ def refine(
             queue = [h for h in queue if h not in best.heads] + [out]
             current = best.heads
             tried = {}
-    chosen = choose(_candidate_sets(measured, k, ranking), target_slack)
-    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened)
+    chosen = choose(_candidate_sets(measured.order, k, ranking), target_slack)
+    stopped = STOPPED[1] if len(measured.order) >= measured.budget else STOPPED[2]
+    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened, stopped,
+                      _settled_at(measured.order, k, ranking, target_slack, chosen))
 
 
-def _candidate_sets(measured: _Measured, k: int, ranking: list[int]) -> list[SetQuality]:
+def _candidate_sets(order: Sequence[SetQuality], k: int, ranking: list[int]) -> list[SetQuality]:
     """The measured K-sets the choice is made over: after widening, none holding a head its screen set
     aside (no longer in ``ranking``), unless every one does."""
-    sets = [q for q in measured.order if len(q.heads) == k]
+    sets = [q for q in order if len(q.heads) == k]
     return [q for q in sets if set(q.heads) <= set(ranking)] or sets
+
+
+def _settled_at(order: list[SetQuality], k: int, ranking: list[int], target_slack: float, chosen: SetQuality) -> int:
+    """How many sets were measured when ``chosen`` became the choice for good: the choice made from every
+    shorter prefix of ``order`` after that one is ``chosen`` too."""
+    n = len(order)
+    while n > 1 and (sets := _candidate_sets(order[: n - 1], k, ranking)) and choose(sets, target_slack) is chosen:
+        n -= 1
+    return n
 
 
 def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured,
@@ -389,11 +391,3 @@ def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_
     best = max(q.target for q in feasible)
     near = [q for q in feasible if q.target >= best - target_slack * abs(best)]
     return min(near, key=lambda q: (q.control, -q.target))
-
-
-def head_set_masks(sets: Sequence[Sequence[int]], n: int) -> np.ndarray:
-    """0/1 knockout masks ``[len(sets), n]`` for head sets."""
-    masks = np.zeros((len(sets), n), dtype=bool)
-    for i, s in enumerate(sets):
-        masks[i, list(s)] = True
-    return masks

@@ -33,10 +33,11 @@ from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_s
 from capsense.localize.fit import LocateResult, put_first
 from capsense.localize.methods import Method, Search, get_method, no_knockout, refine_budget
 from capsense.localize.outputs import write_outputs
-from capsense.localize.choice import accuracy_line, chosen_accuracy, coverage_step, metric_note, refine_ranking, screen_step
+from capsense.localize.choice import (
+    accuracy_line, chosen_accuracy, coverage_step, metric_note, refine_ranking, screen_step, shortfall,
+)
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
-from capsense.localize.refine import shortfall
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
 from capsense.scoring import CHOICE_METRICS, METRICS
 from capsense.scoring.attribution import check_gradient_metric

@@ -85,8 +85,10 @@ def test_no_set_within_tolerance_is_said_plainly(toy, tmp_path, monkeypatch):
     ref = load_heads_file(out / "heads.json").meta["refine"]
     assert ref["within_tolerance"] is False and not ref["chosen"]["feasible"]
     worst = f"{TOY_CONTROL} {100 * ref['chosen']['control_damage'][TOY_CONTROL]:+.1f}%"
+    assert ref["stopped"] == "budget" and ref["n_evaluations"] == 4 and 1 <= ref["choice_settled_at"] <= 4
+    ended = f"(4 measured; the budget ran out with the choice unchanged since set {ref['choice_settled_at']})"
     for text in (r.output, (out / "report.md").read_text()):
-        assert "NO measured set is within tolerance (" in text and worst in text and "NOT a selective set" in text
+        assert "NO measured set is within tolerance " + ended in text and worst in text and "NOT a selective set" in text
 
 
 def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):

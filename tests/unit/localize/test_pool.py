@@ -13,7 +13,8 @@ from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import fit_single_heads
 from capsense.localize.methods import no_knockout
 from capsense.localize.pool import refine_candidates, single_effects
-from capsense.localize.refine import SWAPS_PER_ROUND, head_set_masks
+from capsense.localize.designs import head_set_masks
+from capsense.localize.refine import SWAPS_PER_ROUND
 from capsense.localize.run import _refine_step
 from capsense.localize.store import POOL_ROUND, REFINE_ROUND, RunStore, read_evaluations
 

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from capsense.localize.refine import SetQuality, predicted_best, refine, shortfall
+from capsense.localize.choice import shortfall
+from capsense.localize.refine import SetQuality, predicted_best, refine
 from capsense.errors import CapsenseError
 
 
@@ -158,3 +159,20 @@ def test_predicted_best_follows_chooses_rule():
     # log-additive: two 10% control damages predict 21%, beyond a 20% tolerance
     s2 = {0: (1.0, {"c": 0.1}), 1: (1.0, {"c": 0.1}), 2: (0.5, {"c": 0.0})}
     assert predicted_best([0, 1, 2], 2, s2, tolerance=0.2) in ((0, 2), (1, 2))
+
+
+def test_why_the_search_stopped_and_since_when_its_choice_stood():
+    # every head does the same to the target and less to the control the later it ranks: each swap improves the set
+    measure, _ = _world({h: 1.0 for h in range(8)}, {h: 0.1 * (8 - h) for h in range(8)})
+    short = refine(list(range(8)), 2, measure, budget=9, tolerance=0.01)
+    assert short.stopped == "budget" and short.settled == 9 == len(short.measured)  # still improving at its end
+    assert "9 measured; the budget ran out with the choice unchanged since set 9)" in shortfall(short)
+    full = refine(list(range(8)), 2, measure, budget=40, tolerance=0.01)
+    assert full.stopped == "candidates" and full.quality.heads == (6, 7)
+    assert full.settled == 18 < len(full.measured) == 25  # (6, 7) was the 18th set; 7 more changed nothing
+    assert "every candidate was tried" in shortfall(full)
+    d = full.as_dict(str)
+    assert d["stopped"] == "candidates" and d["choice_settled_at"] == 18 and d["n_evaluations"] == 25
+    singles = {h: (1.0, {"ctl": 0.1 * (8 - h)}) for h in range(8)}  # a predicted start within tolerance: one set
+    ok = refine(list(range(8)), 2, measure, budget=40, tolerance=2.0, singles=singles)
+    assert ok.stopped == "start within tolerance" and ok.settled == 1 == len(ok.measured) and shortfall(ok) is None

@@ -131,9 +131,9 @@ def shortfall(ref: Refinement) -> str | None:
 
     Measured on Gemma 3 270M induction (round 20, 24 sets): every set that hurt the target hurt a control by
     more than 3%, and the least-damaging one (target +8.7%, categories +26.1%) left held-out induction accuracy
-    untouched; the line before this one only said "tolerance 3.0%". Round 29 (SmolLM2, float32, two targets
-    with no set within tolerance): both searches spent their 24 sets and found the set handed on at the 20th and
-    22nd, so a search that ends on its budget is said to, with how late its choice changed."""
+    untouched; the line before this one only said "tolerance 3.0%". Round 29 (six SmolLM2 runs, float32, with
+    no set within tolerance): four spent their 24 sets, their choices standing since the 12th to the 22nd; two
+    ran out of candidates after 11 and 13. So the line says which, and since which set the choice stood."""
     q = ref.quality
     if q.feasible:
         return None

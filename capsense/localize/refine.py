@@ -45,9 +45,9 @@ Measured and not adopted (round 15, RESULTS-locate.md): naming the head to swap 
 instead of leave-one-out, and stopping once no swap is predicted to beat a feasible set. On the SmolLM2
 main job with groups at their real cost it measured 5 sets instead of 19 to the same set; on Gemma 3,
 where no set is feasible, it handed on another set that left held-out induction accuracy untouched. Replayed in
-round 29 (``recipes/bench/replay_refine_stop.py``): stopping once the choice had not changed for P sets, on
-SmolLM2 runs with no set within tolerance, handed on a worse set at P = 4 and 8 and saved nothing at P = 12: their
-choices changed at the 20th and 22nd of 24 sets. :attr:`Refinement.stopped` and ``settled`` say so in each run.
+round 29 (``recipes/bench/replay_refine_stop.py``) on six SmolLM2 runs with no set within tolerance: stopping once
+the choice had not changed for P sets handed on a worse set in 5 of 6 at P = 4 and 3 of 6 at P = 8, and saved
+nothing at P = 12 (choices settled at sets 1-22). :attr:`Refinement.stopped` and ``settled`` say so in each run.
 """
 
 from __future__ import annotations

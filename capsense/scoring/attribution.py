@@ -356,24 +356,23 @@ def attribution_scorers(model: nn.Module, probes: dict[str, Probe], batch_size: 
 
 def attribute_probes(model: nn.Module, probes: dict[str, Probe], batch_size: int = 16, ablation: str = "zero",
                      means: dict[int, torch.Tensor] | None = None, ctx: DistContext | None = None,
-                     sinks: dict[str, CleanSink] | None = None, metrics: dict[str, str] | None = None,
+                     sinks: dict[str, CleanSink] | None = None,
                      scorers: dict[str, AttributionScorer] | None = None) -> dict[str, Attribution]:
-    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch,
-    each in its metric (``metrics``: probe -> one of :data:`GRADIENT_METRICS`; nll where none is given).
+    """:class:`Attribution` of every probe (target and controls), one forward and backward per batch.
 
     Under several processes (``ctx``) the batches of all probes are cut into one contiguous
     share per process; every process computes its share, the terms are exchanged, and each
     probe's terms are summed in batch order, so every process (and a lone one) gets the same
     result to the bit. ``sinks`` (probe -> :data:`CleanSink`; one process only: each process
-    would see only its share) receive the forwards as clean ones. ``scorers``: the
-    :func:`attribution_scorers` of these settings, where the caller built them already (to match sinks to
-    their batches); the settings above then do not apply.
+    would see only its share) receive the forwards as clean ones. ``scorers``: the caller's
+    :func:`attribution_scorers` (a probe in another metric than nll, or sinks matched to their batches); the
+    settings above then do not apply.
     """
     ctx = ctx or DistContext()
     sinks = sinks or {}
     if sinks and ctx.distributed:
         raise CapsenseError("`sinks` take every batch of a probe, and under several processes each sees only its share")
-    scorers = scorers or attribution_scorers(model, probes, batch_size, ablation, means, metrics)
+    scorers = scorers or attribution_scorers(model, probes, batch_size, ablation, means)
     jobs = [(name, b) for name, sc in scorers.items() for b in range(sc.n_batches)]
     mine: dict[str, list[int]] = {}
     for name, b in split(jobs, ctx)[ctx.rank]:

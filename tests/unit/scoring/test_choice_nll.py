@@ -86,7 +86,7 @@ def test_choice_nll_batches_and_paths_agree_and_zero_is_the_knockout():
 def test_attribute_probes_scores_each_probe_in_its_metric():
     model = make_tiny_model("qwen2")
     probes = {"mc": choice_probe(), "ll": loglik_probe()}
-    atts = attribute_probes(model, probes, batch_size=4, metrics={"mc": "choice_nll"})
+    atts = attribute_probes(model, probes, scorers=attribution_scorers(model, probes, 4, metrics={"mc": "choice_nll"}))
     clean_mc, clean_ll = ProbeScorer(model, probes["mc"]).score(), ProbeScorer(model, probes["ll"]).score()
     assert atts["mc"].nll == pytest.approx(clean_mc["choice_nll"][0], abs=1e-5)
     assert atts["ll"].nll == pytest.approx(clean_ll["nll"][0], abs=1e-5)

@@ -91,10 +91,16 @@ def task_manager(include_path: Sequence[str] = (), tasks: Sequence[str] = (), me
     """An lm-eval TaskManager with capsense's tasks; skips indexing lm-eval's own when unneeded.
 
     ``metadata`` reaches ``custom_dataset`` builders (capsense tasks count continuation
-    tokens with ``metadata["tokenizer"]``).
+    tokens with ``metadata["tokenizer"]``); a loaded tokenizer there is passed as a
+    :class:`capsense.tasks.common.SharedTokenizer`, which lm-eval's copies of the task config share.
     """
     from lm_eval.tasks import TaskManager
 
+    from capsense.tasks.common import SharedTokenizer
+
+    tok = (metadata or {}).get("tokenizer")
+    if tok is not None and not isinstance(tok, (str, SharedTokenizer)):
+        metadata = {**metadata, "tokenizer": SharedTokenizer(tok)}
     quiet_lm_eval_hints()
     paths = [str(tasks_dir()), *map(str, include_path)]
     quick = TaskManager(include_path=paths, include_defaults=False, metadata=metadata)

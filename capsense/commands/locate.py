@@ -70,6 +70,12 @@ from capsense.commands.output import echo_written, log
                    "handed-on set is measured in the precision validation judges in.")
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
+@click.option("--refine-search", type=click.Choice(["predicted", "swaps"]), default=None,
+              help="Measure-and-choose after a first set that breaks --tolerance: predicted (the default: the set the "
+                   "singles, corrected by the sets measured so far, predict best is measured, one at a time, until it "
+                   "is one already measured; if that one breaks --tolerance too, swaps go on with the budget left) or "
+                   "swaps (leave-one-out names a head to swap out, the next candidates are tried in its place; the "
+                   "search before round 30).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @batch_size_option(auto=True)
 @click.option("--masks-per-forward", default="auto", show_default=True,
@@ -89,6 +95,7 @@ from capsense.commands.output import echo_written, log
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, prior_score: str, group_price: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
+           refine_search: str | None,
            seed: int, batch_size: int | str, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
@@ -115,7 +122,8 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         prior_score=prior_score, group_price=group_price, seed=seed, batch_size=batch_size,
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
         device_map=device_map_from(device_map, parallelize), dtype=dtype, include_path=list(include_path),
-        revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+        revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance,
+        refine_search=refine_search, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
     from capsense.localize.registry import METHODS

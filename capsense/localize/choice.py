@@ -24,9 +24,10 @@ from capsense.localize.coverage import coverage
 from capsense.localize.designs import head_set_masks
 from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import LocateResult, damage, put_last
+from capsense.localize.head_sets import Singles
 from capsense.localize.methods import refine_budget
 from capsense.localize.pool import estimates_in_metric, screen_of
-from capsense.localize.refine import Refinement, Singles, Widen, refine
+from capsense.localize.refine import Refinement, Widen, refine
 from capsense.localize.store import REFINE_ROUND, Evaluation
 from capsense.scoring.attribution import GRADIENT_METRICS
 
@@ -48,7 +49,8 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
         ]
 
     k = min(cfg.top_k, n, len(ranking))
-    found = refine(ranking, k, measure, budget=refine_budget(cfg), tolerance=cfg.tolerance, singles=singles, widen=widen)
+    found = refine(ranking, k, measure, budget=refine_budget(cfg), tolerance=cfg.tolerance, singles=singles, widen=widen,
+                   search=cfg.resolved_refine_search)
     return found, spent
 
 

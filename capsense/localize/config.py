@@ -14,7 +14,7 @@ from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
 from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, GROUP_PRICES, PRIOR_SCORES
-from capsense.localize.refine import DEFAULT_TOLERANCE
+from capsense.localize.refine import DEFAULT_SEARCH, DEFAULT_TOLERANCE, SEARCHES
 from capsense.localize.screen import DEFAULT_SCREEN_Z
 from capsense.localize.solvers import SOLVERS
 from capsense.scoring import CHOICE_METRICS, METRICS
@@ -57,6 +57,8 @@ class LocateConfig:
     top_k: int = 5  # heads in the set the run hands on (greedy's rounds, refine's set)
     refine: int | None = None  # measure-and-choose budget; None = refine.DEFAULT_BUDGET with controls, else 0
     tolerance: float = DEFAULT_TOLERANCE
+    # measure-and-choose after a start that breaks the tolerance, one of refine.SEARCHES; None = refine.DEFAULT_SEARCH
+    refine_search: str | None = None
     budget: float = 50.0  # prior-guided: forward-equivalents for attribution + knockouts (refine not included)
     top_m: int = DEFAULT_TOP_M  # prior-guided: heads with the largest |estimate| knocked out alone
     group_size: int = DEFAULT_GROUP_SIZE  # prior-guided: heads per group knockout over the rest
@@ -78,6 +80,11 @@ class LocateConfig:
             return self.refine_dtype
         return "float32" if dtype in ("bfloat16", "float16") and not self.device_map else dtype
 
+    @property
+    def resolved_refine_search(self) -> str:
+        """The search measure-and-choose runs after a start beyond tolerance (``refine_search``, else the default)."""
+        return self.refine_search or DEFAULT_SEARCH
+
     def check(self) -> None:
         """Raise :class:`CapsenseError` for settings that are wrong before any model is loaded.
 
@@ -88,6 +95,8 @@ class LocateConfig:
         choice("dtype", self.dtype, DTYPES)
         choice("prior_score", self.prior_score, PRIOR_SCORES)
         choice("group_price", self.group_price, GROUP_PRICES)
+        if self.refine_search is not None:
+            choice("refine_search", self.refine_search, SEARCHES)
         if self.group_price != "full" and not self.controls:
             raise CapsenseError(f"`group_price` {self.group_price} applies to a run with `controls` (without them a group "
                                 "is scored on every probe, and full is its price)")

@@ -227,7 +227,9 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         "These figures are measured: each candidate set was knocked out together on the run's documents "
         "(not estimated from single heads); the set leads the ranking above and heads.json in this order.",
         "",
-        f"{len(ref.measured)} candidate sets measured; a set is within tolerance when no control worsens by more "
+        f"{len(ref.measured)} candidate sets measured"
+        + (" (predicted search: each the best set predicted from the singles and the sets before it)"
+           if ref.search == "predicted" else "") + "; a set is within tolerance when no control worsens by more "
         f"than {100 * ref.quality.tolerance:.1f}%. Heads in order of how much the target misses each: "
         + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
         "",

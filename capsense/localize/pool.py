@@ -44,7 +44,8 @@ from capsense.localize.config import LocateConfig
 from capsense.localize.designs import head_set_masks
 from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import LocateResult, damage, put_last
-from capsense.localize.refine import SWAPS_PER_ROUND, Singles, Widen, Widening
+from capsense.localize.head_sets import Singles
+from capsense.localize.refine import SWAPS_PER_ROUND, Widen, Widening
 from capsense.localize.screen import Screen, collateral_screen
 from capsense.localize.store import POOL_ROUND, Evaluation
 from capsense.scoring.attribution import GRADIENT_METRICS

@@ -41,6 +41,16 @@ budget; the search then starts again from the set the grown singles predict best
 is within tolerance) or keeps the measured start when that is better. A start within tolerance never
 widens: the run is then the same as before, evaluation for evaluation (the SmolLM2 main job: 6 clean).
 
+**Predicted search** (round 30, ``search="predicted"``, :data:`DEFAULT_SEARCH` of a locate run): after a start that breaks the tolerance (and any
+extra singles), measure, one at a time, the set :func:`choose` picks over every K-set of the pool, each measured
+set as measured and every other predicted from the singles corrected by the sets measured so far
+(:class:`capsense.localize.head_sets.SetModel`: a shared offset and per-head shifts, fitted after each set); a
+head's knockout is never predicted to help (:data:`capsense.localize.head_sets.SEARCH_FLOOR`). It stops when that
+choice is a measured set within tolerance ("prediction settled"). When the choice it settles on breaks the
+tolerance, the swap search goes on from the start (or the set extra singles restarted from) with the budget left (sets already measured are not measured
+again): where no set is within tolerance the prediction has nothing more to offer, and leave-one-out rounds are
+what find an interaction. RESULTS-locate.md, round 30, has the runs it was measured on.
+
 Measured and not adopted (round 15, RESULTS-locate.md): naming the head to swap out from the singles
 instead of leave-one-out, and stopping once no swap is predicted to beat a feasible set. On the SmolLM2
 main job with groups at their real cost it measured 5 sets instead of 19 to the same set; on Gemma 3,
@@ -52,56 +62,31 @@ nothing at P = 12 (choices settled at sets 1-22). :attr:`Refinement.stopped` and
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 from capsense.errors import CapsenseError
+from capsense.localize.head_sets import DEFAULT_TARGET_SLACK, SEARCH_FLOOR, SetModel, SetQuality, Singles, choose
 
 
 DEFAULT_BUDGET = 24
 DEFAULT_TOLERANCE = 0.03  # relative control worsening allowed on the run's documents
-DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked
-#: With no set within tolerance, the set handed on does at least this fraction of the largest target damage
-#: measured (see :func:`choose`).
-DEFAULT_TARGET_FLOOR = 0.5
 SWAPS_PER_ROUND = 3
 #: Why a search ends (``Refinement.stopped``): a start (predicted, or predicted again after extra singles) within
 #: tolerance, the budget of evaluations spent, or every candidate tried against the head to swap out.
-STOPPED = ("start within tolerance", "budget", "candidates")
+#: The predicted search (``search="predicted"``) ends instead when the choice over every K-set of its pool, measured
+#: where measured and predicted elsewhere, is a measured set within tolerance: "prediction settled" (a measured set
+#: beyond it hands the budget left to the swap search, which then ends by budget or candidates).
+STOPPED = ("start within tolerance", "budget", "candidates", "prediction settled")
+#: How measure-and-choose searches after a start that breaks the tolerance (see the module's docstring).
+SEARCHES = ("swaps", "predicted")
+#: The search a locate run uses unless told (:attr:`capsense.localize.config.LocateConfig.refine_search`); round 30
+#: measured it against swaps on nine targets (RESULTS-locate.md). :func:`refine`'s own default is the search that
+#: needs no singles.
+DEFAULT_SEARCH = "predicted"
 
 #: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
 Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
-#: per head: its single-head (relative target damage, {control: relative damage}).
-Singles = dict[int, tuple[float, dict[str, float]]]
-MAX_PREDICTED_SETS = 200_000  # K-subsets of the pool scored from the singles (K = 5, pool 25: C(25, 5) = 53,130)
-
-
-@dataclass
-class SetQuality:
-    """A measured head set: target damage, worst control damage (relative), and feasibility."""
-
-    heads: tuple[int, ...]
-    target: float
-    controls: dict[str, float]
-    tolerance: float
-
-    @property
-    def control(self) -> float:
-        return max(self.controls.values(), default=0.0)
-
-    @property
-    def feasible(self) -> bool:
-        return self.control <= self.tolerance
-
-    def worst(self) -> str | None:
-        """The control this set damages most (None without controls)."""
-        return max(self.controls, key=self.controls.get, default=None)
-
-    def key(self) -> tuple[int, float]:
-        """Larger is better: feasible sets by target damage, others by least control damage."""
-        return (1, self.target) if self.feasible else (0, -self.control)
 
 
 @dataclass
@@ -147,6 +132,7 @@ class Refinement:
     widening: Widening | None = None  # extra singles measured before the swaps (None: none were needed)
     stopped: str = "budget"  # why the search ended: one of STOPPED
     settled: int = 1  # how many sets were measured when the set handed on became the choice for good
+    search: str = "swaps"  # how it searched after a start that broke the tolerance: one of SEARCHES
 
     def as_dict(self, name: Callable[[int], str]) -> dict:
         def q(s: SetQuality) -> dict:
@@ -166,6 +152,7 @@ class Refinement:
             "n_evaluations": len(self.measured),
             "stopped": self.stopped,
             "choice_settled_at": self.settled,  # well before n_evaluations: later sets changed nothing
+            "search": self.search,
             "measured": [q(s) for s in self.measured],
         }
         if self.widening is not None:  # its singles are evaluations of the same budget
@@ -236,6 +223,7 @@ def refine(
     target_slack: float = DEFAULT_TARGET_SLACK,
     singles: Singles | None = None,
     widen: Widen | None = None,
+    search: str = "swaps",
 ) -> Refinement:
     """Search K-head sets near the top of ``ranking``.
 
@@ -244,8 +232,13 @@ def refine(
     ``singles``: per candidate head its single-head damage (target, controls); with them the search starts from
     the predicted best K-set (:func:`predicted_best`) and stops there when it is within tolerance. ``widen``:
     called once before the swaps, it may measure more heads alone (see "Extra singles"); its evaluations count
-    against ``budget``.
+    against ``budget``. ``search``: how to go on from a start that breaks the tolerance, one of :data:`SEARCHES`
+    (``predicted`` needs ``singles``).
     """
+    if search not in SEARCHES:
+        raise CapsenseError(f"unknown refine search {search!r}: use one of {', '.join(SEARCHES)}")
+    if search == "predicted" and singles is None:
+        raise CapsenseError("the predicted refine search needs `singles` (each candidate's single-head damage)")
     if k < 1 or k > len(ranking):
         raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
     ranking = [int(h) for h in ranking]
@@ -259,10 +252,23 @@ def refine(
     if start is None:
         raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     if singles is not None and start.feasible:
-        return Refinement(list(current), start, start, measured.order, stopped=STOPPED[0])
+        return Refinement(list(current), start, start, measured.order, stopped=STOPPED[0], search=search)
     widened, ranking, current, stop = _widened(widen, ranking, k, pool, current, measured, target_slack)
     if stop:
-        return Refinement(list(current), measured.get(current), start, measured.order, widened, STOPPED[0], len(measured.order))
+        return Refinement(list(current), measured.get(current), start, measured.order, widened, STOPPED[0],
+                          len(measured.order), search)
+    stopped = _predicted_search(ranking, k, pool, measured, singles or {}, target_slack) if search == "predicted" else ""
+    if stopped != STOPPED[3] or not choose(_candidate_sets(measured.order, k, ranking), target_slack).feasible:
+        _swap_search(current, ranking, k, pool, measured)  # (after the predicted search: the sets it measured are free)
+        stopped = STOPPED[1] if len(measured.order) >= measured.budget else STOPPED[2]
+    chosen = choose(_candidate_sets(measured.order, k, ranking), target_slack)
+    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened, stopped,
+                      _settled_at(measured.order, k, ranking, target_slack, chosen), search)
+
+
+def _swap_search(current: tuple[int, ...], ranking: list[int], k: int, pool: int, measured: _Measured) -> None:
+    """Leave-one-out names the head to swap out, the next untried candidates of the ranking are tried in its
+    place, and a swap is kept when it improves the search objective (feasible first, then target damage)."""
     queue = [h for h in ranking[: k + pool] if h not in current]
     tried: dict[int, set[int]] = {}
     while len(measured.order) < measured.budget and queue:
@@ -282,10 +288,25 @@ def refine(
             queue = [h for h in queue if h not in best.heads] + [out]
             current = best.heads
             tried = {}
-    chosen = choose(_candidate_sets(measured.order, k, ranking), target_slack)
-    stopped = STOPPED[1] if len(measured.order) >= measured.budget else STOPPED[2]
-    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened, stopped,
-                      _settled_at(measured.order, k, ranking, target_slack, chosen))
+
+
+def _predicted_search(ranking: list[int], k: int, pool: int, measured: _Measured, singles: Singles,
+                      target_slack: float) -> str:
+    """Measure, one at a time, the set :func:`choose` picks over every K-set of the pool, measured where measured
+    and predicted elsewhere by the singles corrected by every set measured so far
+    (:class:`capsense.localize.head_sets.SetModel`); stop when that choice is a measured set (nothing
+    unmeasured is predicted to beat it) or the budget is spent. Returns why it stopped (:data:`STOPPED`)."""
+    model = SetModel(ranking[: k + pool], k, singles, floor=SEARCH_FLOOR)
+    while len(measured.order) < measured.budget:
+        model.fit([(q.heads, q.target, q.controls) for q in measured.order])
+        sets = [measured.get(q.heads) or q for q in model.qualities(measured.tolerance)]
+        seen = {frozenset(q.heads) for q in sets}
+        sets += [q for q in _candidate_sets(measured.order, k, ranking) if frozenset(q.heads) not in seen]
+        best = choose(sets, target_slack)
+        if measured.get(best.heads) is not None:
+            return STOPPED[3]
+        measured.run([best.heads])
+    return STOPPED[1]
 
 
 def _candidate_sets(order: Sequence[SetQuality], k: int, ranking: list[int]) -> list[SetQuality]:
@@ -340,54 +361,10 @@ def _restart(ranking: list[int], k: int, pool: int, current: tuple[int, ...], me
 
 def predicted_best(pool: Sequence[int], k: int, singles: Singles, tolerance: float,
                    target_slack: float = DEFAULT_TARGET_SLACK) -> tuple[int, ...]:
-    """The K-set of ``pool`` the single-head damages predict best, by :func:`choose`'s rule, except that with
-    none predicted within tolerance it is the least control damage of all, whatever its target damage: a start
-    for a search that looks for a set within tolerance first (the SmolLM2 main job's start is such a set,
-    predicted +6.4% on a control, measured +1.7%: round 14), not a set handed on.
-
-    Damage composes log-additively (``log1p(d_set) = sum log1p(d_h)``); a head without singles
-    counts as harmless. Ties keep ``pool`` order (deterministic, so a resumed run replays it).
-    The pool is cut so that at most :data:`MAX_PREDICTED_SETS` subsets are scored.
+    """The K-set of ``pool`` the single-head damages predict best (:class:`capsense.localize.head_sets.SetModel`,
+    unfitted), by :func:`choose`'s rule, except that with none predicted within tolerance it is the least control
+    damage of all, whatever its target damage: a start for a search that looks for a set within tolerance first
+    (the SmolLM2 main job's start is such a set, predicted +6.4% on a control, measured +1.7%: round 14), not a
+    set handed on. Ties keep ``pool`` order (deterministic, so a resumed run replays it).
     """
-    from math import comb
-
-    pool = [int(h) for h in pool]
-    while len(pool) > k and comb(len(pool), k) > MAX_PREDICTED_SETS:
-        pool = pool[:-1]
-    controls = sorted({c for h in pool if h in singles for c in singles[h][1]})
-    logs = np.zeros((len(pool), 1 + len(controls)))
-    for i, h in enumerate(pool):
-        t, cs = singles.get(h, (0.0, {}))
-        logs[i] = np.log1p(np.maximum([t, *(cs.get(c, 0.0) for c in controls)], -0.99))
-    sets = np.array(list(itertools.combinations(range(len(pool)), k)), dtype=int)
-    pred = np.expm1(logs[sets].sum(axis=1))  # [sets, 1 + controls]
-    quality = [SetQuality(tuple(pool[j] for j in s), float(p[0]), dict(zip(controls, map(float, p[1:]))), tolerance)
-               for s, p in zip(sets, pred)]
-    return choose(quality, target_slack, target_floor=0.0).heads  # none predicted within: the search looks for one
-
-
-def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_SLACK,
-           target_floor: float = DEFAULT_TARGET_FLOOR) -> SetQuality:
-    """The set to hand on: among sets within tolerance whose target damage is within
-    ``target_slack`` (relative) of the best such set, the one with the least control damage;
-    with none within tolerance, among sets whose target damage is at least ``target_floor`` x the
-    largest measured, the one with the least control damage.
-
-    A wrecked target saturates (induction at 0.70 -> 0.03 accuracy either way), so a margin on
-    the controls is worth more than the last few points of target damage: it buys robustness
-    to the noise of estimating control damage on a few documents.
-
-    Until round 25 the fallback was the least control damage of all sets, and the swaps drive towards sets
-    that spare the controls: it handed on sets that spared the target too (Gemma 3 induction, round 20:
-    target +8.7%; a new user's capitals task on SmolLM2: +10.1% where the first set did +187%, held-out
-    capitals -14.3% against -71.4% with the floor; RESULTS-locate.md, round 25). Half the largest damage,
-    not the largest, leaves room to spare the controls.
-    """
-    feasible = [q for q in measured if q.feasible]
-    if not feasible:
-        most = max(q.target for q in measured)
-        strong = [q for q in measured if q.target >= target_floor * most] if most > 0 else list(measured)
-        return min(strong, key=lambda q: (q.control, -q.target))
-    best = max(q.target for q in feasible)
-    near = [q for q in feasible if q.target >= best - target_slack * abs(best)]
-    return min(near, key=lambda q: (q.control, -q.target))
+    return choose(SetModel(pool, k, singles).qualities(tolerance), target_slack, target_floor=0.0).heads

@@ -52,7 +52,8 @@ BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype"
 #: the earlier release did (it had no collateral screen, and controls used `limit` documents).
 EARLIER_IDENTITY = {"screen": "`screen` 0 (no collateral screen, as that release ran)",
                     "prior_score": "`prior_score` estimate (that release ordered singles by |estimate|)",
-                    "control_limit": "no `control_limit` (that release scored controls on `limit` documents)"}
+                    "control_limit": "no `control_limit` (that release scored controls on `limit` documents)",
+                    "refine_search": "`refine_search` swaps (that release searched by swaps after a first set beyond tolerance)"}
 
 
 def identity_keys(cfg: LocateConfig) -> list[str]:
@@ -65,6 +66,7 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
     if refine_budget(cfg):  # refine's sets follow from the fit of every earlier mask
         keys += ["masks", "metric", "solver", "alpha", "top_k", "refine", "tolerance"]
         keys.append("refine_dtype")  # (None where it is the run's dtype, as in folders from before it)
+        keys.append("refine_search")  # (None: swaps, as in folders from before it)
         if cfg.controls and cfg.screen:  # the screen decides refine's candidates (folders from before it: screen off)
             keys.append("screen")
     if cfg.control_limit is not None:  # (doc_ids hold the documents; a folder from before control_limit has none)
@@ -98,6 +100,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "control_limit": cfg.control_limit,
         "screen": cfg.screen or None,
         "refine_dtype": refine_dtype if refine_dtype != dtype else None,  # None as in folders from before it
+        "refine_search": None if cfg.resolved_refine_search == "swaps" else cfg.resolved_refine_search,  # None: swaps, as before
         "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None: |estimate| order, as in folders from before it
         "group_price": None if cfg.group_price == "full" else cfg.group_price,  # None: full, as in folders from before it
         "seed": cfg.seed,

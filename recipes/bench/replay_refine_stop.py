@@ -25,7 +25,7 @@ def _flat(name: str, n_heads: int) -> int:
 
 def load_run(folder: Path) -> dict:
     """The run's measured sets (as :class:`SetQuality`), K, layout and the heads its screen set aside."""
-    from capsense.localize.refine import SetQuality
+    from capsense.localize.head_sets import SetQuality
 
     heads = json.loads((folder / "heads.json").read_text())
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -44,7 +44,7 @@ def load_run(folder: Path) -> dict:
 def choice_after(run: dict, n: int):
     """The set :func:`choose` hands on from the first ``n`` evaluations (the run's own filter: K-sets, without a
     head the extra singles' screen set aside unless every one holds one)."""
-    from capsense.localize.refine import choose
+    from capsense.localize.head_sets import choose
 
     ksets = [q for q in run["sets"][:n] if len(q.heads) == run["k"]]
     kept = [q for q in ksets if not set(q.heads) & run["aside"]] or ksets

@@ -44,7 +44,7 @@ def test_run_dry_run_prints_the_steps():
 
     assert f"locate smollm2-135m --task capsense_induction --controls {','.join(SCREEN)},capsense_arithmetic" in r.output
     assert "--tasks <target, controls, held-out suite>" in r.output
-    assert "--metric" not in r.output  # nll, the default, goes unsaid
+    assert "--metric" not in r.output and "--refine-search" not in r.output  # nll and swaps, the defaults, go unsaid
 
 
 def test_dry_run_names_a_metric_other_than_nll(tmp_path):
@@ -52,6 +52,9 @@ def test_dry_run_names_a_metric_other_than_nll(tmp_path):
     p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n  metric: choice_nll\n")
     r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
     assert r.exit_code == 0 and "--fe-budget 50 --metric choice_nll --limit 100" in r.output, r.output
+    p.write_text(p.read_text() + "  refine_search: predicted\n")
+    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
+    assert r.exit_code == 0 and "--metric choice_nll --refine-search predicted --limit 100" in r.output, r.output
 
 
 def test_a_recipe_without_controls_uses_the_default_suite(tmp_path):

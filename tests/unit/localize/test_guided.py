@@ -213,6 +213,29 @@ def test_refine_dtype_without_refine_is_refused(toy, tmp_path):
     assert r.exit_code != 0 and "`refine_dtype` applies to measure-and-choose" in r.output.replace("--refine-dtype", "`refine_dtype`")
 
 
+def test_refine_search_predicted_is_the_default_recorded_resumed_and_refused_without_refine(toy, tmp_path):
+    out = tmp_path / "pred"
+    args = ("--controls", TOY_CONTROL, "--top-k", "2", "--refine", "6", "--top-m", "4", "--tolerance", "0")
+    r = _locate(toy, out, *args)
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["identity"]["refine_search"] == "predicted"
+    ref = load_heads_file(out / "heads.json").meta["refine"]
+    assert ref["stopped"] in ("start within tolerance", "budget", "candidates", "prediction settled")
+    assert ref["search"] == "predicted" and ref["n_evaluations"] <= 6
+    assert "sets measured (predicted search: each the best set predicted" in (out / "report.md").read_text()
+    assert _locate(toy, out, *args, "--refine-search", "predicted").exit_code == 0  # the same run, resumed
+    r2 = _locate(toy, out, *args, "--refine-search", "swaps")  # the swap search would measure other sets
+    assert r2.exit_code != 0 and "refine_search" in r2.output
+    del manifest["identity"]["refine_search"]  # a folder from before round 30 searched by swaps
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r3 = _locate(toy, out, *args)
+    assert r3.exit_code != 0 and "give --refine-search swaps" in r3.output.replace("`refine_search`", "--refine-search")
+    r4 = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]), "--controls",
+                                   "none", "--refine-search", "predicted", "--out", str(tmp_path / "x")])
+    assert r4.exit_code != 0 and "--refine-search predicted applies to measure-and-choose" in r4.output
+
+
 def test_prior_score_documents_orders_singles_by_the_per_document_magnitude(toy, tmp_path):
     """The default order (documents): singles by each document's |gradient| summed, per FE."""
     import numpy as np

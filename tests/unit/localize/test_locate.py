@@ -76,7 +76,7 @@ def test_selective_mode_records_control_effects(toy, tmp_path):
 def test_no_set_within_tolerance_is_said_plainly(toy, tmp_path, monkeypatch):
     # the toy model's random heads leave some set within any tolerance (one helps the control): here none is, as on
     # Gemma 3 induction (round 20); the run still hands a set on, and says plainly what it is
-    from capsense.localize.refine import SetQuality
+    from capsense.localize.head_sets import SetQuality
 
     monkeypatch.setattr(SetQuality, "feasible", property(lambda self: False))
     out = tmp_path / "strict"

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from capsense.localize.choice import shortfall
-from capsense.localize.refine import SetQuality, predicted_best, refine
+from capsense.localize.head_sets import SetQuality
+from capsense.localize.refine import predicted_best, refine
 from capsense.errors import CapsenseError
 
 
@@ -87,7 +88,7 @@ def test_nothing_feasible_hands_on_heads_the_target_depends_on():
     assert min((q for q in r.measured if len(q.heads) == 3), key=lambda q: q.control).target < 0.5 * most  # the old pick
     strong = [q for q in r.measured if len(q.heads) == 3 and q.target >= 0.5 * most]
     assert r.quality.control == min(q.control for q in strong)
-    from capsense.localize.refine import choose
+    from capsense.localize.head_sets import choose
 
     weak, hurts = SetQuality((7,), 0.1, {"c": 0.05}, 0.03), SetQuality((8,), 1.0, {"c": 0.2}, 0.03)
     assert choose([weak, hurts]) is hurts and choose([weak, hurts], target_floor=0.0) is weak
@@ -118,7 +119,7 @@ def test_bad_k():
 
 
 def test_choose_buys_control_margin_when_the_target_is_saturated():
-    from capsense.localize.refine import choose
+    from capsense.localize.head_sets import choose
 
     a = SetQuality((1, 2), 3.54, {"c": 0.007}, 0.03)
     b = SetQuality((1, 3), 3.53, {"c": 0.005}, 0.03)

@@ -1,0 +1,157 @@
+"""K-head sets as measure-and-choose (:mod:`capsense.localize.refine`) sees them: a set's quality
+(:class:`SetQuality`: target damage, control damage, within tolerance or not), the rule that picks the set to
+hand on (:func:`choose`), and a set's damage predicted from its heads' single-head damages, corrected by the
+sets measured (:class:`SetModel`: the search starts from its best set, and its predicted search,
+``search="predicted"``, refits it after each measured set).
+
+Per metric (the target and each control) a set's damage is predicted log-additively from its heads'
+single-head damages, ``log1p(d_S) = sum_h log1p(d_h)``, which keeps a sum of relative worsenings from running
+past what compounding gives. Measured sets correct it: ``log1p(d_S) = sum_h (log1p(d_h) + shift_h) + offset``,
+with ``offset`` shared by every K-set (a set compounds worse, or better, than its singles: the SmolLM2 main
+job's start was predicted +6.4% on a control and measured +1.7%, round 14) and ``shift_h`` a head's own
+(it hurts more, or less, beside others than alone), fitted by least squares with a ridge of :data:`RIDGE`
+on the shifts and none on the offset. A head in one measured set moves by about half its residual; a
+head in none keeps its singles, shifted by the offset. :data:`RIDGE` is 1 by construction (a measured set
+weighs as much as the singles' prior), not tuned on any run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import comb
+
+import numpy as np
+
+#: per head: its single-head (relative target damage, {control: relative damage}) (as refine's ``Singles``).
+Singles = dict[int, tuple[float, dict[str, float]]]
+MAX_PREDICTED_SETS = 200_000  # K-subsets of the pool scored (K = 5, pool 25: C(25, 5) = 53,130)
+RIDGE = 1.0  # the shifts' ridge, in units of one measured set
+#: The predicted search's ``floor``: a head's knockout is never predicted to help a set. Singles of heads never
+#: knocked out alone are attribution's estimates, and a wrong-signed one misleads every prediction it enters:
+#: on a new user's plural task (SmolLM2, round 30) L0H8 was estimated to make syntax 47% better, was measured
+#: in 8 of 9 sets the search proposed, and the set handed on hurt syntax +27.2% (swaps: worst control +7.2%).
+SEARCH_FLOOR = 0.0
+DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked
+#: With no set within tolerance, the set handed on does at least this fraction of the largest target damage
+#: measured (see :func:`choose`).
+DEFAULT_TARGET_FLOOR = 0.5
+
+
+@dataclass
+class SetQuality:
+    """A measured head set: target damage, worst control damage (relative), and feasibility."""
+
+    heads: tuple[int, ...]
+    target: float
+    controls: dict[str, float]
+    tolerance: float
+
+    @property
+    def control(self) -> float:
+        return max(self.controls.values(), default=0.0)
+
+    @property
+    def feasible(self) -> bool:
+        return self.control <= self.tolerance
+
+    def worst(self) -> str | None:
+        """The control this set damages most (None without controls)."""
+        return max(self.controls, key=self.controls.get, default=None)
+
+    def key(self) -> tuple[int, float]:
+        """Larger is better: feasible sets by target damage, others by least control damage."""
+        return (1, self.target) if self.feasible else (0, -self.control)
+
+
+def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_SLACK,
+           target_floor: float = DEFAULT_TARGET_FLOOR) -> SetQuality:
+    """The set to hand on: among sets within tolerance whose target damage is within
+    ``target_slack`` (relative) of the best such set, the one with the least control damage;
+    with none within tolerance, among sets whose target damage is at least ``target_floor`` x the
+    largest measured, the one with the least control damage.
+
+    A wrecked target saturates (induction at 0.70 -> 0.03 accuracy either way), so a margin on
+    the controls is worth more than the last few points of target damage: it buys robustness
+    to the noise of estimating control damage on a few documents.
+
+    Until round 25 the fallback was the least control damage of all sets, and the swaps drive towards sets
+    that spare the controls: it handed on sets that spared the target too (Gemma 3 induction, round 20:
+    target +8.7%; a new user's capitals task on SmolLM2: +10.1% where the first set did +187%, held-out
+    capitals -14.3% against -71.4% with the floor; RESULTS-locate.md, round 25). Half the largest damage,
+    not the largest, leaves room to spare the controls.
+    """
+    feasible = [q for q in measured if q.feasible]
+    if not feasible:
+        most = max(q.target for q in measured)
+        strong = [q for q in measured if q.target >= target_floor * most] if most > 0 else list(measured)
+        return min(strong, key=lambda q: (q.control, -q.target))
+    best = max(q.target for q in feasible)
+    near = [q for q in feasible if q.target >= best - target_slack * abs(best)]
+    return min(near, key=lambda q: (q.control, -q.target))
+
+
+def _logs(target: float, controls: dict[str, float], names: Sequence[str], floor: float = -0.99) -> np.ndarray:
+    return np.log1p(np.maximum([target, *(controls.get(c, 0.0) for c in names)], floor))
+
+
+class SetModel:
+    """Predicted damage of every K-subset of ``pool`` (cut so that at most :data:`MAX_PREDICTED_SETS`
+    are scored; ties keep ``pool`` order), from ``singles`` (a head without singles counts as harmless)
+    and, after :meth:`fit`, the sets measured.
+
+    ``floor``: the least single-head damage carried into a set's prediction. The start is predicted with
+    -0.99 (a head that helps counts as helping); the predicted search uses 0 (:data:`SEARCH_FLOOR`).
+    """
+
+    def __init__(self, pool: Sequence[int], k: int, singles: Singles, floor: float = -0.99) -> None:
+        pool = [int(h) for h in pool]
+        while len(pool) > k and comb(len(pool), k) > MAX_PREDICTED_SETS:
+            pool = pool[:-1]
+        self.pool, self.k = pool, k
+        self.controls = sorted({c for h in pool if h in singles for c in singles[h][1]})
+        self.prior = np.zeros((len(pool), 1 + len(self.controls)))
+        for i, h in enumerate(pool):
+            self.prior[i] = _logs(*singles.get(h, (0.0, {})), self.controls, floor)
+        self.sets = np.array(list(itertools.combinations(range(len(pool)), k)), dtype=int)
+        self.shift = np.zeros_like(self.prior)
+        self.offset = np.zeros(self.prior.shape[1])
+        self.n_fitted = 0
+
+    def fit(self, measured: Sequence[tuple[Sequence[int], float, dict[str, float]]]) -> "SetModel":
+        """Fit the offset and shifts to ``measured`` (heads, target damage, {control: damage}): K-sets of
+        the pool only (others are skipped); with none, the prediction is the singles'."""
+        where = {h: i for i, h in enumerate(self.pool)}
+        rows = [(s, t, c) for s, t, c in measured if len(s) == self.k and all(h in where for h in s)]
+        self.n_fitted = len(rows)
+        if not rows:
+            self.shift[:], self.offset[:] = 0.0, 0.0
+            return self
+        x = np.zeros((len(rows), 1 + len(self.pool)))
+        x[:, 0] = 1.0
+        for r, (s, _, _) in enumerate(rows):
+            x[r, [1 + where[h] for h in s]] = 1.0
+        y = np.stack([_logs(t, c, self.controls) for _, t, c in rows]) - x[:, 1:] @ self.prior
+        penalty = np.diag([0.0] + [RIDGE] * len(self.pool))
+        coef = np.linalg.solve(x.T @ x + penalty, x.T @ y)
+        self.offset, self.shift = coef[0], coef[1:]
+        return self
+
+    def predict(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """Every K-subset of the pool, in ``combinations`` order, and its predicted damage: an array of
+        [sets, 1 + controls], the target first, then :attr:`controls` in order."""
+        logs = self.prior[self.sets].sum(axis=1)
+        if self.n_fitted:  # (unfitted: the singles' sums exactly, as the start has always been predicted)
+            logs = logs + self.shift[self.sets].sum(axis=1) + self.offset
+        return [tuple(self.pool[j] for j in s) for s in self.sets.tolist()], np.expm1(logs)
+
+    def qualities(self, tolerance: float) -> list[SetQuality]:
+        """The predicted sets as :class:`SetQuality`, each with its worst control alone (all :func:`choose` reads)."""
+        sets, pred = self.predict()
+        if not self.controls:
+            return [SetQuality(s, float(t), {}, tolerance) for s, t in zip(sets, pred[:, 0])]
+        worst = pred[:, 1:].argmax(axis=1)
+        names = [self.controls[w] for w in worst]
+        return [SetQuality(s, t, {c: v}, tolerance)
+                for s, t, c, v in zip(sets, pred[:, 0].tolist(), names, pred[np.arange(len(sets)), 1 + worst].tolist())]

@@ -1,0 +1,119 @@
+"""K-head sets (capsense.localize.head_sets): damage predicted from singles, corrected by measured sets;
+and measure-and-choose's predicted search (capsense.localize.refine, search="predicted")."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from capsense.errors import CapsenseError
+from capsense.localize.choice import shortfall
+from capsense.localize.head_sets import SetModel
+from capsense.localize.refine import refine
+
+
+def _singles(target, control):
+    return {h: (target.get(h, 0.0), {"ctl": control.get(h, 0.0)}) for h in set(target) | set(control)}
+
+
+def _world(target, control, pair=None):
+    """Target and control damage compounding per head (log-additive), plus control interactions for head pairs."""
+    calls = []
+
+    def measure(sets):
+        out = []
+        for s in sets:
+            calls.append(tuple(s))
+            t = math.expm1(sum(math.log1p(target.get(h, 0.0)) for h in s))
+            c = math.expm1(sum(math.log1p(control.get(h, 0.0)) for h in s))
+            c += sum((pair or {}).get(frozenset(p), 0.0) for p in itertools.combinations(s, 2))
+            out.append((t, {"ctl": c}))
+        return out
+
+    return measure, calls
+
+
+def _pred(model):
+    sets, pred = model.predict()
+    return {frozenset(s): (float(p[0]), dict(zip(model.controls, map(float, p[1:])))) for s, p in zip(sets, pred)}
+
+
+def test_unfitted_prediction_is_the_singles_compounded():
+    singles = {0: (1.0, {"a": 0.1}), 1: (0.5, {"a": 0.2, "b": 0.05}), 2: (0.0, {})}
+    p = _pred(SetModel([0, 1, 2, 3], 2, singles))
+    assert len(p) == 6 and SetModel([0, 1, 2, 3], 2, singles).controls == ["a", "b"]
+    t, c = p[frozenset((0, 1))]
+    assert t == pytest.approx(2.0 * 1.5 - 1) and c["a"] == pytest.approx(1.1 * 1.2 - 1) and c["b"] == pytest.approx(0.05)
+    assert p[frozenset((2, 3))] == (0.0, {"a": 0.0, "b": 0.0})  # heads without singles count as harmless
+
+
+def test_a_measured_set_corrects_its_own_prediction_and_shifts_the_rest():
+    singles = {h: (0.2, {"ctl": 0.01}) for h in range(6)}
+    model = SetModel(range(6), 3, singles)
+    before = _pred(model)
+    model.fit([((0, 1, 2), 0.9, {"ctl": 0.10})])  # the set compounds far worse than its singles
+    after = _pred(model)
+    assert model.n_fitted == 1 and model.offset[1] > 0
+    t, c = after[frozenset((0, 1, 2))]
+    assert c["ctl"] == pytest.approx(0.10, rel=1e-6) and t == pytest.approx(0.9, rel=1e-6)  # one set: the offset fits it
+    assert after[frozenset((3, 4, 5))][1]["ctl"] > before[frozenset((3, 4, 5))][1]["ctl"]  # unmeasured sets move too
+    model.fit([((0, 1, 2), 0.9, {"ctl": 0.10}), ((0, 3, 4), 0.8, {"ctl": 0.02}), ((1, 3, 5), 0.8, {"ctl": 0.02}),
+               ((2, 4, 5), 0.8, {"ctl": 0.08})])
+    assert model.shift[2, 1] > max(model.shift[h, 1] for h in (0, 1, 3, 4, 5))  # head 2 hurts the control beside others
+    model.fit([((0, 1), 1.0, {"ctl": 1.0}), ((0, 9, 1), 1.0, {"ctl": 1.0})])  # not K-sets of the pool: ignored
+    assert model.n_fitted == 0 and _pred(model) == before
+
+
+def test_predicted_search_finds_an_interaction_in_few_sets_and_says_why_it_stopped():
+    # Heads 0 and 1 hurt the control together only, the singles cannot see it; swaps also find {0, 2, 3}.
+    target = {0: 1.0, 1: 0.9, 2: 0.5, 3: 0.45, 4: 0.1}
+    measure, calls = _world(target, {}, {frozenset((0, 1)): 0.2})
+    swaps = refine(list(range(8)), 3, measure, budget=20, tolerance=0.05, singles=_singles(target, {}))
+    n_swaps = len(calls)
+    measure, calls = _world(target, {}, {frozenset((0, 1)): 0.2})
+    r = refine(list(range(8)), 3, measure, budget=20, tolerance=0.05, singles=_singles(target, {}), search="predicted")
+    assert r.start.heads == (0, 1, 2) and not r.start.feasible
+    assert r.quality.feasible and 0 in r.heads and 1 not in r.heads and set(swaps.heads) == {0, 2, 3}
+    assert r.stopped == "prediction settled" and len(calls) == len(r.measured) < n_swaps
+    assert len(set(map(frozenset, calls))) == len(calls)  # each set measured once
+    assert r.as_dict(str)["stopped"] == "prediction settled" and r.as_dict(str)["search"] == "predicted"
+    assert swaps.search == "swaps" and swaps.as_dict(str)["search"] == "swaps"
+
+
+def test_predicted_search_without_a_selective_set_hands_the_budget_to_the_swaps():
+    # every pair does the same damage: once the first pair is measured, no other is predicted to beat it, and it
+    # breaks the tolerance, so the swap search goes on from the start with the budget left; the predicted phase
+    # measured nothing the swaps would not have, so the run is the swap search's, set for set
+    target = {h: 1.0 for h in range(8)}
+    control = {h: 0.1 for h in range(8)}
+    measure, calls = _world(target, control)
+    r = refine(list(range(8)), 2, measure, budget=6, tolerance=0.01, singles=_singles(target, control), search="predicted")
+    measure, swap_calls = _world(target, control)
+    swaps = refine(list(range(8)), 2, measure, budget=6, tolerance=0.01, singles=_singles(target, control))
+    assert calls == swap_calls and len(calls) == 6 and calls[0] == (0, 1)
+    assert not r.quality.feasible and r.stopped == swaps.stopped == "budget" and r.heads == swaps.heads
+    assert shortfall(r).startswith("NO measured set is within tolerance (6 measured; the budget ran out")
+
+
+def test_predicted_search_is_deterministic_and_a_feasible_start_is_unchanged():
+    target = {h: 1.0 / (h + 1) for h in range(12)}
+    control = {h: 0.02 * (h % 3) for h in range(12)}
+    runs = []
+    for _ in range(2):
+        measure, calls = _world(target, control, {frozenset((0, 1)): 0.05})
+        runs.append((refine(list(range(12)), 4, measure, budget=10, tolerance=0.03, singles=_singles(target, control),
+                            search="predicted").heads, calls))
+    assert runs[0] == runs[1]
+    measure, calls = _world(target, {})
+    r = refine(list(range(12)), 4, measure, budget=10, singles=_singles(target, {}), search="predicted")
+    assert r.stopped == "start within tolerance" and len(calls) == 1
+
+
+def test_searches_are_named_and_predicted_needs_singles():
+    measure, _ = _world({0: 1.0, 1: 1.0}, {})
+    with pytest.raises(CapsenseError, match="unknown refine search 'greedy': use one of swaps, predicted"):
+        refine([0, 1], 1, measure, search="greedy")
+    with pytest.raises(CapsenseError, match="needs `singles`"):
+        refine([0, 1], 1, measure, search="predicted")

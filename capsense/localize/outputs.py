@@ -227,9 +227,8 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         "These figures are measured: each candidate set was knocked out together on the run's documents "
         "(not estimated from single heads); the set leads the ranking above and heads.json in this order.",
         "",
-        f"{len(ref.measured)} candidate sets measured"
-        + (" (predicted search: each the best set predicted from the singles and the sets before it)"
-           if ref.search == "predicted" else "") + "; a set is within tolerance when no control worsens by more "
+        f"{len(ref.measured)} candidate sets measured" + _search_phrase(ref)
+        + "; a set is within tolerance when no control worsens by more "
         f"than {100 * ref.quality.tolerance:.1f}%. Heads in order of how much the target misses each: "
         + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
         "",
@@ -240,6 +239,19 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         row("first set measured", ref.start),
         row("chosen", ref.quality, ref.heads),
     ]
+
+
+def _search_phrase(ref) -> str:
+    """What proposed the sets measured after the first, when the predicted search ran (else nothing)."""
+    n_predicted, n_swaps = ref.found_by.count("prediction"), ref.found_by.count("swaps")
+    if ref.search != "predicted" or not n_predicted + n_swaps:
+        return ""
+    if not n_predicted:
+        return (f" (predicted search: no unmeasured set was predicted to beat the first, which broke the tolerance; "
+                f"then {n_swaps} by the swap search)")
+    then = f", then {n_swaps} by the swap search, the prediction having settled on a set beyond tolerance" if n_swaps else ""
+    return (f" (predicted search: {n_predicted} set{'s' * (n_predicted > 1)} each the best predicted from the singles "
+            f"and the sets before it{then})")
 
 
 def _widening_lines(ref, n_heads: int) -> list[str]:

@@ -85,6 +85,12 @@ SEARCHES = ("swaps", "predicted")
 #: needs no singles.
 DEFAULT_SEARCH = "predicted"
 
+#: Which part of the search proposed a measured set (``Refinement.found_by``, ``found_by`` of each set in
+#: heads.json): the first set, the set predicted again after extra singles, the predicted search, and the swap
+#: search (its leave-one-out sets and swaps). On Gemma 3's main job (round 31) the predicted search measured one
+#: set and handed 22 to the swaps; a report that called all 24 predicted would have misled.
+FOUND_BY = ("start", "restart", "prediction", "swaps")
+
 #: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
 Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
 
@@ -133,6 +139,7 @@ class Refinement:
     stopped: str = "budget"  # why the search ended: one of STOPPED
     settled: int = 1  # how many sets were measured when the set handed on became the choice for good
     search: str = "swaps"  # how it searched after a start that broke the tolerance: one of SEARCHES
+    found_by: list[str] = field(default_factory=list)  # per measured set, what proposed it: one of FOUND_BY
 
     def as_dict(self, name: Callable[[int], str]) -> dict:
         def q(s: SetQuality) -> dict:
@@ -153,7 +160,7 @@ class Refinement:
             "stopped": self.stopped,
             "choice_settled_at": self.settled,  # well before n_evaluations: later sets changed nothing
             "search": self.search,
-            "measured": [q(s) for s in self.measured],
+            "measured": [{**q(s), "found_by": by} for s, by in zip(self.measured, self.found_by, strict=True)],
         }
         if self.widening is not None:  # its singles are evaluations of the same budget
             out["extra_singles"] = self.widening.as_dict(name)
@@ -167,6 +174,8 @@ class _Measured:
         self.measure, self.budget, self.tolerance = measure, budget, tolerance
         self.seen: dict[frozenset, SetQuality] = {}
         self.order: list[SetQuality] = []
+        self.phase = FOUND_BY[0]  # what proposes the sets measured next (the search sets it as it goes)
+        self.found_by: list[str] = []  # per set in ``order``
 
     def get(self, heads: Sequence[int]) -> SetQuality | None:
         return self.seen.get(frozenset(heads))
@@ -184,6 +193,7 @@ class _Measured:
             q = SetQuality(s, float(t), {n: float(v) for n, v in c.items()}, self.tolerance)
             self.seen[frozenset(s)] = q
             self.order.append(q)
+            self.found_by.append(self.phase)
 
 
 def _head_to_swap(current: tuple[int, ...], measured: _Measured) -> int | None:
@@ -252,18 +262,22 @@ def refine(
     if start is None:
         raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     if singles is not None and start.feasible:
-        return Refinement(list(current), start, start, measured.order, stopped=STOPPED[0], search=search)
+        return Refinement(list(current), start, start, measured.order, stopped=STOPPED[0], search=search,
+                          found_by=measured.found_by)
+    measured.phase = FOUND_BY[1]
     widened, ranking, current, stop = _widened(widen, ranking, k, pool, current, measured, target_slack)
     if stop:
         return Refinement(list(current), measured.get(current), start, measured.order, widened, STOPPED[0],
-                          len(measured.order), search)
+                          len(measured.order), search, measured.found_by)
+    measured.phase = FOUND_BY[2]
     stopped = _predicted_search(ranking, k, pool, measured, singles or {}, target_slack) if search == "predicted" else ""
     if stopped != STOPPED[3] or not choose(_candidate_sets(measured.order, k, ranking), target_slack).feasible:
+        measured.phase = FOUND_BY[3]
         _swap_search(current, ranking, k, pool, measured)  # (after the predicted search: the sets it measured are free)
         stopped = STOPPED[1] if len(measured.order) >= measured.budget else STOPPED[2]
     chosen = choose(_candidate_sets(measured.order, k, ranking), target_slack)
     return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened, stopped,
-                      _settled_at(measured.order, k, ranking, target_slack, chosen), search)
+                      _settled_at(measured.order, k, ranking, target_slack, chosen), search, measured.found_by)
 
 
 def _swap_search(current: tuple[int, ...], ranking: list[int], k: int, pool: int, measured: _Measured) -> None:

@@ -2,7 +2,8 @@
 
 Each pair of run folders is one target located twice with the same settings but ``refine_search`` (``swaps``
 and ``predicted``, see :mod:`capsense.localize.refine`); everything before measure-and-choose is deterministic
-and the same in both. The table gives, per run, the run's forward-equivalents, the sets measured, why the
+and the same in both. The table gives, per run, the run's forward-equivalents, the sets measured (for the predicted search,
+how many the prediction proposed and how many the swaps it handed over to, from each set's ``found_by``), why the
 search ended, the set handed on, its target damage and its worst control (on the run's documents), and whether
 it is within tolerance; a last column says which search handed on the better set by :func:`choose`'s own rule
 (within tolerance first, then target damage; with neither within tolerance, the smaller control damage among
@@ -29,6 +30,7 @@ def load(folder: Path) -> dict:
     c = ref["chosen"]
     return {"fe": float(heads["forward_equivalents"]), "sets": int(ref["n_evaluations"]), "stopped": ref.get("stopped", "?"),
             "search": ref.get("search", "swaps"), "extra": len((ref.get("extra_singles") or {}).get("measured", [])),
+            "found_by": [m.get("found_by") for m in ref.get("measured", [])],  # (None in folders before round 31)
             "chosen": SetQuality(tuple(c["heads"]), float(c["target_damage"]),
                                  {k: float(v) for k, v in c["control_damage"].items()}, float(ref["tolerance"]))}
 
@@ -53,6 +55,9 @@ def _cell(r: dict) -> str:
     q = r["chosen"]
     worst = q.worst()
     extra = f" (+{r['extra']} singles)" if r["extra"] else ""
+    found = r["found_by"]
+    if r["search"] == "predicted" and found and None not in found:
+        extra += f": {found.count('prediction')} predicted, {found.count('swaps')} by swaps"
     return (f"{r['fe']:.1f} | {r['sets']}{extra} | {r['stopped']} | "
             f"{', '.join(q.heads)}: target {100 * q.target:+.1f}%, {worst} {100 * q.control:+.1f}% | "
             f"{'yes' if q.feasible else 'no'}")

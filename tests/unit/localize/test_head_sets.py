@@ -11,6 +11,7 @@ import pytest
 from capsense.errors import CapsenseError
 from capsense.localize.choice import shortfall
 from capsense.localize.head_sets import SetModel
+from capsense.localize.outputs import _search_phrase
 from capsense.localize.refine import refine
 
 
@@ -80,6 +81,12 @@ def test_predicted_search_finds_an_interaction_in_few_sets_and_says_why_it_stopp
     assert len(set(map(frozenset, calls))) == len(calls)  # each set measured once
     assert r.as_dict(str)["stopped"] == "prediction settled" and r.as_dict(str)["search"] == "predicted"
     assert swaps.search == "swaps" and swaps.as_dict(str)["search"] == "swaps"
+    # what proposed each set: recorded per set in heads.json and counted in the report's line
+    assert r.found_by == ["start"] + ["prediction"] * (len(calls) - 1)
+    assert [m["found_by"] for m in r.as_dict(str)["measured"]] == r.found_by
+    assert _search_phrase(r) == (f" (predicted search: {len(calls) - 1} sets each the best predicted from the singles "
+                                 "and the sets before it)")
+    assert swaps.found_by[0] == "start" and set(swaps.found_by[1:]) == {"swaps"} and _search_phrase(swaps) == ""
 
 
 def test_predicted_search_without_a_selective_set_hands_the_budget_to_the_swaps():
@@ -95,6 +102,7 @@ def test_predicted_search_without_a_selective_set_hands_the_budget_to_the_swaps(
     assert calls == swap_calls and len(calls) == 6 and calls[0] == (0, 1)
     assert not r.quality.feasible and r.stopped == swaps.stopped == "budget" and r.heads == swaps.heads
     assert shortfall(r).startswith("NO measured set is within tolerance (6 measured; the budget ran out")
+    assert r.found_by == ["start"] + ["swaps"] * 5 and "no unmeasured set was predicted to beat the first" in _search_phrase(r)
 
 
 def test_predicted_search_is_deterministic_and_a_feasible_start_is_unchanged():

@@ -165,6 +165,7 @@ def test_a_head_the_extra_singles_set_aside_is_never_handed_on():
 
     found = refine(ranking, k, measure, budget=12, tolerance=0.03, singles=singles, widen=widen)
     assert found.start.heads == (0, 1, 9)  # the predicted start held the fill head
+    assert found.found_by[:2] == ["start", "restart"] and set(found.found_by[2:]) == {"swaps"}
     assert fill not in found.heads and fill not in found.quality.heads
     assert not found.quality.feasible and found.quality.control == pytest.approx(min(
         q.control for q in found.measured if len(q.heads) == k and fill not in q.heads))

@@ -247,8 +247,8 @@ def _search_phrase(ref) -> str:
     if ref.search != "predicted" or not n_predicted + n_swaps:
         return ""
     if not n_predicted:
-        return (f" (predicted search: no unmeasured set was predicted to beat the first, which broke the tolerance; "
-                f"then {n_swaps} by the swap search)")
+        return (f" (predicted search: no unmeasured set was predicted to beat the sets already measured, none within "
+                f"tolerance; then {n_swaps} by the swap search)")
     then = f", then {n_swaps} by the swap search, the prediction having settled on a set beyond tolerance" if n_swaps else ""
     return (f" (predicted search: {n_predicted} set{'s' * (n_predicted > 1)} each the best predicted from the singles "
             f"and the sets before it{then})")

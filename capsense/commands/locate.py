@@ -64,7 +64,7 @@ from capsense.commands.output import echo_written, log
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
-@click.option("--refine-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+@dtype_option(None, name="--refine-dtype",
               help="Precision of measure-and-choose (default: float32 when the search runs in bfloat16/float16 on "
                    "one device and, on a GPU, the float32 model takes at most half its memory; else --dtype): the "
                    "handed-on set is measured in the precision validation judges in.")

@@ -294,11 +294,14 @@ PRICINGS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Every pricing some method has (``capsense compress --pricing`` offers these).
+PRICING_NAMES = tuple(sorted({p for by in PRICINGS.values() for p in by}))
+
+
 def check_pricing(pricing: str) -> str:
     """``pricing`` if some method has it, else one error naming the valid ones."""
-    valid = sorted({p for by in PRICINGS.values() for p in by})
-    if pricing not in valid:
-        raise BudgetError(f"`pricing` {pricing!r}: valid pricings are {', '.join(valid)}")
+    if pricing not in PRICING_NAMES:
+        raise BudgetError(f"`pricing` {pricing!r}: valid pricings are {', '.join(PRICING_NAMES)}")
     return pricing
 
 

@@ -17,7 +17,18 @@ resolution of such a control, not collateral damage. So each accuracy row also s
 documents its change is, net (``documents_net`` of ``documents``: the change times the number of
 held-out documents, where both values are whole counts of them), and the verdict line quotes it:
 round 18's antonyms set halved held-out translation accuracy, which is 5 of 40 documents, where
-the worst random set moved 3. The count is reported, not judged: the rule above is unchanged.
+the worst random set moved 3.
+
+**Noise is counted in documents too** (round 32). The random band stands for noise, but where K random
+heads *damage* a task it stops being noise: on Gemma 3 every random 5-head set cost held-out letter
+tasks 68-89% of their accuracy, so sequence's set passed with letters at -65.8% (25 of 40 documents),
+although "unrelated capabilities barely move" was plainly false. So an accuracy row whose documents are
+known also fails, band or not, when it is beyond the tolerance and its loss is beyond :data:`NOISE_Z`
+standard errors of the documents themselves (``z``: two-proportion, unpaired, which overstates the noise
+of a paired change on the same documents, so it errs towards passing). A one-document flip stays noise
+(dates 0.36 -> 0.32 on 25 documents: z 0.3). Re-judged from their ``validation.json``, the validations of
+rounds 31-32 change no verdict on SmolLM2 (every row beyond tolerance there is under z 1.1); on Gemma 3,
+letters (z 5.8) now fails for the sequence set, whose verdict was already NOT selective for its target.
 
 Which rows count: each task is judged by its task-level metric: its accuracy-like metrics
 where the clean model scores at least ``MIN_BASE_SCORE`` on them, else (an accuracy of 0.05
@@ -37,6 +48,10 @@ import numpy as np
 
 DEFAULT_TOLERANCE = 0.10  # off-target relative worsening a selective set may cause on held-out documents
 MIN_BASE_SCORE = 0.2
+#: An off-target accuracy row beyond tolerance fails, even within the random band, when its loss is at least
+#: this many standard errors of its documents (module docstring). 3, not 2: a validation judges 15-20 rows,
+#: and at 3 (one-sided 0.13% a row) the chance that any of them crosses it by noise alone stays near 2%.
+NOISE_Z = 3.0
 LOWER_IS_BETTER = ("nats_per_token", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
@@ -56,11 +71,18 @@ class OffTarget:
     within_random: bool | None  # None: no random set to compare with
     documents: int | None = None  # held-out documents the row was measured on (None: not given)
     documents_net: int | None = None  # documents lost (+) or gained (-), net; None unless a whole count
+    z: float | None = None  # the loss in standard errors of its documents (:func:`document_z`); None: not counted
+
+    @property
+    def beyond_noise(self) -> bool:
+        """Its documents say the loss is not noise (at least :data:`NOISE_Z` standard errors)."""
+        return self.z is not None and self.z >= NOISE_Z
 
     @property
     def fails(self) -> bool:
-        """Beyond the tolerance and beyond what K random heads cost: collateral damage."""
-        return not self.within_tolerance and self.within_random is not True
+        """Beyond the tolerance and beyond noise (what K random heads cost, or its documents' own noise):
+        collateral damage."""
+        return not self.within_tolerance and (self.within_random is not True or self.beyond_noise)
 
 
 def lower_is_better(metric: str, declared: bool | None) -> bool:
@@ -90,6 +112,14 @@ def net_documents(base: float, value: float, n: int | None, lower_better: bool) 
     return int(round(b) - round(v))
 
 
+def document_z(base: float, value: float, n: int) -> float:
+    """How many standard errors an accuracy fell from ``base`` to ``value`` over ``n`` documents (a rise
+    is negative): the unpaired two-proportion z, with the pooled accuracy's binomial noise."""
+    p = (base + value) / 2
+    se = float(np.sqrt(p * (1 - p) * 2 / n))
+    return 0.0 if se == 0 else float((base - value) / se)
+
+
 def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float,
                  documents: Mapping[str, int] | None = None) -> list[OffTarget]:
     """Each task's task-level row (its accuracy where ``usable``, else nats/token) judged against the
@@ -104,14 +134,15 @@ def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float,
         w = worsening(r.base, r.ablated, low)
         if w is None:
             continue
+        net = net_documents(r.base, r.ablated, documents.get(r.task), low)
         rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
         worst = max(rw) if rw else None
         band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
         out.append(OffTarget(task=r.task, metric=r.metric, role=name, base=r.base, ablated=r.ablated, worsening=w,
                              random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
                              within_random=(w <= max(0.0, band)) if rw else None,
-                             documents=documents.get(r.task),
-                             documents_net=net_documents(r.base, r.ablated, documents.get(r.task), low)))
+                             documents=documents.get(r.task), documents_net=net,
+                             z=None if net is None else round(document_z(r.base, r.ablated, documents[r.task]), 2)))
     return out
 
 
@@ -155,7 +186,7 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
 
 def _say(j: OffTarget) -> str:
     rnd = "" if j.random_worst is None else f", random-K worst {100 * j.random_worst:+.1f}%"
-    docs = "" if j.documents_net is None else f", net {j.documents_net} of {j.documents} documents"
+    docs = "" if j.documents_net is None else f", net {j.documents_net} of {j.documents} documents, z {j.z:.1f}"
     return f"{j.task} {j.metric} {100 * j.worsening:+.1f}% worse ({j.role}{rnd}{docs})"
 
 
@@ -164,8 +195,9 @@ def verdict_line(judged, failing, caution, worst, tolerance: float) -> str:
     if not judged:
         return "selectivity not judged: no off-target task with a usable metric was validated"
     if failing:
-        return (f"NOT selective: {len(failing)} off-target row(s) beyond the {100 * tolerance:.0f}% tolerance and the "
-                "random-K band; worst " + _say(max(failing, key=lambda j: j.worsening)))
+        return (f"NOT selective: {len(failing)} off-target row(s) beyond the {100 * tolerance:.0f}% tolerance and "
+                f"beyond noise (the random-K band, or z >= {NOISE_Z:g} over its documents); worst "
+                + _say(max(failing, key=lambda j: j.worsening)))
     line = (f"selective: every off-target change within {100 * tolerance:.0f}% or within what K random heads cost "
             f"({len(judged)} rows); worst " + _say(worst))
     beyond = [j for j in caution if not j.within_tolerance]

@@ -60,7 +60,8 @@ def off_target_changes(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | 
             out["validation"] = {"verdict": verdict.get("line"), "selective": verdict.get("selective"),
                                  "tolerance": verdict.get("tolerance"),
                                  "rows": [{k: r.get(k) for k in ("task", "metric", "role", "base", "ablated", "worsening",
-                                                                 "random_worst")} for r in verdict.get("rows", [])]}
+                                                                 "random_worst", "documents", "documents_net", "z")}
+                                          for r in verdict.get("rows", [])]}
     return out or None
 
 
@@ -71,11 +72,14 @@ def _selectivity_section(meta: dict[str, Any]) -> list[str]:
     val = off.get("validation")
     if val:
         lines += [f"Verdict on held-out documents: **{val['verdict']}**.", "",
-                  "| task | metric | role | base | ablated | worsening | random-K worst |", "|---|---|---|---|---|---|---|"]
+                  "| task | metric | role | base | ablated | worsening | random-K worst | documents lost, net (z) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in val["rows"]:
             rnd = "" if r.get("random_worst") is None else f"{100 * r['random_worst']:+.1f}%"
+            docs = ("" if r.get("documents_net") is None else  # (validations before round 32 have no z)
+                    f"{r['documents_net']} of {r['documents']}" + ("" if r.get("z") is None else f" ({r['z']:.1f})"))
             lines.append(f"| {r['task']} | {r['metric']} | {r['role']} | {r['base']:.4f} | {r['ablated']:.4f} | "
-                         f"{100 * r['worsening']:+.1f}% | {rnd} |")
+                         f"{100 * r['worsening']:+.1f}% | {rnd} | {docs} |")
     else:
         lines.append("Not validated on held-out controls: the claim that this edit spares other capabilities is untested.")
     search = off.get("search")

@@ -385,7 +385,9 @@ def test_export_states_every_measured_off_target_change(folders, tmp_path):
         {"layer": 2, "head": 3, "importance": 0.9}, {"layer": 0, "head": 1, "importance": 0.25}]}))
     verdict = {"selective": False, "tolerance": 0.1, "line": "NOT selective: 1 off-target row(s) beyond ...",
                "rows": [{"task": "capsense_recall", "metric": "acc", "role": "held-out", "base": 0.65, "ablated": 0.25,
-                         "worsening": 0.615, "random_worst": 0.03}]}
+                         "worsening": 0.615, "random_worst": 0.03, "documents": 40, "documents_net": 16, "z": 3.8},
+                        {"task": "capsense_prose", "metric": "nats_per_token", "role": "searched", "base": 3.0,
+                         "ablated": 3.03, "worsening": 0.01, "random_worst": 0.02}]}  # (no documents: nats/token)
     (run / "validation.json").write_text(json.dumps({"rows": [], "verdict": verdict}))
     out = export_checkpoint(str(folders("llama")), str(run / "heads.json"), tmp_path / "out", top_k=2).out
     off = json.loads((out / "capsense.json").read_text())["off_target"]
@@ -393,7 +395,9 @@ def test_export_states_every_measured_off_target_change(folders, tmp_path):
     assert off["validation"]["selective"] is False and off["validation"]["rows"][0]["task"] == "capsense_recall"
     card = (out / "README.md").read_text()
     assert "## Selectivity (off-target changes)" in card and "NOT selective" in card
-    assert "| capsense_recall | acc | held-out | 0.6500 | 0.2500 | +61.5% | +3.0% |" in card
+    assert "| capsense_recall | acc | held-out | 0.6500 | 0.2500 | +61.5% | +3.0% | 16 of 40 (3.8) |" in card
+    assert "| capsense_prose | nats_per_token | searched | 3.0000 | 3.0300 | +1.0% | +2.0% |  |" in card
+    assert off["validation"]["rows"][0]["z"] == 3.8 and off["validation"]["rows"][1]["z"] is None
     assert "`capsense_facts` +1.4%" in card
 
 

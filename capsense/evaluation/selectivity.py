@@ -50,7 +50,7 @@ DEFAULT_TOLERANCE = 0.10  # off-target relative worsening a selective set may ca
 MIN_BASE_SCORE = 0.2
 #: An off-target accuracy row beyond tolerance fails, even within the random band, when its loss is at least
 #: this many standard errors of its documents (module docstring). 3, not 2: a validation judges 15-20 rows,
-#: and at 3 (one-sided 0.13% a row) the chance that any of them crosses it by noise alone stays near 2%.
+#: and at 3 (one-sided 0.13% a row) the chance that any of them crosses it by noise alone is about 2-3%.
 NOISE_Z = 3.0
 LOWER_IS_BETTER = ("nats_per_token", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
@@ -134,15 +134,15 @@ def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float,
         w = worsening(r.base, r.ablated, low)
         if w is None:
             continue
-        net = net_documents(r.base, r.ablated, documents.get(r.task), low)
+        n = documents.get(r.task)
+        net = net_documents(r.base, r.ablated, n, low)
         rw = [x for x in (worsening(r.base, v, low) for v in r.random_values) if x is not None]
         worst = max(rw) if rw else None
         band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
         out.append(OffTarget(task=r.task, metric=r.metric, role=name, base=r.base, ablated=r.ablated, worsening=w,
                              random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
                              within_random=(w <= max(0.0, band)) if rw else None,
-                             documents=documents.get(r.task), documents_net=net,
-                             z=None if net is None else round(document_z(r.base, r.ablated, documents[r.task]), 2)))
+                             documents=n, documents_net=net, z=None if net is None else document_z(r.base, r.ablated, n)))
     return out
 
 
@@ -180,7 +180,7 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
         "line": line,
         "worst": asdict(worst) if worst else None,
         "worst_held_out": asdict(worst_held) if worst_held else None,
-        "rows": [asdict(j) for j in judged],
+        "rows": [{**asdict(j), "fails": j.fails} for j in judged],  # fails: as judged then (rejudge_validations.py)
     }
 
 

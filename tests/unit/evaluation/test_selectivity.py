@@ -115,6 +115,7 @@ def test_a_loss_beyond_its_documents_noise_fails_inside_a_wide_random_band():
     v = judge(rows, "t", [], tolerance=0.10, documents=docs)
     judged = {r["task"]: r for r in v["rows"]}
     assert judged["letters"]["within_random"] and judged["letters"]["z"] == pytest.approx(5.8, abs=0.05)
+    assert judged["letters"]["fails"] and not judged["dates"]["fails"]  # each row records how it was judged
     assert judged["letters"]["z"] >= NOISE_Z > judged["dates"]["z"]
     assert not v["selective"]
     assert v["line"].startswith("NOT selective: 1 off-target row(s) beyond the 10% tolerance and beyond noise")

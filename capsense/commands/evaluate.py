@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    batch_size_option, csv_list, device_option, dtype_option, heads_option, include_path_option, limit_option,
+    ablation_option, batch_size_option, csv_list, device_option, dtype_option, heads_option, include_path_option, limit_option,
     out_option, top_k_option,
 )
 from capsense.commands.output import echo_written
@@ -18,7 +18,7 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @click.argument("model")
 @heads_option(required=False)
 @top_k_option()
-@click.option("--ablation", type=click.Choice(["zero", "mean"]), default="zero", show_default=True)
+@ablation_option("zero", "What an ablated head's output becomes: zero, or its mean over capsense's neutral prose.")
 @click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated lm-eval tasks.")
 @limit_option(None, "Documents per task (the first N).")
 @batch_size_option(auto=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, dtype_option, heads_option, out_option, overwrite_option, revision_option,
+    ablation_option, mean_reference_option, device_map_from, device_map_option, dtype_option, heads_option, out_option, overwrite_option, revision_option,
 )
 from capsense.commands.output import echo_files, echo_push, human_size, log
 
@@ -21,15 +21,9 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
     help="checkpoint: edited safetensors model; adapter: PEFT IA3 mask adapter.",
 )
 @out_option("Output folder (written atomically).")
-@click.option(
-    "--ablation", type=click.Choice(["zero", "mean"]), default="zero", show_default=True,
-    help="mean: fold head means into the output projection's bias (checkpoint only; gpt2, gpt_neox, "
-    "and models whose attention has a bias).",
-)
-@click.option(
-    "--mean-reference", type=click.Path(exists=True, dir_okay=False),
-    help="Reference texts for mean ablation (a passage per line, or JSONL with 'text'); default: neutral prose.",
-)
+@ablation_option("zero", "mean: fold head means into the output projection's bias (checkpoint only; gpt2, gpt_neox, "
+                 "and models whose attention has a bias).")
+@mean_reference_option()
 @dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter vector dtype (auto: float32).")
 @revision_option()
 @device_map_option()

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from capsense.commands.options import (
-    batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
+    ablation_option, mean_reference_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
     limit_option, no_progress_option, old_name, out_option, registry_option, with_old_name,
     revision_option, top_k_option, unsafe_code_option,
 )
@@ -33,6 +33,10 @@ from capsense.commands.output import echo_written, log
                    "controls use nll), or one of the target task's own lm-eval metrics (e.g. exact_match, "
                    "exact_match,flexible-extract, pass@1): then the target is run through lm-eval under each mask "
                    "(generation for generation tasks: faithful, slow) and the controls use nll.")
+@ablation_option("zero", "What a knocked-out head's output becomes in every knockout, in the gradient attribution "
+                         "and in the handed-on set: zero, or mean (its mean over --mean-reference). heads.json "
+                         "records it, and validate applies it by default.")
+@mean_reference_option()
 @unsafe_code_option()
 @limit_option(100, "Documents per task, sampled with --seed (paper: 100).")
 @click.option("--masks", type=int, default=100, show_default=True, help="Knockout masks for cs and thompson (paper: 100).")
@@ -92,7 +96,8 @@ from capsense.commands.output import echo_written, log
 @no_progress_option()
 @old_name("--quiet", "--no-progress", "quiet", is_flag=True)
 @old_name("--budget", "--fe-budget", "budget", type=float)
-def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, limit: int, masks: int, sparsity: float | None,
+def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, ablation: str,
+           mean_reference: str | None, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, prior_score: str, group_price: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
            refine_search: str | None,
@@ -116,7 +121,8 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
     if masks_per_forward != "auto" and not masks_per_forward.isdigit():
         raise CapsenseError(f"--masks-per-forward must be auto or a number of masks, got {masks_per_forward!r}")
     cfg = LocateConfig(
-        model=model, task=task, out=str(out), controls=csv_list(controls), control_limit=control_limit, screen=screen, metric=metric, limit=limit, masks=masks,
+        model=model, task=task, out=str(out), controls=csv_list(controls), control_limit=control_limit, screen=screen, metric=metric,
+        ablation=ablation, mean_reference=mean_reference, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
         prior_score=prior_score, group_price=group_price, seed=seed, batch_size=batch_size,

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from capsense.core.ablation import ABLATION_MODES
 from capsense.core.batching import CPU_BATCH_SIZE, check_batch_size
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
@@ -117,6 +118,19 @@ def top_k_option(default: int | None = None, help: str | None = None) -> Decorat
     """``--top-k``: the first K heads of a ranked heads file."""
     return click.option("--top-k", type=int, default=default, show_default=default is not None,
                         help=help or "Keep the first K heads of a ranked heads file.")
+
+
+def ablation_option(default: str | None, help: str) -> Decorator:
+    """``--ablation``: what a knocked-out head's output becomes (:data:`capsense.core.ablation.ABLATION_MODES`)."""
+    return click.option("--ablation", type=click.Choice(ABLATION_MODES), default=default,
+                        show_default=default is not None, help=help)
+
+
+def mean_reference_option(help: str = "") -> Decorator:
+    """``--mean-reference``: the texts head means are taken over for ``--ablation mean``."""
+    return click.option("--mean-reference", type=click.Path(exists=True, dir_okay=False),
+                        help="Reference texts for --ablation mean (a passage per line, or JSONL with 'text'); "
+                             "default: capsense's neutral prose." + (" " + help if help else ""))
 
 
 def unsafe_code_option() -> Decorator:

@@ -9,15 +9,20 @@ and rewrites head ``h``'s slice ``[h * head_dim, (h + 1) * head_dim)``:
 Knockouts are a boolean tensor ``[rows, n_layers, n_heads]`` (True = ablate). With one row
 it applies to the whole batch; with ``rows == batch`` each batch row gets its own knockout,
 so one forward pass evaluates many knockouts. No weight is copied or modified.
+
+torch is imported inside the functions that use it, so that :data:`ABLATION_MODES` and
+:func:`check_ablation_mode` serve the commands and the export preflight, which check their
+input before any heavy import.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
-
-import torch
 
 from capsense.core.arch import arch_spec, head_layout, out_projections
 from capsense.core.heads import HeadSet, HeadsLike
@@ -25,6 +30,7 @@ from capsense.errors import CapsenseError
 
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 AblationMode = Literal["zero", "mean"]
@@ -64,6 +70,8 @@ class HeadAblator:
 
     def knockouts(self, heads: HeadsLike) -> torch.Tensor:
         """A one-row knockout tensor ``[1, n_layers, n_heads]`` for a head set."""
+        import torch
+
         hs = HeadSet.parse(heads).check_fits(self.layout)
         ko = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
         for h in hs:
@@ -71,6 +79,8 @@ class HeadAblator:
         return ko
 
     def _as_knockouts(self, mask: HeadsLike | torch.Tensor) -> torch.Tensor:
+        import torch
+
         if isinstance(mask, torch.Tensor):
             ko = mask.bool()
             if ko.dim() == 2:
@@ -90,7 +100,7 @@ class HeadAblator:
         ko = self._as_knockouts(mask)
         handles = []
         try:
-            for layer in torch.nonzero(ko.any(dim=(0, 2))).flatten().tolist():
+            for layer in ko.any(dim=(0, 2)).nonzero().flatten().tolist():
                 proj = self.projections[layer]
                 keep = (~ko[:, layer, :]).repeat_interleave(self.layout.head_dim, dim=1).unsqueeze(1)
                 mean = self.means[layer] if self.ablation == "mean" else None
@@ -135,8 +145,10 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
     """Multiply each head's slice of the output-projection input by ``scale[layer, head]``.
 
     The continuous twin of :class:`HeadAblator` (same hook point, same slices): with ``means``
-    the slice becomes ``mean + scale * (x - mean)``, so ``scale = 0`` is mean ablation and
-    ``scale = 1`` the clean model. ``scale`` may require grad: derivatives of any score with
+    the slice becomes ``x + (scale - 1) * (x - mean)``, so ``scale = 0`` is mean ablation and
+    ``scale = 1`` the clean model to the bit (written ``mean + scale * (x - mean)`` it is not: the
+    rounding of the two terms moves the clean forward by ~1e-7, and the attribution's forward serves as
+    the run's clean evaluation). ``scale`` may require grad: derivatives of any score with
     respect to it estimate every head's ablation effect at once (gradient attribution).
     ``scale`` may also be ``[rows, n_layers, n_heads]``, one multiplier per row of the batch (the
     batch must have ``rows`` rows): its gradient is then each row's (document's) own, from one backward.
@@ -160,7 +172,7 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
             if mean is None:
                 return (x * s, *args[1:])
             m = mean.to(device=x.device, dtype=x.dtype)
-            return (m + s * (x - m), *args[1:])
+            return (x + (s - 1) * (x - m), *args[1:])
 
         return proj.register_forward_pre_hook(hook)
 
@@ -173,20 +185,41 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
             h.remove()
 
 
-@torch.no_grad()
-def compute_head_means(
-    model: nn.Module,
-    tokenizer,
-    texts: Sequence[str] | None = None,
-    batch_size: int = 8,
-    max_length: int = 512,
-) -> dict[int, torch.Tensor]:
+def read_reference_texts(path: str | os.PathLike) -> list[str]:
+    """Reference texts for mean ablation: plain text (a passage per line) or JSONL (``text``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise CapsenseError(f"mean_reference file {str(p)!r} not found: give a text file (a passage per line) "
+                            "or JSONL with a 'text' field")
+    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    if p.suffix == ".jsonl":
+        return [json.loads(ln)["text"] for ln in lines]
+    return lines
+
+
+def reference_means(model: nn.Module, tokenizer, ablation: str,
+                    mean_reference: str | os.PathLike | None = None) -> dict[int, torch.Tensor] | None:
+    """What an ablation of kind ``ablation`` replaces a head by: None for ``zero``; for ``mean``, the
+    head means over ``mean_reference``'s texts (:func:`read_reference_texts`), or over capsense's
+    neutral prose when it is None. The one place a run, a validation and an export get their means."""
+    if check_ablation_mode(ablation) == "zero":
+        if mean_reference:
+            raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+        return None
+    texts = read_reference_texts(mean_reference) if mean_reference else None
+    return compute_head_means(model, tokenizer, texts)
+
+
+def compute_head_means(model: nn.Module, tokenizer, texts: Sequence[str] | None = None, batch_size: int = 8,
+                       max_length: int = 512) -> dict[int, torch.Tensor]:
     """Mean of each layer's output-projection input over all tokens of ``texts``.
 
     The default reference set is capsense's neutral English prose
     (:data:`capsense.tasks.prose.PASSAGES`); pass other ``texts`` to choose another.
     Returns ``{layer: tensor[n_heads * head_dim]}`` in float32 on the CPU.
     """
+    import torch
+
     if texts is None:
         from capsense.tasks.prose import PASSAGES
 
@@ -225,7 +258,8 @@ def compute_head_means(
                 max_length=max_length,
             ).to(device)
             current["mask"] = enc["attention_mask"]
-            model(**enc)
+            with torch.no_grad():
+                model(**enc)
             count += enc["attention_mask"].sum().double().cpu()
     finally:
         tokenizer.padding_side = pad_side
@@ -243,6 +277,8 @@ def zero_heads_in_weights(model: nn.Module, heads: HeadsLike) -> None:
     layout = head_layout(model)
     hs = HeadSet.parse(heads).check_fits(layout)
     projections = out_projections(model)
+    import torch
+
     from capsense.core.arch import projection_weight
 
     with torch.no_grad():

@@ -18,30 +18,17 @@ generation) runs inside :meth:`HeadAblator.apply`, so the hooks exist only durin
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from capsense.core.ablation import HeadAblator, check_ablation_mode, compute_head_means
+from capsense.core.ablation import HeadAblator, check_ablation_mode, reference_means
 from capsense.core.arch import head_layout
 from capsense.core.heads import HeadSet
 from capsense.core.models import check_model, model_load_errors, resolve_pretrained
 from capsense.errors import CapsenseError
-
-
-def read_reference_texts(path: str | Path) -> list[str]:
-    """Reference texts for mean ablation: plain text (a passage per line) or JSONL (``text``)."""
-    p = Path(path)
-    if not p.is_file():
-        raise CapsenseError(f"mean_reference file {str(p)!r} not found")
-    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-    if p.suffix == ".jsonl":
-        return [json.loads(ln)["text"] for ln in lines]
-    return lines
 
 
 def _optional_int(value: Any, name: str) -> int | None:
@@ -96,11 +83,7 @@ class CapsenseMaskedLM(HFLM):
         if head_set:
             head_set.check_fits(head_layout(self.model))
             if self._ablator is None:
-                means = None
-                if self.ablation == "mean":
-                    ref = self.mean_reference
-                    texts = read_reference_texts(ref) if ref else None
-                    means = compute_head_means(self.model, self.tokenizer, texts)
+                means = reference_means(self.model, self.tokenizer, self.ablation, self.mean_reference)
                 self._ablator = HeadAblator(self.model, self.ablation, means)
         self.heads = head_set
 

@@ -30,7 +30,7 @@ from capsense.localize.config import LocateConfig
 
 _LOCATE_FIELDS = {f.name for f in fields(LocateConfig)} - {"model", "out", "task"}
 _VALIDATE_FIELDS = {"top_k", "tasks", "random", "limit", "seed", "batch_size", "device", "device_map", "dtype",
-                    "include_path", "confirm_run_unsafe_code", "tolerance"}
+                    "include_path", "confirm_run_unsafe_code", "tolerance", "ablation", "mean_reference"}
 
 
 def load_recipe(path: str | Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsense.core.ablation import check_ablation_mode
 from capsense.core.batching import check_batch_size
 from capsense.evaluation.preflight import check_locate, check_output_folder
 from capsense.tasks import check_task_names
@@ -36,6 +37,8 @@ def check_steps(steps: list[Step]) -> None:
         check_locate(cfg)
         if val:
             check_batch_size(val.get("batch_size", 16), "validate `batch_size`")
+            if val.get("ablation") is not None:
+                check_ablation_mode(val["ablation"])
             if val["tasks"]:
                 check_task_names(expand_controls(val["tasks"], cfg.task), val.get("include_path", cfg.include_path))
             check_output_folder(val["out"], "validate `out`")
@@ -50,6 +53,7 @@ def validate_kwargs(cfg: Any, val: dict[str, Any]) -> dict[str, Any]:
         dtype=val.get("dtype", "float32"), include_path=val.get("include_path", cfg.include_path),
         confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
         device_map=val.get("device_map", cfg.device_map),
+        ablation=val.get("ablation"), mean_reference=val.get("mean_reference"),  # None: the run's (heads.json)
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from capsense.core.ablation import check_ablation_mode
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
@@ -100,15 +101,33 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
     return [target, *controls, *held_out_controls(target, controls)]
 
 
+def validation_ablation(hf: HeadsFile, ablation: str | None, mean_reference: str | None) -> tuple[str, str | None]:
+    """The ablation a validation applies and its reference texts: ``ablation`` when given, else the one the heads
+    file's run located under (``zero`` for a file from before the setting, or one not written by locate); the
+    run's reference texts come along when the mode is the run's and none are given."""
+    located = hf.meta.get("ablation") or "zero"
+    mode = check_ablation_mode(ablation or located)
+    if mean_reference is None and mode == located == "mean":
+        mean_reference = hf.meta.get("mean_reference")
+    if mean_reference is not None:
+        if mode != "mean":
+            raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+        if not Path(mean_reference).is_file():
+            raise CapsenseError(f"mean_reference file {str(mean_reference)!r} not found: give a text file (a passage "
+                                "per line) or JSONL with a 'text' field")
+    return mode, mean_reference
+
+
 def check_validate(
     model: str, heads: str | Path, top_k: int, tasks: Sequence[str] | None, limit: int | None = 100,
     include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
-    batch_size: int | str = 16,
+    batch_size: int | str = 16, ablation: str | None = None, mean_reference: str | None = None,
 ) -> HeadsFile:
     """Every check that needs neither torch nor lm-eval nor the model; returns the heads file."""
     heads_path = Path(heads)
     check_batch_size(batch_size)
     hf = load_heads_file(heads_path)
+    validation_ablation(hf, ablation, mean_reference)
     if not tolerance >= 0:
         raise CapsenseError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
     tasks = validation_tasks(hf, tasks)
@@ -147,42 +166,40 @@ def validate(
     progress: Any = None,
     device_map: str | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
+    ablation: str | None = None,
+    mean_reference: str | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
     """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs,
     and judge selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``.
 
     ``tasks``: by default the run's target, its controls and the held-out control suite.
+    ``ablation`` (and ``mean_reference``): by default the run's (:func:`validation_ablation`).
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is
     labelled with each condition (base, top-K, random i) as it runs. Under ``accelerate launch``
     on GPUs lm-eval splits the documents across processes and only the main process gets rows
     (the others get ``[]``).
     """
-    from capsense.core.arch import head_layout
-    from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
+    from capsense.evaluation.evaluate import load_lm
     from capsense.tasks import task_manager
     from capsense.tasks.common import tokenizer_from_metadata
 
     heads_path = Path(heads)
-    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size)
+    hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size,
+                        ablation=ablation, mean_reference=mean_reference)
+    ablation, mean_reference = validation_ablation(hf, ablation, mean_reference)
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)
     used = used_documents(heads_path)  # held out with the tokenizer alone: a task with none left fails before the load
     samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
-    lm = load_lm(model, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map)
-    layout = head_layout(lm.model)
-    top.check_fits(layout)
-    randoms = random_head_sets(layout.n_layers, layout.n_heads, top_k, n_random, seed, top)
-    sets = {"base": HeadSet(), "ablated": top, **{f"random{i + 1}": hs for i, hs in enumerate(randoms)}}
-    log(f"Validating top-{top_k} ({top}) and {n_random} random {top_k}-head sets on "
-        + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
-    raw = evaluate_head_sets(lm, sets, list(tasks), samples=samples, include_path=include_path,
-                             confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
-                             display_names={"ablated": f"top-{top_k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
+    lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
+                 mean_reference=mean_reference)
+    randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
         "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
+        "ablation": ablation, "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
         "random_sets": [str(h) for h in randoms], "samples": samples,
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
@@ -190,6 +207,25 @@ def validate(
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **provenance(device, device_map=device_map)}  # the host record as locate's manifest has it
     return rows, info
+
+
+def _evaluate_sets(lm: Any, top: HeadSet, n_random: int, seed: int, samples: dict[str, list[int]],
+                   include_path: Sequence[str], confirm_run_unsafe_code: bool, progress: Any, log) -> tuple[list[HeadSet], list]:
+    """``n_random`` random sets beside ``top`` (none sharing a head with it), and lm-eval's rows of base, top and
+    each random set on the held-out ``samples``."""
+    from capsense.core.arch import head_layout
+    from capsense.evaluation.evaluate import evaluate_head_sets
+
+    layout, k = head_layout(lm.model), len(top)
+    top.check_fits(layout)
+    randoms = random_head_sets(layout.n_layers, layout.n_heads, k, n_random, seed, top)
+    sets = {"base": HeadSet(), "ablated": top, **{f"random{i + 1}": hs for i, hs in enumerate(randoms)}}
+    log(f"Validating top-{k} ({top}) and {n_random} random {k}-head sets on "
+        + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
+    raw = evaluate_head_sets(lm, sets, list(samples), samples=samples, include_path=include_path,
+                             confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
+                             display_names={"ablated": f"top-{k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
+    return randoms, raw
 
 
 def validation_rows(raw: Sequence[Any], n_random: int) -> list[ValidationRow]:
@@ -234,6 +270,16 @@ def verdict_lines(info: dict[str, Any]) -> list[str]:
     return [f"**Verdict: {v['line']}.**", "", f"Off-target tasks judged: {roles or 'none'}.", ""]
 
 
+def ablation_lines(info: dict[str, Any]) -> list[str]:
+    """validation.md's line on what an ablated head became (none for a record from before the setting)."""
+    mode = info.get("ablation")
+    if mode is None:
+        return []
+    how = f"mean over {info.get('mean_reference') or 'capsense neutral prose'}" if mode == "mean" else "zeroed"
+    located = info.get("located_ablation")
+    return [f"- ablation: {mode} ({how})" + (f"; the heads were located under {located} ablation" if located != mode else "")]
+
+
 def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, Any]) -> list[Path]:
     """validation.json, validation.md and validation.png in ``out``."""
     from capsense.evaluation.validation_chart import validation_chart
@@ -245,6 +291,7 @@ def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, A
         f"# capsense validate: top-{info['top_k']} heads of {info.get('locate_task')}",
         "",
         f"- heads ablated: {info['heads']}",
+        *ablation_lines(info),
         f"- random {info['top_k']}-head sets: " + "; ".join(info["random_sets"]),
         "- documents: " + ", ".join(f"{t} {len(d)} held out" for t, d in info["samples"].items()),
         "",

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
+from capsense.core.ablation import check_ablation_mode
 from capsense.core.batching import check_batch_size
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
@@ -38,6 +41,10 @@ class LocateConfig:
     # most half its memory (capsense.core.placement.recast_fits), else the run's dtype; or a dtype name
     refine_dtype: str | None = None
     metric: str = "nll"
+    # what a knocked-out head's output becomes (capsense.core.ablation): "zero", or "mean" over `mean_reference`'s
+    # texts (None: capsense's neutral prose); the knockouts, the gradient attribution and the handed-on set all use it
+    ablation: str = "zero"
+    mean_reference: str | None = None
     limit: int | None = 100  # paper: 100 samples per mask
     masks: int = 100  # paper: 100 masks
     sparsity: float | None = 0.02  # paper: ~2% of heads per mask
@@ -95,6 +102,13 @@ class LocateConfig:
         choice("dtype", self.dtype, DTYPES)
         choice("prior_score", self.prior_score, PRIOR_SCORES)
         choice("group_price", self.group_price, GROUP_PRICES)
+        check_ablation_mode(self.ablation)
+        if self.mean_reference is not None:
+            if self.ablation != "mean":
+                raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+            if not Path(self.mean_reference).is_file():
+                raise CapsenseError(f"mean_reference file {self.mean_reference!r} not found: give a text file (a "
+                                    "passage per line) or JSONL with a 'text' field")
         if self.refine_search is not None:
             choice("refine_search", self.refine_search, SEARCHES)
         if self.group_price != "full" and not self.controls:

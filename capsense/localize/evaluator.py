@@ -24,14 +24,15 @@ class MaskEvaluator:
     """Scores masks (flat head index sets) on every probe with one loaded model."""
 
     def __init__(self, model, probes: dict, batch_size: int, masks_per_forward: int, prefix_reuse: bool,
-                 extra: dict | None = None) -> None:
+                 extra: dict | None = None, ablator=None) -> None:
         from capsense.core.arch import head_layout
 
         self.model, self.probes, self.settings = model, probes, (batch_size, masks_per_forward, prefix_reuse)
         self.layout = head_layout(model)
+        self.ablator = ablator  # a core.ablation.HeadAblator (mean ablation); None: zero ablation
         self.scorers = {
             name: scorer_class(probe, masks_per_forward, prefix_reuse)(
-                model, probe, batch_size=batch_size, masks_per_forward=masks_per_forward)
+                model, probe, ablator=ablator, batch_size=batch_size, masks_per_forward=masks_per_forward)
             for name, probe in probes.items()
         }
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
@@ -70,7 +71,7 @@ class MaskEvaluator:
         import torch
 
         self.model.to(getattr(torch, dtype))
-        return MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra)
+        return MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra, ablator=self.ablator)
 
     @property
     def reuse_share(self) -> float:
@@ -229,7 +230,8 @@ def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict, batch
     task_obj = load_task(cfg.task, cfg.include_path, tokenizer)
     scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, None, cfg.metric,
                               batch_size=batch_size, include_path=cfg.include_path,
-                              confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
+                              confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
+                              ablation=cfg.ablation, mean_reference=cfg.mean_reference)
     try:
         tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
     except CapsenseError:  # maybe a name a metric function reports at run time: run the clean model once

@@ -61,7 +61,8 @@ def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]
     if stored is not None:
         estimates, evaluator.folded_share = stored
         return estimates, s.run(no_knockout(s.n))
-    scorers = attribution_scorers(s.model, s.probes, s.gradient_batch_size, metrics={t: s.cfg.metric_for(t) for t in s.probes})
+    scorers = attribution_scorers(s.model, s.probes, s.gradient_batch_size, s.cfg.ablation, s.means,
+                                  metrics={t: s.cfg.metric_for(t) for t in s.probes})
     sinks = {} if ctx.distributed else evaluator.clean_sinks({t: sc.batch_keys() for t, sc in scorers.items()})
     atts = attribute_probes(s.model, s.probes, ctx=ctx, sinks=sinks, scorers=scorers)
     evals = s.run(no_knockout(s.n))

@@ -72,6 +72,7 @@ class Search:
     probes: dict[str, Any] = field(default_factory=dict)
     log: Callable[[str], None] = print
     attribution_batch_size: int | None = None  # the gradient pass's requests per batch (None: cfg.batch_size)
+    means: dict[int, Any] | None = None  # per-layer head means under cfg.ablation "mean" (core.ablation.reference_means)
 
     @property
     def gradient_batch_size(self) -> int:

@@ -70,6 +70,8 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         "metric": cfg.metric,
         "control_metric": cfg.metric_for(cfg.controls[0]) if cfg.controls else None,
         "method": cfg.method,
+        "ablation": cfg.ablation,  # validate and export default to it
+        "mean_reference": cfg.mean_reference,
         "design": cfg.design if cfg.method == "cs" else None,
         "solver": cfg.solver if cfg.method == "cs" else None,
         "selective": bool(cfg.controls),
@@ -173,6 +175,8 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
                                      f"{manifest.get('heads_per_mask')} heads per mask" if cfg.method == "cs" else ""),
         f"- metric: {cfg.metric}; controls: {', '.join(cfg.controls) or 'none (raw target score)'}"
         + (f" (scored by {cfg.metric_for(cfg.controls[0])})" if cfg.controls and cfg.metric_for(cfg.controls[0]) != cfg.metric else ""),
+        f"- ablation: {cfg.ablation}" + (f" (head means over {cfg.mean_reference or 'capsense neutral prose'})"
+                                         if cfg.ablation == "mean" else " (a knocked-out head's output is zeroed)"),
         f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (each on the probes it was scored on); "
         f"cost {result.forward_equivalents:.1f} forward-equivalents (forward over the documents = 1, backward = 2, "
         "prefix-reused forward = its share of layers)",

@@ -31,6 +31,7 @@ from capsense.errors import CapsenseError
 from capsense.localize.designs import heads_per_mask
 from capsense.localize.evaluator import MaskEvaluator, MaskRunner, task_metric_scorers
 from capsense.localize.fit import LocateResult, put_first
+from capsense.localize.identity import EARLIER_IDENTITY, identity_keys, run_identity
 from capsense.localize.methods import Method, Search, get_method, no_knockout, refine_budget
 from capsense.localize.outputs import write_outputs
 from capsense.localize.choice import (
@@ -39,40 +40,10 @@ from capsense.localize.choice import (
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
-from capsense.scoring import CHOICE_METRICS, METRICS
+from capsense.scoring import CHOICE_METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
 from capsense.scoring.probe import build_probe, check_choice_metric
-
-#: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
-BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids")
-
-
-#: How to resume a folder written before an identity key was recorded: the setting that does what
-#: the earlier release did (it had no collateral screen, and controls used `limit` documents).
-EARLIER_IDENTITY = {"screen": "`screen` 0 (no collateral screen, as that release ran)",
-                    "prior_score": "`prior_score` estimate (that release ordered singles by |estimate|)",
-                    "control_limit": "no `control_limit` (that release scored controls on `limit` documents)",
-                    "refine_search": "`refine_search` swaps (that release searched by swaps after a first set beyond tolerance)"}
-
-
-def identity_keys(cfg: LocateConfig) -> list[str]:
-    """The settings that must match for a run folder to be resumed by ``cfg``."""
-    keys = [*BASE_IDENTITY, *get_method(cfg).identity_keys]
-    if cfg.design == "adaptive":  # its rounds follow from fits of the earlier masks
-        keys += ["metric", "solver", "alpha"]
-    if cfg.metric not in METRICS:  # the task's own metric is stored beside nll and acc
-        keys.append("metric")
-    if refine_budget(cfg):  # refine's sets follow from the fit of every earlier mask
-        keys += ["masks", "metric", "solver", "alpha", "top_k", "refine", "tolerance"]
-        keys.append("refine_dtype")  # (None where it is the run's dtype, as in folders from before it)
-        keys.append("refine_search")  # (None: swaps, as in folders from before it)
-        if cfg.controls and cfg.screen:  # the screen decides refine's candidates (folders from before it: screen off)
-            keys.append("screen")
-    if cfg.control_limit is not None:  # (doc_ids hold the documents; a folder from before control_limit has none)
-        keys.append("control_limit")
-    return list(dict.fromkeys(keys))
-
 
 def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> int:
     """Heads per random mask (1 for methods without random masks)."""
@@ -87,36 +58,16 @@ def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> i
     return heads_per_mask(n, cfg.sparsity, cfg.heads_per_mask)
 
 
-def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probes: dict,
-                 refine_dtype: str | None = None) -> dict[str, Any]:
-    """Every setting that may identify a run folder (:func:`identity_keys` picks the ones compared).
-    ``refine_dtype``: measure-and-choose's resolved precision (None: ``cfg``'s rule alone)."""
-    refine_dtype = refine_dtype or cfg.resolved_refine_dtype(dtype)
-    return {
-        "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
-        "task": cfg.task,
-        "controls": list(cfg.controls),
-        "limit": cfg.limit,
-        "control_limit": cfg.control_limit,
-        "screen": cfg.screen or None,
-        "refine_dtype": refine_dtype if refine_dtype != dtype else None,  # None as in folders from before it
-        "refine_search": None if cfg.resolved_refine_search == "swaps" else cfg.resolved_refine_search,  # None: swaps, as before
-        "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None: |estimate| order, as in folders from before it
-        "group_price": None if cfg.group_price == "full" else cfg.group_price,  # None: full, as in folders from before it
-        "seed": cfg.seed,
-        "method": cfg.method,
-        "dtype": dtype,
-        "design": cfg.design,
-        "heads_per_mask": k,
-        "top_k": cfg.top_k,
-        "masks": cfg.masks,
-        "refine": refine_budget(cfg),
-        "tolerance": cfg.tolerance,
-        "metric": cfg.metric,
-        "solver": cfg.solver,
-        "alpha": cfg.alpha,
-        "doc_ids": {t: [int(d) for d in p.doc_ids] for t, p in probes.items()},
-    }
+def run_ablator(cfg: LocateConfig, model, tokenizer, log: Callable[[str], None]):
+    """``(means, ablator)`` of the run's ``ablation``: (None, None) for zero (every scorer's own zero
+    ablator), else the head means over the reference texts and the one ablator every scorer shares."""
+    from capsense.core.ablation import HeadAblator, reference_means
+
+    if cfg.ablation == "zero":
+        return None, None
+    log(f"mean ablation: head means over {cfg.mean_reference or 'capsense neutral prose'}")
+    means = reference_means(model, tokenizer, cfg.ablation, cfg.mean_reference)
+    return means, HeadAblator(model, cfg.ablation, means)
 
 
 def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layout: HeadLayout, probes: dict, extra: dict,
@@ -256,6 +207,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     placed = {"device": device, "processes": ctx.world,
               **_plan_scoring(cfg, model, probes, dtype, log if ctx.is_main else _quiet)}
     extra = task_metric_scorers(cfg, model, tokenizer, probes, placed["batch_size"])
+    means, ablator = run_ablator(cfg, model, tokenizer, log if ctx.is_main else _quiet)
     manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra, placed)
     lock = RunFolderLock(out)
     try:
@@ -263,11 +215,12 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         load_s = time.perf_counter() - t_load
         if store.done and ctx.is_main:
             log(f"Resuming {out}: {len(store.done)} masks already evaluated")
-        evaluator = MaskEvaluator(model, probes, placed["batch_size"], placed["masks_per_forward"], placed["prefix_reuse"], extra)
+        evaluator = MaskEvaluator(model, probes, placed["batch_size"], placed["masks_per_forward"], placed["prefix_reuse"], extra,
+                                  ablator)
         runner = MaskRunner(store, evaluator, placed["masks_per_forward"], ctx=ctx)
         runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
         search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet,
-                        attribution_batch_size=placed["attribution_batch_size"])
+                        attribution_batch_size=placed["attribution_batch_size"], means=means)
         t0 = time.perf_counter()
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,

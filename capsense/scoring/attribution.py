@@ -261,9 +261,10 @@ class AttributionScorer:
     def terms(self, batches: Sequence[int], scale: torch.Tensor | None = None, sink: CleanSink | None = None) -> list[BatchTerm]:
         """The nll share and gradient of each batch in ``batches`` (indices below :attr:`n_batches`),
         each from its own forward and backward at ``scale`` (default: all ones, the clean model).
-        ``sink`` (clean model and zero ablation only) receives each batch's forward as a clean one."""
-        if sink is not None and (scale is not None or self.means is not None):
-            raise CapsenseError("only the clean model's attribution under zero ablation is a clean forward (`sink`)")
+        ``sink`` (the clean model only: ``scale`` None) receives each batch's forward as a clean one (under mean
+        ablation too: :func:`~capsense.core.ablation.scale_heads` leaves the clean forward exact)."""
+        if sink is not None and scale is not None:
+            raise CapsenseError("only the clean model's attribution is a clean forward (`sink`)")
         if sink is not None and self.shared is not None and not self.on_shared_context:
             raise CapsenseError(f"{self.probe.name!r}: a multiple-choice clean forward is handed on (`sink`) only on "
                                 f"the shared context, which failed its check here")

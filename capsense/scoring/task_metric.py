@@ -83,11 +83,13 @@ class TaskMetricScorer:
     """Scores masks by running the task through lm-eval under each one (same ``score`` API as probes)."""
 
     def __init__(self, model, tokenizer, task: str, doc_ids: Sequence[int], metric: TaskMetric | None, name: str,
-                 batch_size: int = 16, include_path: Sequence[str] = (), confirm_run_unsafe_code: bool = False) -> None:
+                 batch_size: int = 16, include_path: Sequence[str] = (), confirm_run_unsafe_code: bool = False,
+                 ablation: str = "zero", mean_reference: str | None = None) -> None:
         from capsense.core.arch import head_layout
         from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
-        self.lm = CapsenseMaskedLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        self.lm = CapsenseMaskedLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, ablation=ablation,
+                                   mean_reference=mean_reference)
         self.layout = head_layout(model)
         self.task, self.metric, self.name = task, metric, name
         self.samples = {task: sorted(int(d) for d in doc_ids)}

@@ -99,7 +99,7 @@ def export_checkpoint(
     del meta
     texts = None
     if ablation == "mean" and mean_reference:
-        from capsense.evaluation.lm_eval_model import read_reference_texts
+        from capsense.core.ablation import read_reference_texts
 
         texts = read_reference_texts(mean_reference)
 

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from capsense.core.ablation import check_ablation_mode
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
@@ -123,8 +124,7 @@ def check_export_inputs(
     format (``checked``), or by a format called directly. A bad input raises one :class:`CapsenseError` naming
     it and what is valid; nothing is written. ``_settings``: the format's other settings, not checked here."""
     FORMATS.check(format)
-    if ablation not in ("zero", "mean"):
-        raise CapsenseError(f"unknown ablation mode {ablation!r}: valid modes are zero, mean")
+    check_ablation_mode(ablation)
     if ablation == "mean" and format == "adapter":
         raise CapsenseError(MEAN_ADAPTER_MSG)
     if mean_reference and ablation != "mean":

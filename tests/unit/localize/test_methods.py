@@ -13,7 +13,7 @@ from capsense.localize.methods import (
     METHODS, Found, Method, Search, get_method, greedy_evaluations, no_knockout, refine_budget, register,
     search_cs, search_exhaustive, search_greedy, search_thompson,
 )
-from capsense.localize.run import identity_keys
+from capsense.localize.identity import identity_keys
 from capsense.localize.store import Evaluation
 
 N = 12
@@ -133,7 +133,8 @@ def test_a_registered_method_is_one_registration():
     try:
         cfg = _cfg(method="pairs-test", controls=["c"])
         method = get_method(cfg)
-        assert identity_keys(cfg)[:10] == ["model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids", "masks", "metric"]
+        assert identity_keys(cfg)[:11] == ["model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids", "ablation",
+                                          "masks", "metric"]
         found = method.search(Search(FakeRunner(), cfg, N))
         assert len(found.evals) == method.n_evaluations(cfg, N) == 7
     finally:

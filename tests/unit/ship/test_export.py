@@ -414,9 +414,8 @@ def test_export_without_validation_says_selectivity_is_untested(folders, tmp_pat
 # -- the one preflight ------------------------------------------------------------------
 
 _BAD = [  # (format, settings, what the error says): each refused before the format runs, nothing written
-    # (the preflight spells the modes out, so that it imports no torch: this keeps them core.ablation's)
-    ("checkpoint", {"ablation": "half"}, f"unknown ablation mode 'half': valid modes are {', '.join(ABLATION_MODES)}"),
-    ("adapter", {"ablation": "half"}, f"unknown ablation mode 'half': valid modes are {', '.join(ABLATION_MODES)}"),
+    ("checkpoint", {"ablation": "half"}, f"unknown `ablation` mode 'half': valid modes are {', '.join(ABLATION_MODES)}"),
+    ("adapter", {"ablation": "half"}, f"unknown `ablation` mode 'half': valid modes are {', '.join(ABLATION_MODES)}"),
     ("checkpoint", {"dtype": "float8"}, "unknown dtype 'float8': choose one of"),
     ("adapter", {"dtype": "float8"}, "unknown dtype 'float8': choose one of"),
     ("checkpoint", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),

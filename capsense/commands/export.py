@@ -21,9 +21,10 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
     help="checkpoint: edited safetensors model; adapter: PEFT IA3 mask adapter.",
 )
 @out_option("Output folder (written atomically).")
-@ablation_option("zero", "mean: fold head means into the output projection's bias (checkpoint only; gpt2, gpt_neox, "
-                 "and models whose attention has a bias).")
-@mean_reference_option()
+@ablation_option(None, "zero, or mean: fold head means into the output projection's bias (checkpoint only; gpt2, "
+                       "gpt_neox, and models whose attention has a bias). Default: what the heads file's run located "
+                       "under (zero for a head spec or a file from before the setting).")
+@mean_reference_option("Default: the run's, when --ablation is the run's.")
 @dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter vector dtype (auto: float32).")
 @revision_option()
 @device_map_option()
@@ -32,7 +33,7 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
 @click.option("--push-to-hub", "push_repo", metavar="REPO_ID", help="Push the result to this Hub model repo.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo as private.")
 def export(
-    model: str, heads: str, top_k: int | None, format: str, out: Path, ablation: str, mean_reference: str | None,
+    model: str, heads: str, top_k: int | None, format: str, out: Path, ablation: str | None, mean_reference: str | None,
     dtype: str, revision: str | None, device_map: str | None, parallelize: bool, max_shard_size: str, overwrite: bool, push_repo: str | None, private: bool,
 ) -> None:
     """Export MODEL (Hub id, local folder or smollm2-135m) with --heads ablated.
@@ -41,10 +42,11 @@ def export(
     model card (README.md) and capsense.json saying exactly what was removed.
     """
     from capsense.errors import CapsenseError
-    from capsense.ship.preflight import check_export_inputs
+    from capsense.ship.preflight import check_export_inputs, located_ablation
 
     if private and not push_repo:
         raise CapsenseError("`private` only applies with `push_repo` REPO_ID")
+    ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
     placed = device_map_from(device_map, parallelize)
     settings = dict(top_k=top_k, ablation=ablation, mean_reference=mean_reference, dtype=dtype, revision=revision,
                     overwrite=overwrite, max_shard_size=max_shard_size, repo_id=push_repo, log=log,

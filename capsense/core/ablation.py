@@ -197,6 +197,25 @@ def read_reference_texts(path: str | os.PathLike) -> list[str]:
     return lines
 
 
+def resolve_ablation(located: dict, ablation: str | None, mean_reference: str | os.PathLike | None = None,
+                     ) -> tuple[str, str | None]:
+    """The ablation to apply to a heads file's set, and its reference texts: ``ablation`` when given, else the one
+    the file's run located under (``located``: the file's meta; ``zero`` for a file from before the setting or one
+    locate did not write). The run's reference texts come along when the mode is the run's and none are given:
+    what validate and export do with a set by default is what the run measured."""
+    ran = located.get("ablation") or "zero"
+    mode = check_ablation_mode(ablation or ran)
+    if mean_reference is None and mode == ran == "mean":
+        mean_reference = located.get("mean_reference")
+    if mean_reference is not None:
+        if mode != "mean":
+            raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+        if not Path(mean_reference).is_file():
+            raise CapsenseError(f"mean_reference file {str(mean_reference)!r} not found: give a text file (a passage "
+                                "per line) or JSONL with a 'text' field")
+    return mode, None if mean_reference is None else str(mean_reference)
+
+
 def reference_means(model: nn.Module, tokenizer, ablation: str,
                     mean_reference: str | os.PathLike | None = None) -> dict[int, torch.Tensor] | None:
     """What an ablation of kind ``ablation`` replaces a head by: None for ``zero``; for ``mean``, the

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from capsense.core.ablation import check_ablation_mode
+from capsense.core.ablation import resolve_ablation
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
@@ -101,23 +101,6 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
     return [target, *controls, *held_out_controls(target, controls)]
 
 
-def validation_ablation(hf: HeadsFile, ablation: str | None, mean_reference: str | None) -> tuple[str, str | None]:
-    """The ablation a validation applies and its reference texts: ``ablation`` when given, else the one the heads
-    file's run located under (``zero`` for a file from before the setting, or one not written by locate); the
-    run's reference texts come along when the mode is the run's and none are given."""
-    located = hf.meta.get("ablation") or "zero"
-    mode = check_ablation_mode(ablation or located)
-    if mean_reference is None and mode == located == "mean":
-        mean_reference = hf.meta.get("mean_reference")
-    if mean_reference is not None:
-        if mode != "mean":
-            raise CapsenseError("`mean_reference` only applies to `ablation` mean")
-        if not Path(mean_reference).is_file():
-            raise CapsenseError(f"mean_reference file {str(mean_reference)!r} not found: give a text file (a passage "
-                                "per line) or JSONL with a 'text' field")
-    return mode, mean_reference
-
-
 def check_validate(
     model: str, heads: str | Path, top_k: int, tasks: Sequence[str] | None, limit: int | None = 100,
     include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
@@ -127,7 +110,7 @@ def check_validate(
     heads_path = Path(heads)
     check_batch_size(batch_size)
     hf = load_heads_file(heads_path)
-    validation_ablation(hf, ablation, mean_reference)
+    resolve_ablation(hf.meta, ablation, mean_reference)
     if not tolerance >= 0:
         raise CapsenseError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
     tasks = validation_tasks(hf, tasks)
@@ -173,7 +156,7 @@ def validate(
     and judge selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``.
 
     ``tasks``: by default the run's target, its controls and the held-out control suite.
-    ``ablation`` (and ``mean_reference``): by default the run's (:func:`validation_ablation`).
+    ``ablation`` (and ``mean_reference``): by default the run's (:func:`~capsense.core.ablation.resolve_ablation`).
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is
     labelled with each condition (base, top-K, random i) as it runs. Under ``accelerate launch``
@@ -187,7 +170,7 @@ def validate(
     heads_path = Path(heads)
     hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size,
                         ablation=ablation, mean_reference=mean_reference)
-    ablation, mean_reference = validation_ablation(hf, ablation, mean_reference)
+    ablation, mean_reference = resolve_ablation(hf.meta, ablation, mean_reference)
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)

@@ -153,6 +153,9 @@ def _what_and_how(meta: dict[str, Any]) -> tuple[str, str]:
         how = (
             "This is a **full checkpoint**: each ablated head's mean contribution `W[:, S] @ mean[S]` "
             "is added to the output projection's bias, then its input columns are set to zero."
+            + (f" The base model's attention has no biases, so `config.attention_bias` is turned on: the "
+               f"{meta['attention_biases_added']} biases it adds are zero but for those means, and change nothing else."
+               if meta.get("attention_biases_added") else "")
         )
     return what, how
 

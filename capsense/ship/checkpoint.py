@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from capsense.core.ablation import compute_head_means, zero_heads_in_weights
+from capsense.core.ablation import compute_head_means, read_reference_texts, zero_heads_in_weights
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections, projection_weight
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
@@ -22,7 +22,7 @@ from capsense.core.models import load_model
 from capsense.ship.base import ExportResult, noop
 from capsense.errors import CapsenseError
 from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
-from capsense.ship.preflight import ExportInputs, check_mean_foldable, preflight
+from capsense.ship.preflight import ExportInputs, bias_switch, check_mean_foldable, preflight
 
 
 def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
@@ -31,13 +31,18 @@ def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, torch.Tensor]) -> None:
+def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, torch.Tensor]) -> list[str]:
     """Mean ablation in weight space, in place: ``b += W[:, S] @ mean[S]``, then ``W[:, S] = 0``.
 
-    ``S`` are the ablated heads' input slices (rows of GPT-2's transposed Conv1D weight).
+    ``S`` are the ablated heads' input slices (rows of GPT-2's transposed Conv1D weight). Where an edited
+    projection has no bias, ``config.attention_bias`` is turned on first (:func:`switch_attention_bias`);
+    returns the names of the zero biases that added (none where every edited projection had a bias).
     """
+    added: list[str] = []
     hs = HeadSet.parse(heads).check_fits(head_layout(model))
     check_mean_foldable(model, hs)
+    if any(getattr(base_layer(out_projections(model)[l]), "bias", None) is None for l in hs.layers()):
+        added = switch_attention_bias(model)
     spec = arch_spec(model)
     layout = head_layout(model)
     projections = out_projections(model)
@@ -50,6 +55,19 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
         shift = mean @ cols if spec.transposed else cols @ mean
         proj.bias.copy_((proj.bias.double() + shift).to(proj.bias.dtype))
     zero_heads_in_weights(model, hs)
+    return added
+
+
+def switch_attention_bias(model: nn.Module) -> list[str]:
+    """Turn ``config.attention_bias`` on in place, adding a zero bias for each parameter it adds
+    (:func:`~capsense.ship.preflight.bias_switch`), in its weight's dtype and device; returns their names."""
+    names = bias_switch(model)
+    for name in names:
+        module = model.get_submodule(name.rpartition(".")[0])
+        w = module.weight
+        module.bias = nn.Parameter(torch.zeros(w.shape[0], dtype=w.dtype, device=w.device), requires_grad=False)
+    model.config.attention_bias = True
+    return names
 
 
 def check_editable(model, heads: HeadSet) -> None:
@@ -64,6 +82,22 @@ def check_editable(model, heads: HeadSet) -> None:
             f"layers {off} were offloaded by the device map, so their weights cannot be edited in place; "
             "export with a device map that keeps them on GPUs, or without `device_map` on a machine with enough memory"
         )
+
+
+def _ablate_in_weights(lm: nn.Module, tokenizer, hs: HeadSet, ablation: str, texts: list[str] | None,
+                       log: Callable[[str], None]) -> list[str]:
+    """Zero ``hs`` in ``lm``'s weights, or fold their means over ``texts`` (None: neutral prose) into the bias;
+    returns the zero biases turned on to carry the means (:func:`fold_means_into_bias`)."""
+    added: list[str] = []
+    if ablation == "mean":
+        log("Computing head means on the reference texts ...")
+        added = fold_means_into_bias(lm, hs, compute_head_means(lm, tokenizer, texts))
+        if added:
+            log(f"The base model's attention has no biases: config.attention_bias turned on, {len(added)} zero biases added")
+    else:
+        zero_heads_in_weights(lm, hs)
+    log(f"Ablated {len(hs)} heads in {len(hs.layers())} layers ({ablation}): {hs}")
+    return added
 
 
 def export_checkpoint(
@@ -97,21 +131,12 @@ def export_checkpoint(
         check_mean_foldable(meta, hs)
     model_type = meta.config.model_type
     del meta
-    texts = None
-    if ablation == "mean" and mean_reference:
-        from capsense.core.ablation import read_reference_texts
-
-        texts = read_reference_texts(mean_reference)
+    texts = read_reference_texts(mean_reference) if ablation == "mean" and mean_reference else None  # before the load
 
     log(f"Loading {model} ...")
     lm, tokenizer = load_model(model, dtype=dtype, revision=revision, device_map=device_map)
     check_editable(lm, hs)
-    if ablation == "mean":
-        log("Computing head means on the reference texts ...")
-        fold_means_into_bias(lm, hs, compute_head_means(lm, tokenizer, texts))
-    else:
-        zero_heads_in_weights(lm, hs)
-    log(f"Ablated {len(hs)} heads in {len(hs.layers())} layers ({ablation}): {hs}")
+    added = _ablate_in_weights(lm, tokenizer, hs, ablation, texts, log)
 
     metadata = build_metadata(
         fmt="checkpoint", model=model, revision=revision, heads=hs, heads_file=heads_file,
@@ -119,6 +144,8 @@ def export_checkpoint(
         mean_reference=str(mean_reference) if mean_reference else None, out=out_path, model_type=model_type,
     )
     metadata["torch_dtype"] = str(next(lm.parameters()).dtype).removeprefix("torch.")
+    if added:
+        metadata["attention_biases_added"] = len(added)
     log(f"Saving checkpoint to {out_path} ...")
     with atomic_output_dir(out_path, overwrite) as tmp:
         lm.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)

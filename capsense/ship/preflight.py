@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from capsense.core.ablation import check_ablation_mode
+from capsense.core.ablation import check_ablation_mode, resolve_ablation
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
@@ -23,16 +23,18 @@ if TYPE_CHECKING:
     from torch import nn
 
 # Where mean ablation can be folded into a bias that stock transformers loads (5.x
-# modeling code): the output projection must already have a bias.
+# modeling code): the output projection has a bias, or config.attention_bias gives it one (:func:`bias_switch`).
+_SWITCHED = "always: config.attention_bias is turned on (zero q/k/v/o biases beside the folded means)"
 MEAN_FOLD_SUPPORT: dict[str, str] = {
     "gpt2": "always (Conv1D c_proj has a bias)",
     "gpt_neox": "when config.attention_bias is true (the default)",
-    "llama": "only when config.attention_bias is true",
-    "qwen3": "only when config.attention_bias is true",
-    "gemma2": "only when config.attention_bias is true",
-    "gemma3_text": "only when config.attention_bias is true",
-    "gemma3": "only when config.attention_bias is true",
-    "olmo2": "only when config.attention_bias is true",
+    "llama": _SWITCHED,
+    "qwen3": _SWITCHED,
+    "gemma": _SWITCHED,
+    "gemma2": _SWITCHED,
+    "gemma3_text": _SWITCHED,
+    "gemma3": "only when text_config.attention_bias is true (the multimodal config's switch is not turned on)",
+    "olmo2": _SWITCHED,
     "mistral": "never (o_proj is built with bias=False)",
     "qwen2": "never (o_proj is built with bias=False)",
     "phi3": "never (o_proj is built with bias=False)",
@@ -44,7 +46,17 @@ MEAN_FOLD_SUPPORT: dict[str, str] = {
     ),
 }
 #: What a supported family not listed above allows (checked on tiny models: attention_bias builds the bias).
-MEAN_FOLD_OTHERWISE = "only when config.attention_bias is true"
+MEAN_FOLD_OTHERWISE = "when its config has attention_bias (turned on), or its output projection has a bias"
+
+
+def located_ablation(heads: HeadsLike, ablation: str | None, mean_reference: str | os.PathLike | None = None,
+                     ) -> tuple[str, str | None]:
+    """The ablation an export applies (:func:`~capsense.core.ablation.resolve_ablation`): ``ablation`` when given,
+    else what the run behind ``heads`` (a heads file) located under; ``zero`` for a head spec."""
+    meta = {}
+    if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
+        meta = load_heads_file(Path(heads)).meta
+    return resolve_ablation(meta, ablation, mean_reference)
 
 
 def resolve_heads(heads: HeadsLike, top_k: int | None = None) -> tuple[HeadSet, HeadsFile | None, Path | None]:
@@ -78,18 +90,44 @@ def meta_model(model: str, revision: str | None = None) -> nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
+def bias_switch(model: nn.Module) -> list[str]:
+    """The parameters that turning ``config.attention_bias`` on adds to ``model``, where all of them are biases and
+    every attention output projection then has one (Llama, Qwen3, Gemma 1-3, OLMo 2 and most families laid out as
+    Llama build q/k/v/o biases from it): a checkpoint can carry mean ablation with the switch on, every added bias
+    zero but the folded means, which leaves every other output as it was (a zero bias adds nothing). [] where the
+    config has no such switch, has it on already, or turning it on would add anything but biases."""
+    import copy
+
+    import torch
+
+    config = getattr(model, "config", None)
+    if getattr(config, "attention_bias", None) is not False:
+        return []
+    switched = copy.deepcopy(config)
+    switched.attention_bias = True
+    with torch.device("meta"):
+        ref = type(model)(switched)
+    added = sorted({n for n, _ in ref.named_parameters()} - {n for n, _ in model.named_parameters()})
+    if not added or not all(n.endswith(".bias") for n in added):
+        return []
+    if any(getattr(base_layer(p), "bias", None) is None for p in out_projections(ref)):
+        return []
+    return added
+
+
 def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
-    """Raise :class:`CapsenseError` if some edited layer's output projection has no bias."""
+    """Raise :class:`CapsenseError` if some edited layer's output projection has no bias and none can be
+    switched on (:func:`bias_switch`)."""
     projections = out_projections(model)
     missing = [l for l in heads.layers() if getattr(base_layer(projections[l]), "bias", None) is None]
-    if missing:
+    if missing and not bias_switch(model):
         model_type = model.config.model_type
         support = MEAN_FOLD_SUPPORT.get(model_type, MEAN_FOLD_OTHERWISE)
         raise CapsenseError(
             f"mean ablation cannot be folded into this {model_type} checkpoint: its attention output "
             f"projection has no bias to carry the head means (layers {missing}; {model_type}: {support}). "
-            "A checkpoint can carry mean ablation for gpt2, gpt_neox and phi, and for llama, qwen3, gemma2, "
-            "gemma3, olmo2 and most other families' configs with attention_bias=true. Use "
+            "A checkpoint can carry mean ablation for gpt2, gpt_neox and phi, and for llama, qwen3, gemma, "
+            "gemma2, gemma3, olmo2 and most other families whose config has attention_bias (turned on). Use "
             "`ablation` zero, or evaluate mean ablation without exporting: "
             "lm_eval --model capsense-masked --model_args ...,ablation=mean"
         )

@@ -120,15 +120,19 @@ def test_validate_applies_the_runs_ablation_by_default(toy, tmp_path):
     assert any(by["default"][k]["ablated"] != pytest.approx(by["zero"][k]["ablated"], rel=1e-6) for k in by["zero"])
 
 
-def test_validate_refuses_a_mean_reference_under_zero_ablation(toy, tmp_path):
+def test_a_sets_ablation_defaults_to_its_runs(tmp_path):
+    """core.ablation.resolve_ablation: what validate and export apply to a heads file's set."""
+    from capsense.core.ablation import resolve_ablation
     from capsense.errors import CapsenseError
-    from capsense.core.heads import HeadsFile
-    from capsense.evaluation.validate import validation_ablation
 
-    located = HeadsFile(model="m", heads=[], meta={"ablation": "mean", "mean_reference": "ref.txt"})
-    assert validation_ablation(HeadsFile(model="m", heads=[], meta={}), None, None) == ("zero", None)
+    located = {"ablation": "mean", "mean_reference": "ref.txt"}
+    assert resolve_ablation({}, None) == ("zero", None)  # a file from before the setting
     with pytest.raises(CapsenseError, match="mean_reference file 'ref.txt' not found"):
-        validation_ablation(located, None, None)  # the run's reference comes along, and must exist here
-    assert validation_ablation(located, "zero", None) == ("zero", None)
+        resolve_ablation(located, None)  # the run's reference comes along, and must exist here
+    assert resolve_ablation(located, "zero") == ("zero", None)
+    reference = tmp_path / "ref.txt"
+    reference.write_text("Some prose.\n")
+    assert resolve_ablation({"ablation": "mean", "mean_reference": str(reference)}, None) == ("mean", str(reference))
+    assert resolve_ablation({"ablation": "mean"}, None) == ("mean", None)  # capsense's neutral prose
     with pytest.raises(CapsenseError, match="`mean_reference` only applies to `ablation` mean"):
-        validation_ablation(located, "zero", str(tmp_path))
+        resolve_ablation(located, "zero", str(reference))

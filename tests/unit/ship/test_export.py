@@ -134,7 +134,9 @@ def test_bf16_adapter_vectors_when_asked(folders, tmp_path):
 @pytest.mark.parametrize(
     "arch,overrides",
     [("gpt2", {}), ("gpt_neox", {}), ("llama", {"attention_bias": True}), ("qwen3", {"attention_bias": True}),
-     ("phi", {}), ("qwen3_moe", {"attention_bias": True})],
+     ("phi", {}), ("qwen3_moe", {"attention_bias": True}),
+     # attention_bias off: the export turns it on (zero q/k/v/o biases beside the folded means)
+     ("llama", {}), ("qwen3", {}), ("gemma", {}), ("gemma3_text", {}), ("olmo2", {})],
 )
 def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
     base_dir = folders(arch, **overrides)
@@ -154,11 +156,18 @@ def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
         got = _load(result.out)(x).logits
     assert _maxdiff(expected, zeroed) > 1e-4  # mean differs from zero ablation here
     assert _maxdiff(got, expected) <= TOL
+    if not overrides.get("attention_bias", True):
+        config = json.loads((result.out / "config.json").read_text())
+        assert config["attention_bias"] is True
+        with safe_open(result.out / "model.safetensors", "pt") as f:
+            q = [k for k in f.keys() if k.endswith("q_proj.bias")]
+            assert len(q) == 3 and all(not f.get_tensor(k).any() for k in q)  # added, and zero
+        assert result.metadata["attention_biases_added"] > 0
+        assert "`config.attention_bias` is turned on" in (result.out / "README.md").read_text()
 
 
 @pytest.mark.parametrize("arch,support", [
-    ("mistral", "never"), ("qwen2", "never"), ("phi3", "never"), ("llama", "only when"), ("mixtral", "never"),
-    ("gemma", "only when config.attention_bias"),
+    ("mistral", "never"), ("qwen2", "never"), ("phi3", "never"), ("mixtral", "never"),
 ])
 def test_mean_ablation_refused_without_bias(arch, support, folders, tmp_path):
     out = tmp_path / "out"
@@ -359,6 +368,25 @@ def test_cli_errors_are_one_clear_line(extra, message, folders, tmp_path):
     assert r.exit_code == 1, r.output
     assert message in r.output and "Traceback" not in r.output
     assert _nothing_at(out)
+
+
+def test_cli_export_applies_the_runs_ablation_by_default(folders, tmp_path):
+    """A heads file located under mean ablation exports under mean ablation unless --ablation says otherwise
+    (core.ablation.resolve_ablation, as validate); where the means cannot be folded, the refusal says so."""
+    heads_file = tmp_path / "heads.json"
+    heads_file.write_text(json.dumps({"model": "tiny", "ablation": "mean", "mean_reference": None,
+                                      "heads": [{"layer": 0, "head": 1}, {"layer": 2, "head": 0}]}))
+    exported = {}
+    for name, extra in (("default", []), ("zero", ["--ablation", "zero"])):
+        r = _cli("export", str(folders("gpt2")), "--heads", str(heads_file), "--format", "checkpoint",
+                 "--out", str(tmp_path / name), *extra)
+        assert r.exit_code == 0, r.output
+        exported[name] = json.loads((tmp_path / name / "capsense.json").read_text())["ablation"]
+    assert exported == {"default": "mean", "zero": "zero"}
+    r = _cli("export", str(folders("mistral")), "--heads", str(heads_file), "--format", "checkpoint",
+             "--out", str(tmp_path / "m"))
+    assert r.exit_code == 1 and "Error: mean ablation cannot be folded into this mistral checkpoint" in r.output
+    assert _nothing_at(tmp_path / "m")
 
 
 def test_cli_refuses_existing_folder(folders, tmp_path):

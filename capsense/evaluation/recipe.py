@@ -95,7 +95,8 @@ def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[st
         lines.append(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
                      f"--method {cfg.method} " + (f"--fe-budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
                      + (f"--metric {cfg.metric} " if cfg.metric != "nll" else "")
-                     + (f"--refine-search {cfg.refine_search} " if cfg.refine_search else "") + f"--limit {cfg.limit} --out {cfg.out}")
+                     + (f"--refine-search {cfg.refine_search} " if cfg.refine_search else "")
+                     + (f"--ablation {cfg.ablation} " if cfg.ablation != "zero" else "") + f"--limit {cfg.limit} --out {cfg.out}")
         if val:
             tasks = ",".join(val["tasks"]) if val["tasks"] else "<target, controls, held-out suite>"
             lines.append(f"  validate --top-k {val.get('top_k', 5)} --tasks {tasks} --out {val['out']}")

@@ -55,6 +55,12 @@ def test_dry_run_names_a_metric_other_than_nll(tmp_path):
     p.write_text(p.read_text() + "  refine_search: predicted\n")
     r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
     assert r.exit_code == 0 and "--metric choice_nll --refine-search predicted --limit 100" in r.output, r.output
+    p.write_text(p.read_text() + "  ablation: mean\nvalidate:\n  ablation: zero\n")
+    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
+    assert r.exit_code == 0 and "--refine-search predicted --ablation mean --limit 100" in r.output, r.output
+    p.write_text(p.read_text().replace("ablation: zero", "ablation: half"))
+    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
+    assert r.exit_code == 1 and "unknown `ablation` mode 'half': valid modes are zero, mean" in r.output, r.output
 
 
 def test_a_recipe_without_controls_uses_the_default_suite(tmp_path):

@@ -65,3 +65,32 @@ def test_gemma3_capsense_masked_matches_the_checkpoint_sample_by_sample(exported
     assert from_ckpt.keys() == masked.keys()
     worst = max(abs(a - b) for d in masked for a, b in zip(masked[d], from_ckpt[d]))
     assert worst <= 1e-5, worst
+
+
+def test_gemma3_mean_checkpoint_turns_attention_bias_on_and_reproduces_mean_ablation(tmp_path):
+    """Gemma 3's attention has no biases: a mean-ablated export turns ``attention_bias`` on (zero biases beside the
+    folded means) and plain transformers reproduces capsense's mean ablation (round 33)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from capsense.core.ablation import HeadAblator, reference_means
+    from capsense.core.models import load_model
+    from capsense.ship.checkpoint import export_checkpoint
+
+    result = export_checkpoint(NAME, HEADS, tmp_path / "mean", ablation="mean")
+    assert result.metadata["attention_biases_added"] > 0
+    assert json.loads((tmp_path / "mean" / "config.json").read_text())["attention_bias"] is True
+    base, tok = load_model(NAME)
+    ids = [torch.tensor([tok.encode(p)]) for p in PROMPTS]
+    ablator = HeadAblator(base, "mean", reference_means(base, tok, "mean"))
+    with torch.no_grad(), ablator.apply(HEADS):
+        want = [base(x).logits for x in ids]
+    with torch.no_grad():
+        clean = [base(x).logits for x in ids]
+    checkpoint = AutoModelForCausalLM.from_pretrained(tmp_path / "mean", dtype=torch.float32).eval()
+    with torch.no_grad():
+        for x, w, c in zip(ids, want, clean):
+            got = checkpoint(x).logits
+            assert (got - w).abs().max().item() <= 1e-4
+            assert (got - c).abs().max().item() > 1e-2  # the edit is there: not the clean model

@@ -221,9 +221,8 @@ def reference_means(model: nn.Module, tokenizer, ablation: str,
     """What an ablation of kind ``ablation`` replaces a head by: None for ``zero``; for ``mean``, the
     head means over ``mean_reference``'s texts (:func:`read_reference_texts`), or over capsense's
     neutral prose when it is None. The one place a run, a validation and an export get their means."""
-    if check_ablation_mode(ablation) == "zero":
-        if mean_reference:
-            raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+    mode, mean_reference = resolve_ablation({}, ablation, mean_reference)
+    if mode == "zero":
         return None
     texts = read_reference_texts(mean_reference) if mean_reference else None
     return compute_head_means(model, tokenizer, texts)

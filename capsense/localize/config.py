@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pathlib import Path
-
-from capsense.core.ablation import check_ablation_mode
+from capsense.core.ablation import resolve_ablation
 from capsense.core.batching import check_batch_size
 from capsense.core.models import DTYPES
 from capsense.errors import CapsenseError
@@ -102,13 +100,7 @@ class LocateConfig:
         choice("dtype", self.dtype, DTYPES)
         choice("prior_score", self.prior_score, PRIOR_SCORES)
         choice("group_price", self.group_price, GROUP_PRICES)
-        check_ablation_mode(self.ablation)
-        if self.mean_reference is not None:
-            if self.ablation != "mean":
-                raise CapsenseError("`mean_reference` only applies to `ablation` mean")
-            if not Path(self.mean_reference).is_file():
-                raise CapsenseError(f"mean_reference file {self.mean_reference!r} not found: give a text file (a "
-                                    "passage per line) or JSONL with a 'text' field")
+        resolve_ablation({}, self.ablation, self.mean_reference)  # the mode, and its reference texts where given
         if self.refine_search is not None:
             choice("refine_search", self.refine_search, SEARCHES)
         if self.group_price != "full" and not self.controls:

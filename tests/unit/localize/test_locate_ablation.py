@@ -136,3 +136,28 @@ def test_a_sets_ablation_defaults_to_its_runs(tmp_path):
     assert resolve_ablation({"ablation": "mean"}, None) == ("mean", None)  # capsense's neutral prose
     with pytest.raises(CapsenseError, match="`mean_reference` only applies to `ablation` mean"):
         resolve_ablation(located, "zero", str(reference))
+
+
+def test_a_task_metric_is_scored_under_the_runs_mean_ablation(toy, tmp_path):
+    """--metric names the task's own metric: each mask runs lm-eval through capsense-masked, with the run's
+    ablation; the values equal a direct capsense-masked evaluation under mean ablation."""
+    from _toy_task import TOY_GEN
+    from capsense.core.heads import HeadSet
+    from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
+
+    model, tasks = toy
+    out = tmp_path / "gen"
+    r = _locate(toy, out, "--task", TOY_GEN, "--limit", "6", "--method", "cs", "--heads-per-mask", "3", "--masks", "4",
+                "--metric", "char_code", "--refine", "0", "--ablation", "mean")
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
+    docs = json.loads((out / "manifest.json").read_text())["probes"][TOY_GEN]["doc_ids"]
+    sets = {str(i): HeadSet.parse("+".join(ln["heads"])) if ln["heads"] else HeadSet() for i, ln in enumerate(lines)}
+    rows = {}
+    for mode in ("mean", "zero"):
+        lm = load_lm(str(model), mode, batch_size=4)
+        got = evaluate_head_sets(lm, sets, [TOY_GEN], samples={TOY_GEN: sorted(set(docs))}, include_path=[str(tasks)])
+        rows[mode] = next(r for r in got if r.metric == "char_code,first").values
+    for i, ln in enumerate(lines):
+        assert ln["scores"][TOY_GEN]["char_code"] == pytest.approx(rows["mean"][str(i)], abs=1e-9)
+    assert any(rows["mean"][k] != pytest.approx(rows["zero"][k], abs=1e-9) for k in rows["mean"])  # mean, not zero

@@ -185,12 +185,18 @@ def scale_heads(model: nn.Module, scale: torch.Tensor, means: dict[int, torch.Te
             h.remove()
 
 
-def read_reference_texts(path: str | os.PathLike) -> list[str]:
-    """Reference texts for mean ablation: plain text (a passage per line) or JSONL (``text``)."""
+def check_reference_file(path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`Path`, or one :class:`CapsenseError` saying what a mean-ablation reference file is."""
     p = Path(path)
     if not p.is_file():
         raise CapsenseError(f"mean_reference file {str(p)!r} not found: give a text file (a passage per line) "
                             "or JSONL with a 'text' field")
+    return p
+
+
+def read_reference_texts(path: str | os.PathLike) -> list[str]:
+    """Reference texts for mean ablation: plain text (a passage per line) or JSONL (``text``)."""
+    p = check_reference_file(path)
     lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
     if p.suffix == ".jsonl":
         return [json.loads(ln)["text"] for ln in lines]
@@ -210,9 +216,7 @@ def resolve_ablation(located: dict, ablation: str | None, mean_reference: str | 
     if mean_reference is not None:
         if mode != "mean":
             raise CapsenseError("`mean_reference` only applies to `ablation` mean")
-        if not Path(mean_reference).is_file():
-            raise CapsenseError(f"mean_reference file {str(mean_reference)!r} not found: give a text file (a passage "
-                                "per line) or JSONL with a 'text' field")
+        check_reference_file(mean_reference)
     return mode, None if mean_reference is None else str(mean_reference)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capsense.core.ablation import check_ablation_mode
+from capsense.core.ablation import resolve_ablation
 from capsense.core.batching import check_batch_size
 from capsense.evaluation.preflight import check_locate, check_output_folder
 from capsense.tasks import check_task_names
@@ -37,8 +37,9 @@ def check_steps(steps: list[Step]) -> None:
         check_locate(cfg)
         if val:
             check_batch_size(val.get("batch_size", 16), "validate `batch_size`")
-            if val.get("ablation") is not None:
-                check_ablation_mode(val["ablation"])
+            # validate's ablation (and texts), by the rule validate applies to the run's heads.json
+            resolve_ablation({"ablation": cfg.ablation, "mean_reference": cfg.mean_reference}, val.get("ablation"),
+                             val.get("mean_reference"))
             if val["tasks"]:
                 check_task_names(expand_controls(val["tasks"], cfg.task), val.get("include_path", cfg.include_path))
             check_output_folder(val["out"], "validate `out`")

@@ -22,7 +22,7 @@ from capsense.core.models import load_model
 from capsense.ship.base import ExportResult, noop
 from capsense.errors import CapsenseError
 from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
-from capsense.ship.preflight import ExportInputs, bias_switch, check_mean_foldable, preflight
+from capsense.ship.preflight import ExportInputs, check_mean_foldable, preflight
 
 
 def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
@@ -38,11 +38,10 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
     projection has no bias, ``config.attention_bias`` is turned on first (:func:`switch_attention_bias`);
     returns the names of the zero biases that added (none where every edited projection had a bias).
     """
-    added: list[str] = []
     hs = HeadSet.parse(heads).check_fits(head_layout(model))
-    check_mean_foldable(model, hs)
-    if any(getattr(base_layer(out_projections(model)[l]), "bias", None) is None for l in hs.layers()):
-        added = switch_attention_bias(model)
+    added = check_mean_foldable(model, hs)
+    if added:
+        switch_attention_bias(model, added)
     spec = arch_spec(model)
     layout = head_layout(model)
     projections = out_projections(model)
@@ -58,16 +57,14 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
     return added
 
 
-def switch_attention_bias(model: nn.Module) -> list[str]:
-    """Turn ``config.attention_bias`` on in place, adding a zero bias for each parameter it adds
-    (:func:`~capsense.ship.preflight.bias_switch`), in its weight's dtype and device; returns their names."""
-    names = bias_switch(model)
+def switch_attention_bias(model: nn.Module, names: list[str]) -> None:
+    """Turn ``config.attention_bias`` on in place, adding a zero bias for each parameter it adds (``names``, from
+    :func:`~capsense.ship.preflight.bias_switch`), in its weight's dtype and device."""
     for name in names:
         module = model.get_submodule(name.rpartition(".")[0])
         w = module.weight
         module.bias = nn.Parameter(torch.zeros(w.shape[0], dtype=w.dtype, device=w.device), requires_grad=False)
     model.config.attention_bias = True
-    return names
 
 
 def check_editable(model, heads: HeadSet) -> None:

@@ -115,12 +115,14 @@ def bias_switch(model: nn.Module) -> list[str]:
     return added
 
 
-def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
-    """Raise :class:`CapsenseError` if some edited layer's output projection has no bias and none can be
-    switched on (:func:`bias_switch`)."""
+def check_mean_foldable(model: nn.Module, heads: HeadSet) -> list[str]:
+    """The biases to switch on (:func:`bias_switch`) so that every edited layer's output projection can carry
+    its heads' means: [] where each has a bias already. Raise :class:`CapsenseError` where some has none and
+    none can be switched on."""
     projections = out_projections(model)
     missing = [l for l in heads.layers() if getattr(base_layer(projections[l]), "bias", None) is None]
-    if missing and not bias_switch(model):
+    switch = bias_switch(model) if missing else []
+    if missing and not switch:
         model_type = model.config.model_type
         support = MEAN_FOLD_SUPPORT.get(model_type, MEAN_FOLD_OTHERWISE)
         raise CapsenseError(
@@ -131,6 +133,7 @@ def check_mean_foldable(model: nn.Module, heads: HeadSet) -> None:
             "`ablation` zero, or evaluate mean ablation without exporting: "
             "lm_eval --model capsense-masked --model_args ...,ablation=mean"
         )
+    return switch
 
 
 MEAN_ADAPTER_MSG = (

@@ -61,6 +61,9 @@ def test_dry_run_names_a_metric_other_than_nll(tmp_path):
     p.write_text(p.read_text().replace("ablation: zero", "ablation: half"))
     r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
     assert r.exit_code == 1 and "unknown `ablation` mode 'half': valid modes are zero, mean" in r.output, r.output
+    p.write_text(p.read_text().replace("ablation: half", f"mean_reference: {tmp_path / 'missing.txt'}"))
+    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])  # refused before the locate, not after it
+    assert r.exit_code == 1 and f"mean_reference file '{tmp_path / 'missing.txt'}' not found" in r.output, r.output
 
 
 def test_a_recipe_without_controls_uses_the_default_suite(tmp_path):

@@ -156,8 +156,19 @@ def _what_and_how(meta: dict[str, Any]) -> tuple[str, str]:
             + (f" The base model's attention has no biases, so `config.attention_bias` is turned on: the "
                f"{meta['attention_biases_added']} biases it adds are zero but for those means, and change nothing else."
                if meta.get("attention_biases_added") else "")
+            + _rounding(meta)
         )
     return what, how
+
+
+def _rounding(meta: dict[str, Any]) -> str:
+    """What a mean fold stored below float32 costs: the bias is rounded to the checkpoint's dtype (measured on
+    the Llama-3.2-1B shape in bf16: 3.9e-3 on logits in float32, 0.117 in bf16, against 0.0 for a zero fold)."""
+    dtype = meta.get("torch_dtype")
+    if dtype in (None, "float32", "float64"):
+        return ""
+    return (f" The means are stored in {dtype}, the checkpoint's dtype, so it reproduces capsense's run-time mean "
+            f"ablation up to that rounding; a float32 export (`dtype` float32) folds them exactly.")
 
 
 def _capability(meta: dict[str, Any]) -> list[str]:

@@ -78,11 +78,14 @@ def step(name: str, args: list[str], log: Path, timeout: float) -> dict:
 
 
 @torch.no_grad()
-def export_agreement(base: Path, exported: Path, heads: str, device: str, tokenizer_dir: Path) -> dict:
-    """Max |logit difference| of the exported model vs the base with ``heads`` ablated at run time."""
+def export_agreement(base: Path, exported: Path, heads: str, device: str, tokenizer_dir: Path,
+                     ablation: str = "zero") -> dict:
+    """Max |logit difference| of the exported model vs the base with ``heads`` ablated at run time under
+    ``ablation`` (mean: each head replaced by its mean over capsense's neutral prose, computed on the base in
+    each dtype, as the export computes them)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from capsense.core.ablation import HeadAblator
+    from capsense.core.ablation import HeadAblator, reference_means
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     texts = ["The cat sat on the mat because the mat was warm.", "def add(a, b):\n    return a + b\n",
@@ -92,7 +95,7 @@ def export_agreement(base: Path, exported: Path, heads: str, device: str, tokeni
     for dtype in (torch.bfloat16, torch.float32):
         a = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
         b = AutoModelForCausalLM.from_pretrained(exported, dtype=dtype).to(device).eval()
-        ablator = HeadAblator(a)
+        ablator = HeadAblator(a, ablation, reference_means(a, tok, ablation))
         worst = unablated = 0.0
         for ids in batch:
             lb = b(ids).logits.float()
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-timeout", type=float, default=600)
     ap.add_argument("--masks-per-forward", default="auto", help="locate's --masks-per-forward (auto, or a count).")
     ap.add_argument("--batch-size", default="16", help="locate's and validate's --batch-size (a count, or auto).")
+    ap.add_argument("--ablation", choices=("zero", "mean"), default="zero",
+                    help="locate's --ablation; validate and export apply the run's (their default).")
     ap.add_argument("--locate-only", action="store_true", help="Stop after locate (no validate, export).")
     ap.add_argument("--cpu-smoke", action="store_true", help="Tiny shape on the CPU, few documents, no controls.")
     args = ap.parse_args(argv)
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--device", args.device, "--no-progress", "--batch-size", args.batch_size]
     steps = info["steps"]
     steps.append(step("locate", ["locate", str(model_dir), "--task", "capsense_induction", "--controls", args.controls,
-                                 "--limit", str(args.limit), "--dtype", "auto", "--masks-per-forward",
+                                 "--limit", str(args.limit), "--dtype", "auto", "--ablation", args.ablation, "--masks-per-forward",
                                  args.masks_per_forward, "--out", str(run_dir), *common],
                       out / "locate.log", args.step_timeout))
     heads_json = run_dir / "heads.json"
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                           "batch_size": manifest["args"].get("batch_size_resolved"),
                           "attribution_batch_size": manifest["args"].get("attribution_batch_size_resolved"),
                           "dtype": manifest["args"].get("dtype_resolved"),
+                          "ablation": heads.get("ablation"),
                           "top5": [f"L{h['layer']}H{h['head']}" for h in heads["heads"][:5]]}
     if steps[-1]["rc"] == 0 and not args.locate_only:
         steps.append(step("validate", ["validate", str(model_dir), "--heads", str(heads_json), "--top-k", "5",
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         if steps[-1]["rc"] == 0:
             heads_spec = json.loads((out / "export" / "capsense.json").read_text())["heads_spec"]
             info["export_agreement"] = export_agreement(model_dir, out / "export", heads_spec, args.device,
-                                                        args.tokenizer)
+                                                        args.tokenizer, args.ablation)
     info["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "gpu_e2e.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps({k: info.get(k) for k in ("model", "locate", "export_agreement", "seconds")}, indent=1))

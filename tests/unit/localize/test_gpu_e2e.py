@@ -31,3 +31,21 @@ def test_cpu_smoke_locates_validates_exports_and_reloads(tmp_path):
         agree = info["export_agreement"][dtype]
         # the exported checkpoint is the run-time ablation, and differs from the unablated base
         assert agree["max_abs_dlogit"] < 1e-5 < agree["vs_unablated_base"]
+
+
+def test_cpu_smoke_under_mean_ablation_carries_the_runs_ablation_to_validate_and_export(tmp_path):
+    """``--ablation mean``: validate and export apply the run's ablation with no flag, and the bf16 checkpoint is the
+    run-time mean ablation up to its bias's bf16 rounding (round 34 on an H100: 3.9e-3 in float32)."""
+    tok = tmp_path / "tok"
+    make_char_tokenizer().save_pretrained(tok)
+    out = tmp_path / "e2e"
+    assert load_bench_script("gpu_e2e").main(["--tokenizer", str(tok), "--out", str(out), "--cpu-smoke",
+                                              "--ablation", "mean"]) == 0
+    info = json.loads((out / "gpu_e2e.json").read_text())
+    assert info["locate"]["ablation"] == "mean"
+    assert "ablation: mean" in next((out / "validate").glob("*.md")).read_text()
+    exported = json.loads((out / "export" / "capsense.json").read_text())
+    assert exported["ablation"] == "mean" and exported["torch_dtype"] == "bfloat16"
+    agree = info["export_agreement"]["float32"]
+    assert agree["max_abs_dlogit"] < 0.05 * agree["vs_unablated_base"]
+    assert "stored in bfloat16" in (out / "export" / "README.md").read_text()

@@ -166,6 +166,16 @@ def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
         assert "`config.attention_bias` is turned on" in (result.out / "README.md").read_text()
 
 
+def test_bf16_mean_checkpoint_card_says_the_means_are_rounded(folders, tmp_path):
+    """A mean fold in a bf16 checkpoint stores the means rounded to bf16 (round 34 on an H100: 0.117 on logits in
+    bf16); the card says so, and a float32 export's does not."""
+    base_dir = folders("llama", attention_bias=True)
+    bf16 = export_checkpoint(str(base_dir), HEADS, tmp_path / "b", ablation="mean", dtype="bfloat16")
+    f32 = export_checkpoint(str(base_dir), HEADS, tmp_path / "f", ablation="mean", dtype="float32")
+    assert "stored in bfloat16" in (bf16.out / "README.md").read_text()
+    assert "stored in" not in (f32.out / "README.md").read_text()
+
+
 @pytest.mark.parametrize("arch,support", [
     ("mistral", "never"), ("qwen2", "never"), ("phi3", "never"), ("mixtral", "never"),
 ])

@@ -52,8 +52,11 @@ class CapsenseMaskedLM(HFLM):
         top_k: int | str | None = None,
         ablation: str = "zero",
         mean_reference: str | None = None,
+        ablator: HeadAblator | None = None,
         **kwargs: Any,
     ) -> None:
+        """``ablator``: from Python only, an ablator of the same ``pretrained`` model to share (a locate run's, so
+        mean ablation's head means are computed once per run, not again here)."""
         # Check everything that needs no model before the (slow) load.
         ablation = check_ablation_mode(str(ablation))
         if heads not in (None, "") and head_file not in (None, ""):
@@ -67,9 +70,12 @@ class CapsenseMaskedLM(HFLM):
             pretrained = resolve_pretrained(pretrained)
         with model_load_errors(str(name)):
             super().__init__(pretrained=pretrained, **kwargs)
+        if ablator is not None and (ablator.model is not self.model or ablator.ablation != ablation):
+            raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; got one for "
+                                f"{'another model' if ablator.model is not self.model else repr(ablator.ablation)}")
         self.ablation = ablation
         self.mean_reference = mean_reference
-        self._ablator: HeadAblator | None = None
+        self._ablator: HeadAblator | None = ablator
         self.quiet_requests = False  # True while capsense shows its own progress display
         self.heads = HeadSet()
         self.set_heads(head_set)

@@ -216,10 +216,10 @@ class MaskRunner:
         return out
 
 
-def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict, batch_size: int) -> dict:
+def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict, batch_size: int, ablator=None) -> dict:
     """With ``metric`` one of the target task's own lm-eval metrics (not nll/acc): a scorer that
     runs the task through lm-eval under each mask on the probe's documents (faithful, slow), ``batch_size``
-    requests per forward (the run's, resolved).
+    requests per forward (the run's, resolved), sharing the run's ``ablator`` (mean ablation: None for zero).
 
     Sets ``cfg.task_metric_higher_is_better`` from the task.
     """
@@ -231,7 +231,7 @@ def task_metric_scorers(cfg: LocateConfig, model, tokenizer, probes: dict, batch
     scorer = TaskMetricScorer(model, tokenizer, cfg.task, probes[cfg.task].doc_ids, None, cfg.metric,
                               batch_size=batch_size, include_path=cfg.include_path,
                               confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
-                              ablation=cfg.ablation, mean_reference=cfg.mean_reference)
+                              ablation=cfg.ablation, mean_reference=cfg.mean_reference, ablator=ablator)
     try:
         tm = resolve_task_metric(cfg.task, task_obj, cfg.metric)
     except CapsenseError:  # maybe a name a metric function reports at run time: run the clean model once

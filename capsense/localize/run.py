@@ -206,8 +206,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         log(note)
     placed = {"device": device, "processes": ctx.world,
               **_plan_scoring(cfg, model, probes, dtype, log if ctx.is_main else _quiet)}
-    extra = task_metric_scorers(cfg, model, tokenizer, probes, placed["batch_size"])
     means, ablator = run_ablator(cfg, model, tokenizer, log if ctx.is_main else _quiet)
+    extra = task_metric_scorers(cfg, model, tokenizer, probes, placed["batch_size"], ablator)
     manifest = run_manifest(cfg, model_fingerprint(cfg.model, cfg.revision), dtype, k, layout, probes, extra, placed)
     lock = RunFolderLock(out)
     try:

@@ -84,12 +84,13 @@ class TaskMetricScorer:
 
     def __init__(self, model, tokenizer, task: str, doc_ids: Sequence[int], metric: TaskMetric | None, name: str,
                  batch_size: int = 16, include_path: Sequence[str] = (), confirm_run_unsafe_code: bool = False,
-                 ablation: str = "zero", mean_reference: str | None = None) -> None:
+                 ablation: str = "zero", mean_reference: str | None = None, ablator=None) -> None:
+        """``ablator``: the run's :class:`~capsense.core.ablation.HeadAblator` to share (its means computed once)."""
         from capsense.core.arch import head_layout
         from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
         self.lm = CapsenseMaskedLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, ablation=ablation,
-                                   mean_reference=mean_reference)
+                                   mean_reference=mean_reference, ablator=ablator)
         self.layout = head_layout(model)
         self.task, self.metric, self.name = task, metric, name
         self.samples = {task: sorted(int(d) for d in doc_ids)}

@@ -138,18 +138,24 @@ def test_a_sets_ablation_defaults_to_its_runs(tmp_path):
         resolve_ablation(located, "zero", str(reference))
 
 
-def test_a_task_metric_is_scored_under_the_runs_mean_ablation(toy, tmp_path):
+def test_a_task_metric_is_scored_under_the_runs_mean_ablation(toy, tmp_path, monkeypatch):
     """--metric names the task's own metric: each mask runs lm-eval through capsense-masked, with the run's
-    ablation; the values equal a direct capsense-masked evaluation under mean ablation."""
+    ablation; the values equal a direct capsense-masked evaluation under mean ablation. The lm-eval model shares
+    the run's ablator, so the head means are computed once (round 33 computed them twice)."""
     from _toy_task import TOY_GEN
+    import capsense.core.ablation as ablation
     from capsense.core.heads import HeadSet
     from capsense.evaluation.evaluate import evaluate_head_sets, load_lm
 
     model, tasks = toy
     out = tmp_path / "gen"
+    computed = []
+    real = ablation.compute_head_means
+    monkeypatch.setattr(ablation, "compute_head_means", lambda *a, **k: computed.append(1) or real(*a, **k))
     r = _locate(toy, out, "--task", TOY_GEN, "--limit", "6", "--method", "cs", "--heads-per-mask", "3", "--masks", "4",
                 "--metric", "char_code", "--refine", "0", "--ablation", "mean")
     assert r.exit_code == 0, r.output
+    assert len(computed) == 1
     lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
     docs = json.loads((out / "manifest.json").read_text())["probes"][TOY_GEN]["doc_ids"]
     sets = {str(i): HeadSet.parse("+".join(ln["heads"])) if ln["heads"] else HeadSet() for i, ln in enumerate(lines)}
@@ -161,3 +167,22 @@ def test_a_task_metric_is_scored_under_the_runs_mean_ablation(toy, tmp_path):
     for i, ln in enumerate(lines):
         assert ln["scores"][TOY_GEN]["char_code"] == pytest.approx(rows["mean"][str(i)], abs=1e-9)
     assert any(rows["mean"][k] != pytest.approx(rows["zero"][k], abs=1e-9) for k in rows["mean"])  # mean, not zero
+
+
+def test_the_lm_eval_model_refuses_an_ablator_of_another_mode(toy):
+    """capsense-masked shares a locate run's ablator only where it ablates the same model the same way."""
+    import torch
+    import transformers
+
+    from capsense.core.ablation import HeadAblator
+    from capsense.errors import CapsenseError
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    model, _ = toy
+    lm = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    with pytest.raises(CapsenseError, match="`ablator` must ablate this model under ablation 'mean'; got one for 'zero'"):
+        CapsenseMaskedLM(pretrained=lm, tokenizer=tok, ablation="mean", ablator=HeadAblator(lm, "zero"))
+    other = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    with pytest.raises(CapsenseError, match="got one for another model"):
+        CapsenseMaskedLM(pretrained=lm, tokenizer=tok, ablator=HeadAblator(other, "zero"))

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# One lease of a GPU machine that reaches no package index: the knockout and solve benchmark, then the whole job
-# (locate, validate, export, reload) under mean ablation with --batch-size auto. Run from the repository root:
+# One lease of a GPU machine that reaches no package index: the knockout and solve benchmark, the whole job
+# (locate, validate, export, reload) under mean ablation with --batch-size auto, then the same locate at batch 16
+# and at auto side by side (the open question of round 34: the default is 16; on an H100 auto resolved to 96 for the
+# locate tasks' short documents and spent 0.20 s per FE, where round 24's H200 at 16 spent 1.00). Run from the
+# repository root (round 34's run of the first two parts: 148 s):
 #
 #   bash recipes/bench/gpu_lease.sh          # OUT=folder for the results (default /tmp/gpu_lease)
 #
@@ -31,4 +34,22 @@ timeout 270 python3 recipes/bench/gpu_e2e.py --tokenizer .dev/tok --out /tmp/e2e
     --step-timeout 120 2>&1 | tee "$OUT/gpu_e2e.log"
 echo "gpu_lease: gpu_e2e exit ${PIPESTATUS[0]}"
 cp /tmp/e2e/gpu_e2e.json "$OUT/gpu_e2e_mean_auto.json" 2>/dev/null
-for f in locate validate export; do tail -c 20000 "/tmp/e2e/$f.log" > "$OUT/$f.log" 2>/dev/null; done
+for f in locate validate export; do echo "== $f"; tail -c 8000 "/tmp/e2e/$f.log"; done > "$OUT/steps.log" 2>&1
+
+# locate alone at batch 16 (the default) and at auto, same model, same card, one after the other
+for b in 16 auto; do
+    timeout 150 python3 recipes/bench/gpu_e2e.py --tokenizer .dev/tok --out "/tmp/loc$b" --locate-only \
+        --batch-size "$b" --step-timeout 120 2>&1 | tail -n 30 >> "$OUT/gpu_e2e.log"
+    cp "/tmp/loc$b/gpu_e2e.json" "$OUT/locate_batch_$b.json" 2>/dev/null
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+for b in ("16", "auto"):
+    f = Path(sys.argv[1]) / f"locate_batch_{b}.json"
+    if f.is_file():
+        loc = json.loads(f.read_text()).get("locate") or {}
+        t = loc.get("timing") or {}
+        print(f"batch {b} (resolved {loc.get('batch_size')}): {loc.get('forward_equivalents')} FE, "
+              f"{t.get('evaluate_s_this_attempt')} s evaluating, {t.get('seconds_per_mask')} s per mask")
+PY

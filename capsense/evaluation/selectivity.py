@@ -26,7 +26,11 @@ although "unrelated capabilities barely move" was plainly false. So an accuracy 
 known also fails, band or not, when it is beyond the tolerance and its loss is beyond :data:`NOISE_Z`
 standard errors of the documents themselves (``z``: two-proportion, unpaired, which overstates the noise
 of a paired change on the same documents, so it errs towards passing). A one-document flip stays noise
-(dates 0.36 -> 0.32 on 25 documents: z 0.3). Re-judged from their ``validation.json``, the validations of
+(dates 0.36 -> 0.32 on 25 documents: z 0.3), and the band is never narrower than one document (round 34):
+where every random set left a row exactly where it was (a band of zero width, seen on SmolLM2's 25-document
+rows), a one-document loss was beyond the band and, beyond the tolerance too, failed by the resolution alone.
+Re-judged with that floor (``recipes/bench/rejudge_validations.py``), none of the 24 recorded validations changes
+a row's outcome or a verdict. Re-judged from their ``validation.json``, the validations of
 rounds 31-32 change no verdict on SmolLM2 (every row beyond tolerance there is under z 1.1); on Gemma 3,
 letters (z 5.8) now fails for the sequence set, whose verdict was already NOT selective for its target.
 
@@ -141,7 +145,7 @@ def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float,
         band = max(float(np.mean(rw) + 2 * np.std(rw)), worst) if rw else None
         out.append(OffTarget(task=r.task, metric=r.metric, role=name, base=r.base, ablated=r.ablated, worsening=w,
                              random_worst=worst, random_band=band, within_tolerance=w <= tolerance,
-                             within_random=(w <= max(0.0, band)) if rw else None,
+                             within_random=(w <= max(0.0, band) or (net is not None and net <= 1)) if rw else None,
                              documents=n, documents_net=net, z=None if net is None else document_z(r.base, r.ablated, n)))
     return out
 
@@ -203,7 +207,8 @@ def verdict_line(judged, failing, caution, worst, tolerance: float) -> str:
     beyond = [j for j in caution if not j.within_tolerance]
     above = [j for j in caution if j.within_tolerance]
     if beyond:
-        line += "; beyond tolerance but within the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in beyond)
+        line += ("; beyond tolerance but within noise (the random-K band, or one document): "
+                 + ", ".join(f"{j.task} {j.metric}" for j in beyond))
     if above:
         line += "; within tolerance but above the random-K band: " + ", ".join(f"{j.task} {j.metric}" for j in above)
     return line

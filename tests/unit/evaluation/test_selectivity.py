@@ -30,12 +30,26 @@ def test_selective_only_when_every_off_target_row_is_within_tolerance():
 
     rows.append(row("capsense_sequence", "acc", 0.36, 0.32, [0.36, 0.32, 0.40]))  # -11%, as a random set did
     v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
-    assert v["selective"] and "beyond tolerance but within the random-K band: capsense_sequence acc" in v["line"]
+    assert v["selective"] and "beyond tolerance but within noise (the random-K band, or one document): capsense_sequence acc" in v["line"]
     rows.append(row("capsense_recall", "acc", 0.65, 0.25, [0.66, 0.62]))  # a held-out control wrecked
     v = judge(rows, "capsense_induction", ["capsense_prose"], tolerance=0.10)
     assert not v["selective"]
     assert v["line"].startswith("NOT selective") and "capsense_recall acc +61.5% worse (held-out" in v["line"]
     assert v["worst_held_out"]["task"] == "capsense_recall"
+
+
+def test_a_band_of_zero_width_is_one_document_wide():
+    """Every random set left dates where it was (a band of zero width): a one-document loss, beyond the tolerance
+    (1 of 9 correct: -11.1%), is the row's resolution and passes with its caveat; two documents fail."""
+    target = row("t", "acc", 0.7, 0.1, [0.7, 0.68, 0.7])
+    one = judge([target, row("dates", "acc", 9 / 25, 8 / 25, [9 / 25] * 3)], "t", [], documents={"dates": 25})
+    assert one["selective"] and one["rows"][0]["documents_net"] == 1 and one["rows"][0]["random_band"] == 0.0
+    assert "within noise (the random-K band, or one document): dates acc" in one["line"]
+    two = judge([target, row("dates", "acc", 9 / 25, 7 / 25, [9 / 25] * 3)], "t", [], documents={"dates": 25})
+    assert not two["selective"] and "net 2 of 25 documents" in two["line"]
+    lost_one = judge([row("t", "acc", 0.7, 0.7 - 1 / 40, [0.7] * 3), row("x", "acc", 0.5, 0.5, [0.5] * 3)], "t", [],
+                     documents={"t": 40, "x": 40})
+    assert not lost_one["selective"]  # a target down by one document is not clearly hurt either
 
 
 def test_direction_low_accuracies_and_the_random_band():
@@ -121,6 +135,6 @@ def test_a_loss_beyond_its_documents_noise_fails_inside_a_wide_random_band():
     assert v["line"].startswith("NOT selective: 1 off-target row(s) beyond the 10% tolerance and beyond noise")
     assert "letters acc +65.8% worse (held-out, random-K worst +89.5%, net 25 of 40 documents, z 5.8)" in v["line"]
     without_letters = judge([rows[0], rows[2]], "t", [], tolerance=0.10, documents=docs)
-    assert without_letters["selective"] and "beyond tolerance but within the random-K band: dates acc" in without_letters["line"]
+    assert without_letters["selective"] and "beyond tolerance but within noise (the random-K band, or one document): dates acc" in without_letters["line"]
     assert judge(rows, "t", [], tolerance=0.10)["selective"]  # no documents given: the band alone, as before
     assert document_z(0.5, 0.5, 40) == 0.0 and document_z(1.0, 1.0, 40) == 0.0 and document_z(0.5, 0.6, 40) < 0

@@ -27,7 +27,10 @@ its first m masks. Forward-equivalents (:mod:`capsense.scoring.cost`): a forward
 run's documents = 1, a backward = 2, a prefix-reused forward = its fraction of layers.
 Writes ``--results`` + ``.json`` / ``.md`` (default ``recipes/results/locate_recovery`` for
 SmolLM2, whose table predates the model parameter, ``locate_recovery_<tag>`` for any other model);
-``--table-only`` rewrites the ``.md`` from the ``.json``.
+``--table-only`` rewrites the ``.md`` from the ``.json``. ``--ablation mean`` runs every stage under mean
+ablation (capsense's neutral prose as the reference), against a mean-ablated sweep: the default folders and
+files then end in ``-mean`` / ``_mean`` (round 34: is the one-pass attribution closer to mean ablation's effects,
+a smaller step from the clean activations than zeroing, than to zero ablation's?).
 """
 
 from __future__ import annotations
@@ -238,7 +241,7 @@ def markdown(results: list[dict]) -> str:
 def run_stages(args, task: str, stages: set[str], sweep: Path) -> None:
     """Run (or resume) the requested stages of ``task``; a finished sweep is recorded."""
     root = Path(args.root) / task
-    common = dict(model=args.model, task=task, limit=24, seed=0, dtype="float32", progress=True)
+    common = dict(model=args.model, task=task, limit=24, seed=0, dtype="float32", progress=True, ablation=args.ablation)
     if "sweep" in stages:
         locate(LocateConfig(out=str(sweep), method="exhaustive", **common))
         spec = importlib.util.spec_from_file_location("record_sweeps", HERE / "record_sweeps.py")
@@ -277,14 +280,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE, help="prior-guided's (default: the library's)")
     ap.add_argument("--cs-masks", type=int, default=60)
     ap.add_argument("--results", default=None)
+    ap.add_argument("--ablation", choices=("zero", "mean"), default="zero",
+                    help="Every stage's ablation (mean: folders and result files get a -mean / _mean suffix).")
     ap.add_argument("--skip-run", action="store_true", help="Same as --stages none: analyse what is there.")
     ap.add_argument("--table-only", action="store_true", help="Rewrite the .md from the results .json; run nothing.")
     args = ap.parse_args(argv)
     t = tag(args.model)
-    args.root = args.root or f"runs/bench-recovery-{t}"
+    sfx = "" if args.ablation == "zero" else f"_{args.ablation}"
+    args.root = args.root or f"runs/bench-recovery-{t}" + sfx.replace("_", "-")
     args.sweeps = args.sweeps or args.root
-    args.sweeps_json = args.sweeps_json or HERE.parent / "results" / f"locate_{t}_sweeps.json"
-    args.results = args.results or str(HERE.parent / "results" / ("locate_recovery" if t == "smollm2" else f"locate_recovery_{t}"))
+    args.sweeps_json = args.sweeps_json or HERE.parent / "results" / f"locate_{t}_sweeps{sfx}.json"
+    args.results = args.results or str(HERE.parent / "results" / (("locate_recovery" if t == "smollm2" else f"locate_recovery_{t}") + sfx))
     stages = set() if args.skip_run or args.stages == "none" else set(filter(None, args.stages.split(",")))
     if stages - set(STAGES):
         ap.error(f"unknown stage(s) {', '.join(sorted(stages - set(STAGES)))}: valid are {', '.join(STAGES)} or none")

@@ -39,13 +39,14 @@ def record(folder: Path) -> tuple[str, dict]:
         model=manifest["model"]["model"], n_layers=n_layers, n_heads=n_heads,
         share=float(manifest.get("cost_model", {}).get("reuse_share", 1.0)), limit=manifest["args"]["limit"],
         seed=manifest["args"]["seed"], dtype=manifest["args"].get("dtype_resolved"), clean_nll=float(v[0]),
-        clean_acc=evals[0].scores[task]["acc"], eff=eff)
+        clean_acc=evals[0].scores[task]["acc"], eff=eff, ablation=manifest["args"].get("ablation") or "zero")
 
 
 def sweep_record(*, model: str, n_layers: int, n_heads: int, share: float, limit, seed, dtype, clean_nll: float,
-                 clean_acc: float, eff: dict[int, float]) -> dict:
+                 clean_acc: float, eff: dict[int, float], ablation: str = "zero") -> dict:
     """One task's entry of a sweeps json from every head's relative nll worsening ``eff`` (flat index ->
-    effect); also used by ``record_perdoc_sweep.py``."""
+    effect); also used by ``record_perdoc_sweep.py``. ``ablation`` is written where it is not zero (the
+    entries recorded before round 34 are zero ablation's)."""
     n = n_layers * n_heads
     order = sorted(eff, key=lambda h: -eff[h])
     fifth = eff[order[4]]
@@ -56,6 +57,7 @@ def sweep_record(*, model: str, n_layers: int, n_heads: int, share: float, limit
         "top5": [str(Head.from_index(h, n_heads)) for h in order[:5]],
         "hit_threshold": round(fifth - HIT_MARGIN * abs(fifth), 6),
         "effects": {str(Head.from_index(h, n_heads)): round(float(eff[h]), 6) for h in range(n)},
+        **({} if ablation == "zero" else {"ablation": ablation}),
     }
 
 

@@ -54,6 +54,9 @@ def test_result_files_are_named_for_the_model():
     assert bench.parse_args(["--model", "gemma3-270m"]).results.endswith("locate_recovery_gemma3")
     assert bench.parse_args([]).results.endswith("locate_recovery")  # SmolLM2's table predates the parameter
     assert bench.parse_args(["--model", "gemma3-270m"]).sweeps_json.name == "locate_gemma3_sweeps.json"
+    mean = bench.parse_args(["--ablation", "mean"])  # a mean-ablated table beside the zero one, never over it
+    assert mean.results.endswith("locate_recovery_mean") and mean.sweeps_json.name == "locate_smollm2_sweeps_mean.json"
+    assert mean.root == "runs/bench-recovery-smollm2-mean"
 
 
 def test_search_settings_default_to_the_library_defaults():

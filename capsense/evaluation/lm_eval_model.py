@@ -61,6 +61,9 @@ class CapsenseMaskedLM(HFLM):
         ablation = check_ablation_mode(str(ablation))
         if heads not in (None, "") and head_file not in (None, ""):
             raise CapsenseError("give heads= or head_file=, not both")
+        if ablator is not None and ablator.ablation != ablation:
+            raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; "
+                                f"got one for {ablator.ablation!r}")
         spec = heads if heads not in (None, "") else head_file
         k = _optional_int(top_k, "top_k")
         head_set = HeadSet.parse(spec, top_k=k) if spec not in (None, "") else HeadSet()
@@ -70,9 +73,8 @@ class CapsenseMaskedLM(HFLM):
             pretrained = resolve_pretrained(pretrained)
         with model_load_errors(str(name)):
             super().__init__(pretrained=pretrained, **kwargs)
-        if ablator is not None and (ablator.model is not self.model or ablator.ablation != ablation):
-            raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; got one for "
-                                f"{'another model' if ablator.model is not self.model else repr(ablator.ablation)}")
+        if ablator is not None and ablator.model is not self.model:
+            raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; got one for another model")
         self.ablation = ablation
         self.mean_reference = mean_reference
         self._ablator: HeadAblator | None = ablator

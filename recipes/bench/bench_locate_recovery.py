@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from capsense.core.ablation import ABLATION_MODES
 from capsense.core.tables import markdown_table
 from capsense.localize.config import LocateConfig
 from capsense.localize.prior import DEFAULT_BUDGET, DEFAULT_GROUP_SIZE, DEFAULT_TOP_M
@@ -280,7 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE, help="prior-guided's (default: the library's)")
     ap.add_argument("--cs-masks", type=int, default=60)
     ap.add_argument("--results", default=None)
-    ap.add_argument("--ablation", choices=("zero", "mean"), default="zero",
+    ap.add_argument("--ablation", choices=ABLATION_MODES, default="zero",
                     help="Every stage's ablation (mean: folders and result files get a -mean / _mean suffix).")
     ap.add_argument("--skip-run", action="store_true", help="Same as --stages none: analyse what is there.")
     ap.add_argument("--table-only", action="store_true", help="Rewrite the .md from the results .json; run nothing.")

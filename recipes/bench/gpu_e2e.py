@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from capsense.core.ablation import ABLATION_MODES
+
 SHAPES = {
     # Llama-3.2-1B's published block shapes (16 layers x 32 heads, 8 KV heads), any vocabulary
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-timeout", type=float, default=600)
     ap.add_argument("--masks-per-forward", default="auto", help="locate's --masks-per-forward (auto, or a count).")
     ap.add_argument("--batch-size", default="16", help="locate's and validate's --batch-size (a count, or auto).")
-    ap.add_argument("--ablation", choices=("zero", "mean"), default="zero",
+    ap.add_argument("--ablation", choices=ABLATION_MODES, default="zero",
                     help="locate's --ablation; validate and export apply the run's (their default).")
     ap.add_argument("--locate-only", action="store_true", help="Stop after locate (no validate, export).")
     ap.add_argument("--cpu-smoke", action="store_true", help="Tiny shape on the CPU, few documents, no controls.")

@@ -10,6 +10,16 @@ architecture whose replay check fails) pays 1 per mask; with several probes the 
 model's forward costs 1, less the share of it another pass already ran (``folded``: the gradient
 attribution's forward is a clean forward, and its scores and block inputs serve as the clean
 evaluation's where the batches are the same, log-likelihood and (round 12) multiple-choice probes alike; :meth:`capsense.localize.evaluator.MaskEvaluator.clean_sinks`).
+
+The backward's 2 is the training rule of thumb (gradients of the inputs and of the weights). The
+attribution freezes the weights, so its backward computes the activations' gradients only. Timed beside a
+clean forward of the same probe (``recipes/bench/bench_attribution_cost.py``, round 35: float32, two CPU
+threads, SmolLM2-135M and Gemma 3 270M on induction, antonyms and arithmetic, medians of 5), the whole
+attribution cost 2.03-2.27 forwards, not 3 (1.92-2.23 in an earlier run). The charge stays 3: FE stay
+comparable across rounds and methods and never undercount where a backward is dearer (a GPU's is not yet
+measured; ``bench_gpu.py`` times it on the next lease). So on such a CPU a run's FE overstate its
+attribution by about 1; at that price the recovery table's FE to 4/5 fall by about 1, which still leaves
+SmolLM2 induction and antonyms and Gemma 3 induction above the issue's 8.
 """
 
 from __future__ import annotations

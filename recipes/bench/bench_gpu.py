@@ -13,6 +13,8 @@ plus a 4-token continuation (a realistic few-shot prompt length). For each model
   half the free memory: what ``auto`` packs without prefix reuse), 5% of heads knocked out per mask;
   then one mask per forward at each of ``--batch-sizes`` requests per forward (``auto``: what
   ``--batch-size auto`` resolves to, :func:`capsense.core.placement.auto_batch_size`), side by side;
+  then the gradient attribution against a clean forward of the same requests (``attribution``: its
+  cost in measured forward-equivalents beside the 3 the budget charges; ``bench_attribution_cost.py``);
 * reference (the paper's code): per mask, reload the weights (copied from host memory, the
   best case of ``from_pretrained`` from a warm page cache), zero the knocked-out heads, and
   score every request at batch size 1 with full logits, as lm-eval's ``hf`` model does.
@@ -190,6 +192,7 @@ def run_model(name: str, args, device: str) -> dict:
         print(f"{name} capsense mpf={mpf}: {rows[-1]}", file=sys.stderr, flush=True)
     out["capsense"] = rows
     out["batch_sizes"] = bench_batch_sizes(model, probe, args, device)
+    out["attribution"] = bench_attribution(model, probe, args.batch_size, device)
     ref_masks = random_masks(args.ref_masks, cfg.num_hidden_layers, cfg.num_attention_heads)
     ref = bench_reference(model, probe, ref_masks, device)
     print(f"{name} reference: {ref}", file=sys.stderr, flush=True)
@@ -224,6 +227,22 @@ def bench_batch_sizes(model, probe, args, device: str) -> list[dict]:
         print(f"batch size {size} ({n}): {row.get('evaluations_per_s', row.get('error'))} evaluations/s "
               f"{('x' + str(row['vs_first'])) if 'vs_first' in row else ''}", file=sys.stderr, flush=True)
     return rows
+
+
+def bench_attribution(model, probe, batch_size: int, device: str) -> dict:
+    """The gradient attribution (forward and backward, weights frozen) against a clean forward of the same
+    requests, in measured forward-equivalents beside the 3 the budget charges (``bench_attribution_cost.py``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attribution_cost import time_attribution
+
+    peak_reset(device)
+    try:
+        row = time_attribution(model, probe, batch_size, repeats=3, sync=lambda: sync(device))
+        row["peak_gib"] = peak_gib(device)
+    except torch.OutOfMemoryError:
+        row = {"error": "out of memory"}
+    print(f"attribution: {row.get('measured_fe', row.get('error'))} measured FE", file=sys.stderr, flush=True)
+    return row
 
 
 def table(results: list[dict]) -> str:
@@ -290,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
                                                              f"{' x' + str(b['vs_first']) if 'vs_first' in b else ''}"
                                                              if "evaluations_per_s" in b else b["error"])
             for b in r["batch_sizes"]))
+    for r in results:
+        t = r["attribution"]
+        print(f"{r['model']}, attribution at batch {args.batch_size}: " + (
+            f"{t['median_attribution_s']:.3f} s against a clean forward's {t['median_forward_s']:.3f} s = "
+            f"{t['measured_fe']:.2f} FE measured (charged {t['charged_fe']:.0f})" if "measured_fe" in t else t["error"]))
     for r in results:
         a = r["agreement"]
         print(f"{r['model']}: |dnll| packed vs one mask per forward {a['packing_max_abs_dnll']}; "

@@ -32,6 +32,10 @@ def test_cpu_smoke_runs_end_to_end(tmp_path, capsys):
     agree = res["agreement"]
     assert agree["vs_weights_max_abs_dnll"] < 1e-4 and agree["nll_scale"] > 1.0
     assert set(agree["packing_max_abs_dnll"]) == {"2"} and agree["packing_max_abs_dnll"]["2"] < 1e-4
+    att = res["attribution"]  # the attribution timed against a clean forward of the same requests
+    assert att["charged_fe"] == 3 and len(att["forward_s"]) == len(att["attribution_s"]) == 3
+    assert att["measured_fe"] == pytest.approx(att["median_attribution_s"] / att["median_forward_s"])
+    assert att["median_attribution_s"] > 0 and att["median_forward_s"] > 0
     solve = json.loads(out.read_text())["solve"][0]  # GPTQ/SparseGPT timed (on the CPU alone here)
     assert solve["shape"] == "64x256" and set(solve["gptq"]) == set(solve["sparsegpt"]) == {"cpu"}
     assert 0 < solve["gptq"]["cpu"]["relative_output_error"] < solve["sparsegpt"]["cpu"]["relative_output_error"] < 0.5

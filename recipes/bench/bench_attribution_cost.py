@@ -1,0 +1,101 @@
+"""What the one-pass gradient attribution really costs, in clean forwards timed beside it.
+
+    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 python recipes/bench/bench_attribution_cost.py \\
+        --model smollm2-135m --model gemma3-270m --task capsense_induction --task capsense_antonyms \\
+        --out recipes/results/attribution_cost_r35.json
+
+The budget counts a backward pass as 2 forward-equivalents (``capsense.scoring.cost.BACKWARD``), so
+the attribution is charged 3 FE (its forward is the clean evaluation's). That is the usual rule of
+thumb for training, where the backward computes the gradients of the inputs *and* of the weights.
+The attribution freezes the weights (``attribution._frozen``): its backward computes only the
+activations' gradients, about one matmul per forward matmul, so its real price may be lower. This
+script measures it per (model, task), on the probe a run builds (the same documents, seed and batches):
+
+* ``forward``: the clean model scored by the knockout evaluator (``MaskEvaluator``, no prefix reuse: the
+  definition of 1 FE; a multiple-choice probe on its shared context, as the search scores it);
+* ``attribution``: :meth:`AttributionScorer.attribute`, its forward with the multipliers and the backward.
+
+Repeats alternate the two (``--repeats``, after one warm-up of each) and the medians are compared; the
+ratio is the attribution's cost in measured forward-equivalents, against the 3 FE the budget charges.
+The budget's rule is not changed by this script: FE stay comparable across rounds and methods; the
+measured ratio says how conservative they are on the hardware it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _timed(fn, sync) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def time_attribution(model, probe, batch_size: int = 16, repeats: int = 3, sync=lambda: None) -> dict:
+    """Median seconds of the clean forward (the knockout evaluator's scorer, no prefix reuse) and of the
+    attribution (forward and backward) on ``probe``, alternated ``repeats`` times after one warm-up of each;
+    ``measured_fe`` is their ratio, ``charged_fe`` what the budget counts (``sync``: a device's synchronize)."""
+    from capsense.localize.evaluator import MaskEvaluator
+    from capsense.scoring.attribution import AttributionScorer
+    from capsense.scoring.cost import ATTRIBUTION
+
+    ev = MaskEvaluator(model, {probe.name: probe}, batch_size=batch_size, masks_per_forward=1, prefix_reuse=False)
+    scorer, att = ev.scorers[probe.name], AttributionScorer(model, probe, batch_size=batch_size)
+    clean = ev.knockouts(np.zeros((1, att.layout.n_layers * att.layout.n_heads), dtype=bool))
+    scorer.score(clean)  # warm-up of both paths
+    att.attribute()
+    fwd, bwd = [], []
+    for _ in range(repeats):
+        fwd.append(_timed(lambda: scorer.score(clean), sync))
+        bwd.append(_timed(att.attribute, sync))
+    f, a = statistics.median(fwd), statistics.median(bwd)
+    return {"scorer": type(scorer).__name__, "forward_s": fwd, "attribution_s": bwd, "median_forward_s": f,
+            "median_attribution_s": a, "measured_fe": a / f, "charged_fe": ATTRIBUTION}
+
+
+def measure(model_name: str, task: str, limit: int, dtype: str, repeats: int, batch_size: int) -> dict:
+    from capsense.core.models import load_model
+    from capsense.scoring.probe import build_probe
+
+    model, tok = load_model(model_name, dtype)
+    probe = build_probe(task, tok, limit, 0)
+    row = {"model": model_name, "task": task, "kind": probe.kind, "documents": int(probe.n_docs),
+           **time_attribution(model, probe, batch_size, repeats)}
+    print(f"{model_name} {task}: forward {row['median_forward_s']:.2f} s, attribution {row['median_attribution_s']:.2f} s"
+          f" = {row['measured_fe']:.2f} FE measured (charged {row['charged_fe']:.0f})", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", help="embedded model name or folder (repeatable; default smollm2-135m)")
+    p.add_argument("--task", action="append", help="task (repeatable; default capsense_induction)")
+    p.add_argument("--limit", type=int, default=24)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, help="write the rows and the machine as JSON here")
+    args = p.parse_args(argv)
+    if args.repeats < 1 or args.limit < 1:
+        p.error("--repeats and --limit must be at least 1")
+    rows = [measure(m, t, args.limit, args.dtype, args.repeats, args.batch_size)
+            for m in args.model or ["smollm2-135m"] for t in args.task or ["capsense_induction"]]
+    if args.out:
+        from capsense.core.files import atomic_write_json
+        from capsense.core.provenance import cpu_info, provenance
+
+        out = {"rows": rows, "dtype": args.dtype, "limit": args.limit, "batch_size": args.batch_size,
+               "repeats": args.repeats, "cpu_flags": cpu_info(), **provenance("cpu")}
+        print(f"wrote {atomic_write_json(args.out, out)}")
+
+
+if __name__ == "__main__":
+    main()

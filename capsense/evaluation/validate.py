@@ -82,8 +82,16 @@ def held_out_samples(
 
 
 def random_head_sets(n_layers: int, n_heads: int, k: int, count: int, seed: int, avoid: HeadSet) -> list[HeadSet]:
-    """``count`` random sets of ``k`` heads, none containing a head of ``avoid``."""
-    rng = np.random.default_rng([seed, 17])
+    """``count`` random sets of ``k`` heads, none containing a head of ``avoid``; the draw is keyed on ``seed``
+    and on ``avoid`` (the set under test), so each set validated gets its own draw, the same on every rerun.
+
+    Before round 35 the draw was keyed on ``seed`` alone: the same positions in a pool that differs only by the
+    avoided heads, so every validation on one model compared with nearly the same random sets. On Gemma 3's 72
+    heads two of the three held an L11 head in every recorded validation, and for a third of all possible sets
+    that head was L11H2, induction's decisive head: both such random sets took held-out induction to 0, so no
+    set could be judged to hurt induction beyond them (``recipes/bench/random_sets_audit.py``)."""
+    key = sorted(int(l) * n_heads + int(h) for l, h in avoid)
+    rng = np.random.default_rng([seed, 17, *key])
     pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in set(avoid)]
     return [HeadSet.from_pairs([pool[i] for i in rng.choice(len(pool), size=k, replace=False)]) for _ in range(count)]
 

@@ -150,6 +150,13 @@ def _judged_rows(rows: Sequence[Any], usable: set[str], role, tolerance: float,
     return out
 
 
+def target_hit(worsening: float | None, within_random: bool | None, tolerance: float) -> bool:
+    """The target clearly hurt: worse by more than ``tolerance`` and not within what K random heads do to it
+    (``within_random`` None: no random set to compare with). The one rule, for :func:`judge` and for the
+    audits that re-read recorded verdicts."""
+    return worsening is not None and worsening > tolerance and within_random is not True
+
+
 def _low(r: Any) -> bool:
     return lower_is_better(r.metric, getattr(r, "higher_is_better", None))
 
@@ -168,7 +175,7 @@ def judge(rows: Sequence[Any], target: str, searched: Sequence[str], tolerance: 
     caution = [j for j in judged if not j.fails and j.within_random is not None and j.within_tolerance != j.within_random]
     worst = max(judged, key=lambda j: j.worsening, default=None)
     worst_held = max((j for j in judged if j.role == "held-out"), key=lambda j: j.worsening, default=None)
-    hit = tgt is not None and tgt.worsening > tolerance and tgt.within_random is not True
+    hit = tgt is not None and target_hit(tgt.worsening, tgt.within_random, tolerance)
     line = verdict_line(judged, failing, caution, worst, tolerance)
     if not hit and judged:
         line = ("NOT selective: the target itself is not clearly hurt ("

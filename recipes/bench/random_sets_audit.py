@@ -29,6 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rejudge_validations import validations
 
+from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, target_hit
+
 
 def top_heads(sweep: dict, n: int = 5) -> dict[str, float]:
     """The sweep's ``n`` heads of largest single-head effect on the target, with their effects."""
@@ -48,7 +50,8 @@ def audit(label: str, record: dict, sweeps: dict[str, dict]) -> dict | None:
     sets = [{"set": s, "top_heads": [h for h in s.split("+") if h in top], "target_acc": v}
             for s, v in zip(record["random_sets"], values)]
     tgt = record["verdict"].get("target") or {}
-    hit = tgt and tgt.get("worsening", 0) > record["verdict"].get("tolerance", 0.1) and tgt.get("within_random") is not True
+    hit = bool(tgt) and target_hit(tgt.get("worsening"), tgt.get("within_random"),
+                                   record["verdict"].get("tolerance", DEFAULT_TOLERANCE))
     return {"label": label, "model": record["model"], "target": target, "set": record.get("heads"),
             "set_top_heads": [h for h in str(record.get("heads", "")).split("+") if h in top],
             "base_acc": acc["base"] if acc else None, "set_acc": acc["ablated"] if acc else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capsense.core.heads import HeadsFile
-from capsense.evaluation.selectivity import judge
+from capsense.evaluation.selectivity import judge, target_hit
 from capsense.evaluation.validate import ValidationRow, validation_tasks
 from capsense.tasks.suite import HELD_OUT
 
@@ -89,6 +89,16 @@ def test_a_set_that_spares_the_target_is_not_selective():
     v = judge(rows, "t", [], tolerance=0.10)
     assert not v["selective"] and v["line"].startswith("NOT selective: the target itself is not clearly hurt")
     assert v["target"]["worsening"] == 0.0
+
+
+def test_target_hit_is_the_one_rule_judge_and_the_audits_use():
+    assert target_hit(0.5, None, 0.10)  # no random set to compare with: the tolerance decides
+    assert target_hit(0.5, False, 0.10)
+    assert not target_hit(0.5, True, 0.10)  # within what random heads do
+    assert not target_hit(0.10, False, 0.10) and not target_hit(None, False, 0.10)
+    rows = [row("t", "acc", 1.0, 0.2, [1.0, 0.9, 0.95]), row("c", "acc", 0.5, 0.5, [0.5, 0.5, 0.5])]
+    v = judge(rows, "t", [], tolerance=0.10)
+    assert v["selective"] == target_hit(v["target"]["worsening"], v["target"]["within_random"], 0.10) is True
 
 
 def test_accuracy_rows_count_the_documents_their_change_is():

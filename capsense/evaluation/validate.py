@@ -197,7 +197,45 @@ def validate(
         "batch_size": batch_size, "lm_eval_batch_size": lm_eval_batch_size(batch_size, device, device_map),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **provenance(device, device_map=device_map)}  # the host record as locate's manifest has it
+    note_strong_random_heads(info["verdict"], strong_heads_in(hf, randoms, top_k))
     return rows, info
+
+
+def strong_heads_in(hf: HeadsFile, randoms: Sequence[HeadSet], k: int) -> list[dict[str, Any]]:
+    """Each random set's heads that the locate run ranks among its ``k`` strongest single heads on the target
+    (``target_effect`` in heads.json: measured alone by prior-guided and exhaustive runs, fitted by cs), with
+    the effect and, for a head the collateral screen set aside, the control it hurt.
+
+    A random set holding one of the target's decisive heads hurts the target as much as the set under test, and
+    then no set can be "clearly" beyond the random band: on Gemma 3 a random set with L11H2 (alone +23,703% on
+    induction, set aside because it hurts conversions) took induction to 0 (round 35). The verdict keeps its
+    rule and says which random set it was and why the located set does not hold that head."""
+    eff = {f"L{r['layer']}H{r['head']}": float(r["target_effect"]) for r in hf.heads
+           if isinstance(r.get("target_effect"), (int, float)) and math.isfinite(r["target_effect"])}
+    ranked = sorted(eff, key=lambda h: -eff[h])[:k]
+    aside = {e["head"]: e for e in (hf.meta.get("screen") or {}).get("excluded", []) if isinstance(e, dict)}
+    out = []
+    for i, hs in enumerate(randoms):
+        held = [{"head": str(h), "rank": ranked.index(str(h)) + 1, "target_effect": eff[str(h)],
+                 **({"set_aside_for": aside[str(h)].get("control"), "control_damage": aside[str(h)].get("damage")}
+                    if str(h) in aside else {})} for h in hs if str(h) in ranked]
+        if held:
+            out.append({"random_set": i + 1, "heads": held})
+    return out
+
+
+def note_strong_random_heads(verdict: dict[str, Any], found: list[dict[str, Any]]) -> None:
+    """Record :func:`strong_heads_in`'s findings in the verdict and name them at the end of its line."""
+    verdict["random_strong_heads"] = found
+    if not found:
+        return
+    def say(h: dict[str, Any]) -> str:
+        aside = "" if h.get("set_aside_for") is None else (
+            f", set aside by the collateral screen for {h['set_aside_for']} {100 * h['control_damage']:+.1f}%")
+        return f"{h['head']} (the run's #{h['rank']} single head on the target, {100 * h['target_effect']:+.0f}%{aside})"
+    verdict["line"] += ("; random sets holding the run's strongest single heads on the target: "
+                        + "; ".join(f"random {f['random_set']} holds " + ", ".join(say(h) for h in f["heads"])
+                                    for f in found))
 
 
 def _evaluate_sets(lm: Any, top: HeadSet, n_random: int, seed: int, samples: dict[str, list[int]],

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from capsense.cli import main
-from capsense.evaluation.validate import held_out_documents, random_head_sets
-from capsense.core.heads import HeadSet
+from capsense.evaluation.validate import held_out_documents, note_strong_random_heads, random_head_sets, strong_heads_in
+from capsense.core.heads import HeadSet, HeadsFile
 from _toy_task import TOY_CONTROL, TOY_GEN, TOY_TASK, make_toy_setup
 
 
@@ -49,6 +49,7 @@ def test_validate_uses_held_out_documents_and_writes_the_table(located, tmp_path
     assert data["versions"] == manifest["versions"] and data["host"]["cpu"] == manifest["host"]["cpu"]  # one record
     assert {k: data["host"][k] for k in ("device", "device_map")} == {"device": "cpu", "device_map": None}
     assert (out / "validation.png").stat().st_size > 1000 and (out / "validation.md").is_file()
+    assert isinstance(data["verdict"]["random_strong_heads"], list)  # each random set's strongest heads, if any
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -107,6 +108,32 @@ def test_each_validated_set_gets_its_own_reproducible_random_draw():
     # seed alone gave both the same three random sets
     c, d = HeadSet.from_spec("L17H0+L17H1+L17H2+L17H3+L16H3"), HeadSet.from_spec("L17H0+L17H1+L17H2+L17H3+L16H2")
     assert random_head_sets(18, 4, 5, 3, 0, c) != random_head_sets(18, 4, 5, 3, 0, d)
+
+
+def test_random_sets_holding_the_runs_strongest_single_heads_are_named_in_the_verdict():
+    """Gemma 3's mean-ablation run (round 33): L11H2, the #1 single head on induction, set aside by the screen
+    for conversions, sat in two of the three random sets; the verdict's line now says so."""
+    eff = {"L11H2": 237.0, "L4H1": 51.8, "L10H1": 47.5, "L5H1": 29.1, "L8H1": 3.0, "L0H0": 0.5, "L3H3": None}
+    hf = HeadsFile("m", [{"layer": int(h[1:h.index("H")]), "head": int(h[h.index("H") + 1:]), "target_effect": e}
+                         for h, e in eff.items()],
+                   {"screen": {"excluded": [{"head": "L11H2", "control": "conversions", "damage": 0.317}]}})
+    randoms = [HeadSet.from_spec(s) for s in ("L0H0+L3H3+L2H2", "L11H2+L7H2+L6H3", "L8H1+L10H1+L1H1")]
+    found = strong_heads_in(hf, randoms, 5)
+    assert found == [
+        {"random_set": 2, "heads": [{"head": "L11H2", "rank": 1, "target_effect": 237.0,
+                                     "set_aside_for": "conversions", "control_damage": 0.317}]},
+        {"random_set": 3, "heads": [{"head": "L8H1", "rank": 5, "target_effect": 3.0},
+                                    {"head": "L10H1", "rank": 3, "target_effect": 47.5}]}]  # L0H0 is #6: not named
+    verdict = {"line": "NOT selective: the target itself is not clearly hurt"}
+    note_strong_random_heads(verdict, found)
+    assert verdict["random_strong_heads"] == found
+    assert verdict["line"].endswith(
+        "random 2 holds L11H2 (the run's #1 single head on the target, +23700%, set aside by the collateral screen "
+        "for conversions +31.7%); random 3 holds L8H1 (the run's #5 single head on the target, +300%), "
+        "L10H1 (the run's #3 single head on the target, +4750%)")
+    plain = {"line": "selective"}
+    note_strong_random_heads(plain, strong_heads_in(hf, randoms[:1], 5))
+    assert plain == {"line": "selective", "random_strong_heads": []}
 
 
 def test_validate_on_a_model_split_over_devices_gives_the_same_table(located, tmp_path):

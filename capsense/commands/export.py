@@ -1,4 +1,4 @@
-"""``capsense export``: an ablated checkpoint or a PEFT IA3 mask adapter, optionally pushed."""
+"""``capsense export``: an ablated checkpoint or a PEFT adapter (IA3 mask; LoRA for mean ablation), optionally pushed."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
 @click.option("--top-k", type=click.IntRange(min=1), help="Keep the first K heads of a ranked heads file.")
 @click.option(
     "--format", "format", type=click.Choice(["checkpoint", "adapter"]), required=True,
-    help="checkpoint: edited safetensors model; adapter: PEFT IA3 mask adapter.",
+    help="checkpoint: edited safetensors model; adapter: PEFT adapter (IA3 mask; LoRA with a bias for mean ablation).",
 )
 @out_option("Output folder (written atomically).")
-@ablation_option(None, "zero, or mean: fold head means into the output projection's bias (checkpoint only; gpt2, "
-                       "gpt_neox, and models whose attention has a bias). Default: what the heads file's run located "
+@ablation_option(None, "zero, or mean: fold head means into the output projection's bias (checkpoint: gpt2, "
+                       "gpt_neox, and models whose attention has or can switch on a bias) or into a LoRA adapter's "
+                       "bias (adapter). Default: what the heads file's run located "
                        "under (zero for a head spec or a file from before the setting).")
 @mean_reference_option("Default: the run's, when --ablation is the run's.")
-@dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter vector dtype (auto: float32).")
+@dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter weight dtype (auto: float32).")
 @revision_option()
 @device_map_option()
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")

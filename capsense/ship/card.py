@@ -137,7 +137,15 @@ def _what_and_how(meta: dict[str, Any]) -> tuple[str, str]:
         else "each ablated head's slice of the input to the attention output projection is replaced "
         f"by its mean over reference texts ({meta.get('mean_reference')})"
     )
-    if meta["format"] == "adapter":
+    if meta["format"] == "adapter" and ablation == "mean":
+        how = (
+            "This is a PEFT **LoRA adapter with a bias** (`lora_bias`) on the output projections of the edited "
+            "layers: `lora_A` picks the ablated heads' input slices `S`, `lora_B` is `-W[:, S]` (it removes what "
+            "they contribute) and its bias is `W[:, S] @ mean[S]` (it adds what their means contribute), with "
+            "scaling 1. Use it unmerged where the projection has no bias (PEFT cannot merge a LoRA bias there); "
+            "the capsense checkpoint export is the merged model."
+        )
+    elif meta["format"] == "adapter":
         how = (
             "This is a PEFT **IA3 adapter** on the output projections of the edited layers, with "
             "`feedforward_modules` set to the same modules so IA3 scales the projection's *input*. "
@@ -230,7 +238,8 @@ def _load_section(meta: dict[str, Any], repo_id: str | None) -> list[str]:
             f'base = AutoModelForCausalLM.from_pretrained("{base_ref}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{base_ref}")',
             f'model = PeftModel.from_pretrained(base, "{ref}")',
-            "# or bake it in: model = model.merge_and_unload()",
+            "# or bake it in: model = model.merge_and_unload()" if meta["ablation"] != "mean" else
+            "# keep it unmerged where the attention output projection has no bias (PEFT cannot merge a LoRA bias there)",
         ]
     else:
         lines += [
@@ -280,7 +289,8 @@ def _provenance(meta: dict[str, Any]) -> list[str]:
     if base.get("content_sha256"):
         lines.append(f"- base weights sha256 (config and weight files): `{base['content_sha256']}`")
     if meta["format"] == "adapter":
-        lines.append(f"- adapter vector dtype: {meta.get('adapter', {}).get('vector_dtype', 'float32')}")
+        adapter = meta.get("adapter", {})
+        lines.append(f"- adapter weight dtype: {adapter.get('weight_dtype') or adapter.get('vector_dtype', 'float32')}")
     else:
         lines.append(f"- dtype: {meta.get('torch_dtype') or meta.get('dtype')}")
     return ["", "## Provenance", "", *lines, "", "All of this is also in `capsense.json`."]
@@ -297,7 +307,7 @@ def build_model_card(meta: dict[str, Any], repo_id: str | None = None) -> ModelC
     card_data = ModelCardData(
         base_model=hub_id,
         library_name="peft" if adapter else "transformers",
-        tags=CARD_TAGS + (["ia3", "peft"] if adapter else []),
+        tags=CARD_TAGS + ([meta.get("adapter", {}).get("peft_type", "IA3").lower(), "peft"] if adapter else []),
         pipeline_tag="text-generation",
         base_model_relation=("adapter" if adapter else "finetune") if hub_id else None,
     )

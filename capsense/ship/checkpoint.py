@@ -31,6 +31,15 @@ def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def head_columns(projection: nn.Module, idx: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """``W[:, S]`` of an output projection in float64, ``[out, |S|]``, on the weight's device (GPT-2's Conv1D
+    stores the same numbers as rows)."""
+    w = projection_weight(projection)
+    cols = w.index_select(0 if transposed else 1, idx.to(w.device)).double()
+    return cols.T if transposed else cols
+
+
+@torch.no_grad()
 def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, torch.Tensor]) -> list[str]:
     """Mean ablation in weight space, in place: ``b += W[:, S] @ mean[S]``, then ``W[:, S] = 0``.
 
@@ -47,11 +56,9 @@ def fold_means_into_bias(model: nn.Module, heads: HeadsLike, means: dict[int, to
     projections = out_projections(model)
     for layer, head_ids in hs.by_layer().items():
         proj = base_layer(projections[layer])
-        w = projection_weight(proj)
-        idx = head_indices(head_ids, layout.head_dim).to(w.device)
-        mean = means[layer].to(device=w.device, dtype=torch.float64)[idx]
-        cols = w.index_select(0 if spec.transposed else 1, idx).double()
-        shift = mean @ cols if spec.transposed else cols @ mean
+        idx = head_indices(head_ids, layout.head_dim)
+        cols = head_columns(proj, idx, spec.transposed)
+        shift = cols @ means[layer].to(device=cols.device, dtype=torch.float64)[idx]
         proj.bias.copy_((proj.bias.double() + shift).to(proj.bias.dtype))
     zero_heads_in_weights(model, hs)
     return added

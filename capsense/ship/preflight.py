@@ -130,19 +130,11 @@ def check_mean_foldable(model: nn.Module, heads: HeadSet) -> list[str]:
             f"projection has no bias to carry the head means (layers {missing}; {model_type}: {support}). "
             "A checkpoint can carry mean ablation for gpt2, gpt_neox and phi, and for llama, qwen3, gemma, "
             "gemma2, gemma3, olmo2 and most other families whose config has attention_bias (turned on). Use "
-            "`ablation` zero, or evaluate mean ablation without exporting: "
+            "`format` adapter (a LoRA whose bias carries the means, for every family), `ablation` zero, or evaluate "
+            "mean ablation without exporting: "
             "lm_eval --model capsense-masked --model_args ...,ablation=mean"
         )
     return switch
-
-
-MEAN_ADAPTER_MSG = (
-    "mean ablation cannot be exported as an adapter: an IA3 adapter can only scale the "
-    "projection's input (x * l), it cannot add the constant that replaces an ablated head's "
-    "output under mean ablation. Use `format` checkpoint (folds the means into the output "
-    "projection's bias where the architecture has one), or `ablation` zero, or evaluate mean "
-    "ablation without exporting: lm_eval --model capsense-masked --model_args ...,ablation=mean"
-)
 
 
 class ExportInputs(NamedTuple):
@@ -166,12 +158,11 @@ def check_export_inputs(
     it and what is valid; nothing is written. ``_settings``: the format's other settings, not checked here."""
     FORMATS.check(format)
     check_ablation_mode(ablation)
-    if ablation == "mean" and format == "adapter":
-        raise CapsenseError(MEAN_ADAPTER_MSG)
     if mean_reference and ablation != "mean":
         raise CapsenseError("`mean_reference` only applies to `ablation` mean")
-    if device_map and format == "adapter":
-        raise CapsenseError("`device_map` applies to `format` checkpoint (an adapter is built without loading weights)")
+    if device_map and format == "adapter" and ablation != "mean":
+        raise CapsenseError("`device_map` applies to `format` checkpoint and to a mean-ablation adapter (a "
+                            "zero-ablation adapter is built without loading weights)")
     check_dtype(dtype)
     out_path = check_output_dir(out, overwrite)
     hs, heads_file, source = resolve_heads(heads, top_k)

@@ -67,18 +67,21 @@ def test_gemma3_capsense_masked_matches_the_checkpoint_sample_by_sample(exported
     assert worst <= 1e-5, worst
 
 
-def test_gemma3_mean_checkpoint_turns_attention_bias_on_and_reproduces_mean_ablation(tmp_path):
-    """Gemma 3's attention has no biases: a mean-ablated export turns ``attention_bias`` on (zero biases beside the
-    folded means) and plain transformers reproduces capsense's mean ablation (round 33)."""
+def test_gemma3_mean_exports_reproduce_mean_ablation(tmp_path):
+    """Gemma 3's attention has no biases: a mean-ablated checkpoint turns ``attention_bias`` on (zero biases beside
+    the folded means) and plain transformers reproduces capsense's mean ablation (round 33); the mean-ablation
+    adapter, a LoRA whose bias carries the means, does the same in stock PEFT on the unedited base (round 36)."""
     import json
 
     from transformers import AutoModelForCausalLM
 
     from capsense.core.ablation import HeadAblator, reference_means
     from capsense.core.models import load_model
+    from capsense.ship.adapter import export_adapter
     from capsense.ship.checkpoint import export_checkpoint
 
     result = export_checkpoint(NAME, HEADS, tmp_path / "mean", ablation="mean")
+    export_adapter(NAME, HEADS, tmp_path / "mean-adapter", ablation="mean")
     assert result.metadata["attention_biases_added"] > 0
     assert json.loads((tmp_path / "mean" / "config.json").read_text())["attention_bias"] is True
     base, tok = load_model(NAME)
@@ -94,3 +97,10 @@ def test_gemma3_mean_checkpoint_turns_attention_bias_on_and_reproduces_mean_abla
             got = checkpoint(x).logits
             assert (got - w).abs().max().item() <= 1e-4
             assert (got - c).abs().max().item() > 1e-2  # the edit is there: not the clean model
+    del checkpoint
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(base, tmp_path / "mean-adapter").eval()
+    with torch.no_grad():
+        for x, w in zip(ids, want):
+            assert (adapted(x).logits - w).abs().max().item() <= 1e-4

@@ -21,6 +21,7 @@ from conftest import EXTRA_ARCHS, HEAD_DIM, N_HEADS, make_char_tokenizer, make_t
 HEADS = "L0H1+L2H0+L2H3"  # three heads in two layers (layer 1 untouched)
 EDITED_LAYERS = 2
 TOL = 1e-5
+MEAN_TEXTS = ["The library opens at nine.", "Rain fell on the quiet town all night.", "2 + 2 = 4"]  # mean ablation's reference
 
 _FOLDERS: dict[tuple, Path] = {}
 
@@ -131,6 +132,28 @@ def test_bf16_adapter_vectors_when_asked(folders, tmp_path):
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
 
 
+def _mean_reference(tmp_path) -> Path:
+    reference = tmp_path / "reference.txt"
+    reference.write_text("\n".join(MEAN_TEXTS) + "\n")
+    return reference
+
+
+def _hook_logits(base_dir) -> tuple[T.PreTrainedModel, torch.Tensor, torch.Tensor]:
+    """The base model, the test inputs and the hook's mean-ablated logits on them, checked to differ from zero
+    ablation's (the means over
+    :data:`MEAN_TEXTS` with the folder's own tokenizer, as the exports and capsense-masked read it: for the tiny
+    Qwen2 folder it is not the character tokenizer the folder was saved from, and the means differ by 0.09)."""
+    base, x = _load(base_dir), tiny_inputs()
+    means = compute_head_means(base, T.AutoTokenizer.from_pretrained(base_dir), MEAN_TEXTS)
+    with torch.no_grad():
+        with HeadAblator(base, "zero").apply(HEADS):
+            zeroed = base(x).logits
+        with HeadAblator(base, "mean", means).apply(HEADS):
+            expected = base(x).logits
+    assert _maxdiff(expected, zeroed) > 1e-4  # mean differs from zero ablation here
+    return base, x, expected
+
+
 @pytest.mark.parametrize(
     "arch,overrides",
     [("gpt2", {}), ("gpt_neox", {}), ("llama", {"attention_bias": True}), ("qwen3", {"attention_bias": True}),
@@ -140,21 +163,12 @@ def test_bf16_adapter_vectors_when_asked(folders, tmp_path):
 )
 def test_mean_ablation_folds_into_bias(arch, overrides, folders, tmp_path):
     base_dir = folders(arch, **overrides)
-    texts = ["The library opens at nine.", "Rain fell on the quiet town all night.", "2 + 2 = 4"]
-    reference = tmp_path / "reference.txt"
-    reference.write_text("\n".join(texts) + "\n")
+    reference = _mean_reference(tmp_path)
     result = export_checkpoint(str(base_dir), HEADS, tmp_path / "mean", ablation="mean", mean_reference=reference)
     assert result.metadata["ablation"] == "mean" and result.metadata["mean_reference"] == reference.name  # no path of this machine
-    base = _load(base_dir)
-    means = compute_head_means(base, make_char_tokenizer(), texts)
-    x = tiny_inputs()
+    _, x, expected = _hook_logits(base_dir)
     with torch.no_grad():
-        with HeadAblator(base, "zero").apply(HEADS):
-            zeroed = base(x).logits
-        with HeadAblator(base, "mean", means).apply(HEADS):
-            expected = base(x).logits
         got = _load(result.out)(x).logits
-    assert _maxdiff(expected, zeroed) > 1e-4  # mean differs from zero ablation here
     assert _maxdiff(got, expected) <= TOL
     if not overrides.get("attention_bias", True):
         config = json.loads((result.out / "config.json").read_text())
@@ -187,11 +201,28 @@ def test_mean_ablation_refused_without_bias(arch, support, folders, tmp_path):
     assert _nothing_at(out)
 
 
-def test_mean_adapter_refused(folders, tmp_path):
-    out = tmp_path / "out"
-    with pytest.raises(CapsenseError, match="cannot be exported as an adapter.*`format` checkpoint"):
-        export_adapter(str(folders("gpt2")), HEADS, out, ablation="mean")
-    assert _nothing_at(out)
+@pytest.mark.parametrize("arch,overrides", [
+    ("llama", {}), ("gpt2", {}), ("mistral", {}), ("qwen2", {}), ("mixtral", {}), ("llama", {"attention_bias": True}),
+])
+def test_mean_adapter_equals_hook_mean_ablation(arch, overrides, folders, tmp_path):
+    """Mean ablation as a LoRA with a bias (B = -W[:, S], bias = W[:, S] @ mean[S]), loaded by stock PEFT:
+    the hook's mean-ablated logits, on families whose checkpoint cannot carry the means (Mistral, Qwen2,
+    Mixtral: no attention bias to switch on) and on GPT-2's transposed Conv1D."""
+    from peft import PeftModel
+
+    base_dir = folders(arch, **overrides)
+    reference = _mean_reference(tmp_path)
+    result = export_adapter(str(base_dir), HEADS, tmp_path / "mean", ablation="mean", mean_reference=reference)
+    assert result.metadata["ablation"] == "mean" and result.metadata["mean_reference"] == reference.name
+    cfg = json.loads((result.out / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["lora_bias"] and len(cfg["target_modules"]) == EDITED_LAYERS
+    assert sorted(cfg["rank_pattern"].values()) == [HEAD_DIM, 2 * HEAD_DIM] == sorted(cfg["alpha_pattern"].values())
+    base, x, expected = _hook_logits(base_dir)
+    with torch.no_grad():
+        got = PeftModel.from_pretrained(base, result.out).eval()(x).logits
+    assert _maxdiff(got, expected) <= TOL
+    card = (result.out / "README.md").read_text()
+    assert "LoRA" in card and "replaced by its mean" in card
 
 
 def test_sharded_bf16_checkpoint(folders, tmp_path):
@@ -357,7 +388,7 @@ def test_cli_export_both_formats(folders, tmp_path):
     "extra,message",
     [
         (["--heads", "L9H0"], "Error: layer 9 out of range in L9H0: this model has 3 layers (0-2)"),
-        (["--heads", "L0H1", "--ablation", "mean", "--format", "adapter"], "Error: mean ablation cannot be exported as an adapter"),
+        (["--heads", "L0H1", "--format", "adapter", "--device-map", "auto"], "Error: --device-map applies to --format checkpoint"),
         (["--heads", "L0H1", "--ablation", "mean"], "Error: mean ablation cannot be folded into this mistral checkpoint"),
         (["--heads", "{bad}.json"], "Error: heads file '{bad}.json' is not valid JSON"),
         (["--heads", "{missing}.json"], "Error: heads file '{missing}.json' not found"),
@@ -458,7 +489,6 @@ _BAD = [  # (format, settings, what the error says): each refused before the for
     ("adapter", {"dtype": "float8"}, "unknown dtype 'float8': choose one of"),
     ("checkpoint", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),
     ("adapter", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),
-    ("adapter", {"ablation": "mean"}, "mean ablation cannot be exported as an adapter"),
     ("adapter", {"device_map": "auto"}, "`device_map` applies to `format` checkpoint"),
     ("checkpoint", {"heads": "L0H1+L7H0"}, "layer 7 out of range in L7H0"),
     ("adapter", {"heads": "L0H1+L7H0"}, "layer 7 out of range in L7H0"),

@@ -16,7 +16,7 @@ from capsense.core.ablation import ABLATION_MODES, HeadAblator, compute_head_mea
 from capsense.ship.export import export_adapter, export_checkpoint
 from capsense.errors import CapsenseError, HeadSpecError, OutputExistsError
 from capsense.core.files import atomic_output_dir
-from conftest import EXTRA_ARCHS, HEAD_DIM, N_HEADS, make_char_tokenizer, make_tiny_model, save_tiny_folder, tiny_inputs
+from conftest import EXTRA_ARCHS, HEAD_DIM, N_HEADS, save_tiny_folder, tiny_inputs
 
 HEADS = "L0H1+L2H0+L2H3"  # three heads in two layers (layer 1 untouched)
 EDITED_LAYERS = 2

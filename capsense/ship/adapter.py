@@ -96,13 +96,12 @@ def _mean_lora_model(model: str, meta: nn.Module, hs: HeadSet, names: list[str],
     stored), and its record for ``capsense.json``."""
     from peft import LoraConfig, get_peft_model
 
-    from capsense.core.ablation import compute_head_means, read_reference_texts
+    from capsense.core.ablation import reference_means
     from capsense.core.models import load_model
 
-    texts = read_reference_texts(mean_reference) if mean_reference else None  # before the load
     log(f"Loading {model} to read the heads' output columns and compute their means ...")
     lm, tokenizer = load_model(model, dtype="auto", revision=revision, device_map=device_map)
-    weights = mean_lora_weights(lm, hs, compute_head_means(lm, tokenizer, texts))
+    weights = mean_lora_weights(lm, hs, reference_means(lm, tokenizer, "mean", mean_reference))
     del lm
     ranks = {name: int(weights[layer][0].shape[0]) for layer, name in zip(hs.layers(), names)}
     patterns = {re.escape(name): r for name, r in ranks.items()}  # PEFT matches these keys as regular expressions

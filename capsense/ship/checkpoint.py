@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from capsense.core.ablation import compute_head_means, read_reference_texts, zero_heads_in_weights
+from capsense.core.ablation import reference_means, zero_heads_in_weights
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections, projection_weight
 from capsense.core.files import atomic_output_dir
 from capsense.core.heads import HeadSet, HeadsLike
@@ -88,14 +88,14 @@ def check_editable(model, heads: HeadSet) -> None:
         )
 
 
-def _ablate_in_weights(lm: nn.Module, tokenizer, hs: HeadSet, ablation: str, texts: list[str] | None,
+def _ablate_in_weights(lm: nn.Module, tokenizer, hs: HeadSet, ablation: str, mean_reference,
                        log: Callable[[str], None]) -> list[str]:
-    """Zero ``hs`` in ``lm``'s weights, or fold their means over ``texts`` (None: neutral prose) into the bias;
-    returns the zero biases turned on to carry the means (:func:`fold_means_into_bias`)."""
+    """Zero ``hs`` in ``lm``'s weights, or fold their means over ``mean_reference``'s texts (None: neutral prose)
+    into the bias; returns the zero biases turned on to carry the means (:func:`fold_means_into_bias`)."""
     added: list[str] = []
     if ablation == "mean":
         log("Computing head means on the reference texts ...")
-        added = fold_means_into_bias(lm, hs, compute_head_means(lm, tokenizer, texts))
+        added = fold_means_into_bias(lm, hs, reference_means(lm, tokenizer, "mean", mean_reference))
         if added:
             log(f"The base model's attention has no biases: config.attention_bias turned on, {len(added)} zero biases added")
     else:
@@ -135,12 +135,11 @@ def export_checkpoint(
         check_mean_foldable(meta, hs)
     model_type = meta.config.model_type
     del meta
-    texts = read_reference_texts(mean_reference) if ablation == "mean" and mean_reference else None  # before the load
 
     log(f"Loading {model} ...")
     lm, tokenizer = load_model(model, dtype=dtype, revision=revision, device_map=device_map)
     check_editable(lm, hs)
-    added = _ablate_in_weights(lm, tokenizer, hs, ablation, texts, log)
+    added = _ablate_in_weights(lm, tokenizer, hs, ablation, mean_reference, log)
 
     metadata = build_metadata(
         fmt="checkpoint", model=model, revision=revision, heads=hs, heads_file=heads_file,

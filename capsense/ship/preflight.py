@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from capsense.core.ablation import check_ablation_mode, resolve_ablation
+from capsense.core.ablation import resolve_ablation
 from capsense.core.arch import arch_spec, base_layer, head_layout, out_projections
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
@@ -157,9 +157,7 @@ def check_export_inputs(
     format (``checked``), or by a format called directly. A bad input raises one :class:`CapsenseError` naming
     it and what is valid; nothing is written. ``_settings``: the format's other settings, not checked here."""
     FORMATS.check(format)
-    check_ablation_mode(ablation)
-    if mean_reference and ablation != "mean":
-        raise CapsenseError("`mean_reference` only applies to `ablation` mean")
+    resolve_ablation({}, ablation, mean_reference)  # a known mode; a reference file only for mean, and there
     if device_map and format == "adapter" and ablation != "mean":
         raise CapsenseError("`device_map` applies to `format` checkpoint and to a mean-ablation adapter (a "
                             "zero-ablation adapter is built without loading weights)")

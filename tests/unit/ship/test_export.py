@@ -490,6 +490,8 @@ _BAD = [  # (format, settings, what the error says): each refused before the for
     ("checkpoint", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),
     ("adapter", {"mean_reference": "ref.txt"}, "`mean_reference` only applies to `ablation` mean"),
     ("adapter", {"device_map": "auto"}, "`device_map` applies to `format` checkpoint"),
+    ("checkpoint", {"ablation": "mean", "mean_reference": "no-such.txt"}, "mean_reference file 'no-such.txt' not found"),
+    ("adapter", {"ablation": "mean", "mean_reference": "no-such.txt"}, "mean_reference file 'no-such.txt' not found"),
     ("checkpoint", {"heads": "L0H1+L7H0"}, "layer 7 out of range in L7H0"),
     ("adapter", {"heads": "L0H1+L7H0"}, "layer 7 out of range in L7H0"),
     ("nope", {}, "unknown `format` 'nope': valid formats are adapter, checkpoint"),

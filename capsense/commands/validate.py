@@ -57,7 +57,7 @@ def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: 
             model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
             device=device, dtype=dtype, include_path=list(include_path), device_map=device_map_from(device_map, parallelize),
             confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase, tolerance=tolerance,
-            ablation=ablation, mean_reference=mean_reference,
+            ablation=ablation, mean_reference=mean_reference, out=out,
         )
     progress.close()
     from capsense.core.distributed import is_main_process

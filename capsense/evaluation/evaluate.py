@@ -110,8 +110,12 @@ def evaluate_head_sets(
     confirm_run_unsafe_code: bool = False,
     progress: Any = None,
     display_names: Mapping[str, str] | None = None,
+    store: Any = None,
 ) -> list[MetricRow]:
     """Run ``tasks`` once per labelled head set; one row per (task, metric).
+
+    ``store`` (a :class:`capsense.evaluation.conditions.ConditionStore`, opened): head sets it has finished are
+    read from it, not evaluated again, and each one evaluated here is recorded in it as it ends.
 
     Rows cover every metric lm-eval reports for the task (or those named in ``metrics``),
     under every filter: labelled ``name`` for the default filter, ``name,filter`` otherwise
@@ -124,7 +128,7 @@ def evaluate_head_sets(
     from capsense.scoring.probe import quiet_request_building
 
     with quiet_request_building(progress is not None):
-        results, direction = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, limit=limit,
+        results, direction = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, store, limit=limit,
                                              samples=samples, confirm_run_unsafe_code=confirm_run_unsafe_code)
     lm.set_heads(HeadSet())
     lm.quiet_requests = False
@@ -146,10 +150,10 @@ def evaluate_head_sets(
     return rows
 
 
-def _run_conditions(lm, head_sets, tasks, manager, progress, display_names,
+def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, store,
                     **kwargs: Any) -> tuple[dict[str, Any] | None, dict[str, dict[str, bool]]]:
     """lm-eval's results per head set (None on a process that lm-eval's data parallel gives none),
-    and each task's metric directions (lm-eval's ``higher_is_better``)."""
+    and each task's metric directions (lm-eval's ``higher_is_better``); finished ones from ``store``."""
     import lm_eval
 
     results: dict[str, Any] = {}
@@ -158,12 +162,16 @@ def _run_conditions(lm, head_sets, tasks, manager, progress, display_names,
     for label, heads in head_sets.items():
         if progress is not None:
             progress.label((display_names or {}).get(label, label))
-        lm.set_heads(heads)
-        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
-                                      verbosity="WARNING", **kwargs)
-        if out is None:  # a process other than the main one under lm-eval's data parallel
-            elsewhere = True
-            continue
+        out = None if store is None else store.get(label, str(heads))
+        if out is None:
+            lm.set_heads(heads)
+            out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
+                                          verbosity="WARNING", **kwargs)
+            if out is None:  # a process other than the main one under lm-eval's data parallel
+                elsewhere = True
+                continue
+            if store is not None:
+                store.put(label, str(heads), out["results"], out.get("higher_is_better") or {})
         results[label] = out["results"]
         direction.update(out.get("higher_is_better") or {})
         if progress is not None:

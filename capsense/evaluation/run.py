@@ -83,7 +83,7 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
         if val:
             with display.phase("validate") as phase:
                 rows, info = validate(cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"],
-                                      log=display.write, progress=phase, **validate_kwargs(cfg, val))
+                                      log=display.write, progress=phase, out=val["out"], **validate_kwargs(cfg, val))
             if not is_main_process():  # under accelerate launch every process evaluates, the main one writes
                 display.close()
                 continue

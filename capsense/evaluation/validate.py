@@ -159,17 +159,17 @@ def validate(
     tolerance: float = DEFAULT_TOLERANCE,
     ablation: str | None = None,
     mean_reference: str | None = None,
+    out: str | Path | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
-    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs,
-    and judge selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``.
+    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs, and judge
+    selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``. ``tasks``: by default the run's target,
+    its controls and the held-out control suite; ``ablation`` (and ``mean_reference``): by default the run's
+    (:func:`~capsense.core.ablation.resolve_ablation`); ``out``: the folder it is written to, where each finished
+    condition is kept so that a rerun resumes (:mod:`capsense.evaluation.conditions`; None: nothing kept).
 
-    ``tasks``: by default the run's target, its controls and the held-out control suite.
-    ``ablation`` (and ``mean_reference``): by default the run's (:func:`~capsense.core.ablation.resolve_ablation`).
-
-    ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is
-    labelled with each condition (base, top-K, random i) as it runs. Under ``accelerate launch``
-    on GPUs lm-eval splits the documents across processes and only the main process gets rows
-    (the others get ``[]``).
+    ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is labelled with each
+    condition as it runs. Under ``accelerate launch`` on GPUs lm-eval splits the documents across processes and
+    only the main process gets rows (the others get ``[]``).
     """
     from capsense.evaluation.evaluate import load_lm
     from capsense.tasks import task_manager
@@ -186,14 +186,15 @@ def validate(
     samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
     lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
                  mean_reference=mean_reference)
-    randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log)
+    store = open_conditions(out, log, model=model, ablation=ablation, mean_reference=mean_reference, dtype=dtype, device=device,
+                            device_map=device_map, samples=samples, batch_size=lm_eval_batch_size(batch_size, device, device_map))
+    randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log, store)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
-        "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top),
+        "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top), "locate_task": hf.meta.get("task"),
         "ablation": ablation, "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
-        "random_sets": [str(h) for h in randoms], "samples": samples,
+        "random_sets": [str(h) for h in randoms], "samples": samples, "locate_controls": hf.meta.get("controls"),
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
-        "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"),
         "batch_size": batch_size, "lm_eval_batch_size": lm_eval_batch_size(batch_size, device, device_map),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **provenance(device, device_map=device_map)}  # the host record as locate's manifest has it
@@ -207,9 +208,10 @@ def strong_heads_in(hf: HeadsFile, randoms: Sequence[HeadSet], k: int) -> list[d
     the effect and, for a head the collateral screen set aside, the control it hurt.
 
     A random set holding one of the target's decisive heads hurts the target as much as the set under test, and
-    then no set can be "clearly" beyond the random band: on Gemma 3 a random set with L11H2 (alone +23,703% on
-    induction, set aside because it hurts conversions) took induction to 0 (round 35). The verdict keeps its
-    rule and says which random set it was and why the located set does not hold that head."""
+    then no set can be "clearly" beyond the random band: in round 33's mean-ablation validation on Gemma 3, two
+    random sets held L11H2 (alone +23,703% on induction, set aside because it hurts conversions) and took induction
+    to 0. The verdict keeps its rule and says which random set it was and why the located set does not hold
+    that head."""
     eff = {f"L{r['layer']}H{r['head']}": float(r["target_effect"]) for r in hf.heads
            if isinstance(r.get("target_effect"), (int, float)) and math.isfinite(r["target_effect"])}
     ranked = sorted(eff, key=lambda h: -eff[h])[:k]
@@ -229,6 +231,7 @@ def note_strong_random_heads(verdict: dict[str, Any], found: list[dict[str, Any]
     verdict["random_strong_heads"] = found
     if not found:
         return
+
     def say(h: dict[str, Any]) -> str:
         aside = "" if h.get("set_aside_for") is None else (
             f", set aside by the collateral screen for {h['set_aside_for']} {100 * h['control_damage']:+.1f}%")
@@ -238,10 +241,26 @@ def note_strong_random_heads(verdict: dict[str, Any], found: list[dict[str, Any]
                                     for f in found))
 
 
+def open_conditions(out: str | Path | None, log, **settings: Any) -> Any:
+    """The :class:`~capsense.evaluation.conditions.ConditionStore` of ``out`` (None: no folder) for the validation
+    ``settings`` (and this machine's library versions), opened by the main process (its lock, the finished
+    conditions read) and its finished conditions handed to every process, so that all skip the same ones under
+    lm-eval's data parallel."""
+    if out is None:
+        return None
+    from capsense.core.distributed import context
+    from capsense.evaluation.conditions import ConditionStore
+
+    store = ConditionStore(out, {**settings, "versions": provenance(settings.get("device", "cpu"))["versions"]}, log)
+    store.finished = context().on_main(store.open)
+    return store
+
+
 def _evaluate_sets(lm: Any, top: HeadSet, n_random: int, seed: int, samples: dict[str, list[int]],
-                   include_path: Sequence[str], confirm_run_unsafe_code: bool, progress: Any, log) -> tuple[list[HeadSet], list]:
+                   include_path: Sequence[str], confirm_run_unsafe_code: bool, progress: Any, log,
+                   store: Any = None) -> tuple[list[HeadSet], list]:
     """``n_random`` random sets beside ``top`` (none sharing a head with it), and lm-eval's rows of base, top and
-    each random set on the held-out ``samples``."""
+    each random set on the held-out ``samples``; ``store`` (:func:`open_conditions`) is closed at the end."""
     from capsense.core.arch import head_layout
     from capsense.evaluation.evaluate import evaluate_head_sets
 
@@ -251,9 +270,13 @@ def _evaluate_sets(lm: Any, top: HeadSet, n_random: int, seed: int, samples: dic
     sets = {"base": HeadSet(), "ablated": top, **{f"random{i + 1}": hs for i, hs in enumerate(randoms)}}
     log(f"Validating top-{k} ({top}) and {n_random} random {k}-head sets on "
         + ", ".join(f"{t} ({len(d)} held-out docs)" for t, d in samples.items()))
-    raw = evaluate_head_sets(lm, sets, list(samples), samples=samples, include_path=include_path,
-                             confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
-                             display_names={"ablated": f"top-{k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
+    try:
+        raw = evaluate_head_sets(lm, sets, list(samples), samples=samples, include_path=include_path,
+                                 confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress, store=store,
+                                 display_names={"ablated": f"top-{k}", **{f"random{i + 1}": f"random {i + 1}" for i in range(n_random)}})
+    finally:
+        if store is not None:
+            store.close()
     return randoms, raw
 
 

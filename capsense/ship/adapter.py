@@ -142,7 +142,8 @@ def export_adapter(
     with a bias for mean ablation (the model loaded once, ``device_map`` spreading it over GPUs).
 
     Its weights are stored in ``dtype`` (float32 for ``auto``): IA3's 0 and 1 are exact in all; the LoRA's
-    ``B = -W[:, S]`` and bias are exact in float32 for a base stored in 16 bits or float32.
+    ``B = -W[:, S]`` is exact in float32 for a base stored in 16 bits or float32, and its bias is computed in
+    float64 and rounded once.
     ``max_shard_size`` is accepted for a uniform format signature and unused (an adapter is small).
     ``checked``: this request's :func:`~capsense.ship.preflight.check_export_inputs` (None: checked here).
     """

@@ -220,6 +220,19 @@ def resolve_ablation(located: dict, ablation: str | None, mean_reference: str | 
     return mode, None if mean_reference is None else str(mean_reference)
 
 
+def ablation_identity(ablation: str, mean_reference: str | os.PathLike | None = None) -> str | None:
+    """What a knocked-out head becomes, as a run or a validation is identified by it: None for zero ablation (as
+    in folders from before the setting), else ``mean`` and its reference texts (a digest of the file's bytes, so a
+    moved file is the same reference and an edited one is not)."""
+    if ablation == "zero":
+        return None
+    if mean_reference is None:
+        return "mean (capsense.tasks.prose.PASSAGES)"
+    import hashlib
+
+    return f"mean (sha256 {hashlib.sha256(Path(mean_reference).read_bytes()).hexdigest()[:16]})"
+
+
 def reference_means(model: nn.Module, tokenizer, ablation: str,
                     mean_reference: str | os.PathLike | None = None) -> dict[int, torch.Tensor] | None:
     """What an ablation of kind ``ablation`` replaces a head by: None for ``zero``; for ``mean``, the

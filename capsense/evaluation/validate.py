@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from capsense.core.ablation import resolve_ablation
+from capsense.core.ablation import ablation_identity, resolve_ablation
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
@@ -186,8 +186,8 @@ def validate(
     samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
     lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
                  mean_reference=mean_reference)
-    store = open_conditions(out, log, model=model, ablation=ablation, mean_reference=mean_reference, dtype=dtype, device=device,
-                            device_map=device_map, samples=samples, batch_size=lm_eval_batch_size(batch_size, device, device_map))
+    store = open_conditions(out, log, model=model, ablation=ablation_identity(ablation, mean_reference), dtype=dtype,
+                            device=device, device_map=device_map, samples=samples, batch_size=batch_size)
     randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log, store)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
@@ -243,15 +243,18 @@ def note_strong_random_heads(verdict: dict[str, Any], found: list[dict[str, Any]
 
 def open_conditions(out: str | Path | None, log, **settings: Any) -> Any:
     """The :class:`~capsense.evaluation.conditions.ConditionStore` of ``out`` (None: no folder) for the validation
-    ``settings`` (and this machine's library versions), opened by the main process (its lock, the finished
-    conditions read) and its finished conditions handed to every process, so that all skip the same ones under
-    lm-eval's data parallel."""
+    ``settings`` (``batch_size`` as lm-eval gets it, and this machine's library versions), opened by the main
+    process (its lock, the finished conditions read) and its finished conditions handed to every process, so that
+    all skip the same ones under lm-eval's data parallel."""
     if out is None:
         return None
     from capsense.core.distributed import context
     from capsense.evaluation.conditions import ConditionStore
 
-    store = ConditionStore(out, {**settings, "versions": provenance(settings.get("device", "cpu"))["versions"]}, log)
+    device, device_map = settings.get("device", "cpu"), settings.get("device_map")
+    key = {**settings, "batch_size": lm_eval_batch_size(settings.get("batch_size", 16), device, device_map),
+           "versions": provenance(device)["versions"]}
+    store = ConditionStore(out, key, log)
     store.finished = context().on_main(store.open)
     return store
 

@@ -76,12 +76,8 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
 
 
 def ablation_identity(cfg: LocateConfig) -> str | None:
-    """What a knocked-out head becomes, as a run folder is identified by it: None for zero ablation (as in
-    folders from before the setting), else ``mean`` and its reference texts (a digest of the file's bytes)."""
-    if cfg.ablation == "zero":
-        return None
-    if cfg.mean_reference is None:
-        return "mean (capsense.tasks.prose.PASSAGES)"
-    import hashlib
+    """What a knocked-out head becomes, as a run folder is identified by it
+    (:func:`capsense.core.ablation.ablation_identity` of the run's settings)."""
+    from capsense.core.ablation import ablation_identity as identity
 
-    return f"mean (sha256 {hashlib.sha256(Path(cfg.mean_reference).read_bytes()).hexdigest()[:16]})"
+    return identity(cfg.ablation, cfg.mean_reference)

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from capsense.core.ablation import HeadAblator, compute_head_means, scale_heads, zero_heads_in_weights
+from capsense.core.ablation import HeadAblator, ablation_identity, compute_head_means, scale_heads, zero_heads_in_weights
 from capsense.core.arch import arch_spec, head_layout, out_projections, projection_weight
 from capsense.core.heads import HeadSet
 from capsense.errors import CapsenseError
@@ -203,3 +203,16 @@ def test_scale_per_row_equals_each_row_scaled_alone():
     with pytest.raises(CapsenseError, match=r"shape \[3, 4\] or \[rows, 3, 4\]"):
         with scale_heads(model, torch.ones(2, 2, 3, 4)):
             pass
+
+
+def test_ablation_identity_is_the_reference_texts_not_their_path(tmp_path):
+    """A run folder and a validation's finished conditions are identified by it: a moved reference file is the same
+    reference, an edited one is not."""
+    a, b = tmp_path / "a.txt", tmp_path / "moved" / "b.txt"
+    a.write_text("The library opens at nine.\n")
+    b.parent.mkdir()
+    b.write_text(a.read_text())
+    assert ablation_identity("zero") is None and ablation_identity("mean") == "mean (capsense.tasks.prose.PASSAGES)"
+    assert ablation_identity("mean", a) == ablation_identity("mean", b) != ablation_identity("mean")
+    b.write_text("Rain fell all night.\n")
+    assert ablation_identity("mean", a) != ablation_identity("mean", b)

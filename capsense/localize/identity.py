@@ -5,7 +5,6 @@ release, written before a setting was recorded, is resumed (:data:`EARLIER_IDENT
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from capsense.localize.config import LocateConfig

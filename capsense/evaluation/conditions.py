@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from capsense.core.files import atomic_write_text
+from capsense.core.files import append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.localize.lock import RunFolderLock
 
 CONDITIONS_FILE = "conditions.jsonl"
@@ -46,11 +46,10 @@ class ConditionStore:
         """Take the lock; load the finished conditions of an earlier run of the same settings (set a file of other
         settings aside); return them by label."""
         self._lock.acquire()
-        lines = self._read()
+        repair_jsonl_tail(self.path)  # a line a kill cut short
+        lines = read_jsonl(self.path)
         if lines and lines[0].get("key") == self.key:
             self.finished = {c["label"]: c for c in lines[1:] if "label" in c}
-            # written again without a line a kill cut short, so that what is appended next reads back
-            atomic_write_text(self.path, "".join(json.dumps(c) + "\n" for c in [lines[0], *self.finished.values()]))
             if self.finished:
                 self.log(f"Resuming the validation in {self.folder}: {len(self.finished)} condition(s) finished "
                          f"({', '.join(self.finished)})")
@@ -61,7 +60,7 @@ class ConditionStore:
             os.replace(self.path, self.path.with_name(CONDITIONS_FILE + ".stale"))
             self.log(f"{self.path} was recorded under other settings ({', '.join(differs)}): set aside as "
                      f"{CONDITIONS_FILE}.stale; the validation starts over")
-        self._append({"key": self.key})
+        append_jsonl(self.path, {"key": self.key})
         return self.finished
 
     def get(self, label: str, heads: str) -> dict[str, Any] | None:
@@ -72,25 +71,8 @@ class ConditionStore:
     def put(self, label: str, heads: str, results: dict[str, Any], higher_is_better: dict[str, Any]) -> None:
         """Record a finished condition (synced before the next one starts)."""
         entry = {"label": label, "heads": heads, "results": results, "higher_is_better": higher_is_better}
-        self._append(json.loads(json.dumps(entry, default=str)))
+        append_jsonl(self.path, json.dumps(entry, default=str))  # lm-eval's results: strings where not numbers
         self.finished[label] = entry
 
     def close(self) -> None:
         self._lock.release()
-
-    def _read(self) -> list[dict[str, Any]]:
-        if not self.path.is_file():
-            return []
-        out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-        return out
-
-    def _append(self, obj: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(obj, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())

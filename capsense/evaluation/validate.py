@@ -169,8 +169,7 @@ def validate(
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is labelled with each
     condition as it runs. Under ``accelerate launch`` on GPUs lm-eval splits the documents across processes and
-    only the main process gets rows (the others get ``[]``).
-    """
+    only the main process gets rows (the others get ``[]``)."""
     from capsense.evaluation.evaluate import load_lm
     from capsense.tasks import task_manager
     from capsense.tasks.common import tokenizer_from_metadata
@@ -186,8 +185,9 @@ def validate(
     samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
     lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
                  mean_reference=mean_reference)
-    store = open_conditions(out, log, model=model, ablation=ablation_identity(ablation, mean_reference), dtype=dtype,
-                            device=device, device_map=device_map, samples=samples, batch_size=batch_size)
+    made, lm_batch = provenance(device, device_map=device_map), lm_eval_batch_size(batch_size, device, device_map)
+    store = open_conditions(out, log, model=model, ablation=ablation_identity(ablation, mean_reference), samples=samples,
+                            dtype=dtype, device=device, device_map=device_map, batch_size=lm_batch, versions=made["versions"])
     randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log, store)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
@@ -195,9 +195,9 @@ def validate(
         "ablation": ablation, "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
         "random_sets": [str(h) for h in randoms], "samples": samples, "locate_controls": hf.meta.get("controls"),
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
-        "batch_size": batch_size, "lm_eval_batch_size": lm_eval_batch_size(batch_size, device, device_map),
+        "batch_size": batch_size, "lm_eval_batch_size": lm_batch,
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
-        **provenance(device, device_map=device_map)}  # the host record as locate's manifest has it
+        **made}  # the host record as locate's manifest has it
     note_strong_random_heads(info["verdict"], strong_heads_in(hf, randoms, top_k))
     return rows, info
 
@@ -241,19 +241,17 @@ def note_strong_random_heads(verdict: dict[str, Any], found: list[dict[str, Any]
                                     for f in found))
 
 
-def open_conditions(out: str | Path | None, log, **settings: Any) -> Any:
+def open_conditions(out: str | Path | None, log, **key: Any) -> Any:
     """The :class:`~capsense.evaluation.conditions.ConditionStore` of ``out`` (None: no folder) for the validation
-    ``settings`` (``batch_size`` as lm-eval gets it, and this machine's library versions), opened by the main
-    process (its lock, the finished conditions read) and its finished conditions handed to every process, so that
-    all skip the same ones under lm-eval's data parallel."""
+    settings ``key`` (the caller passes ``batch_size`` as lm-eval gets it and this machine's library
+    ``versions``: a change of either makes finished conditions stale), opened by the main process (its lock, the
+    finished conditions read) and its finished conditions handed to every process, so that all skip the same ones
+    under lm-eval's data parallel."""
     if out is None:
         return None
     from capsense.core.distributed import context
     from capsense.evaluation.conditions import ConditionStore
 
-    device, device_map = settings.get("device", "cpu"), settings.get("device_map")
-    key = {**settings, "batch_size": lm_eval_batch_size(settings.get("batch_size", 16), device, device_map),
-           "versions": provenance(device)["versions"]}
     store = ConditionStore(out, key, log)
     store.finished = context().on_main(store.open)
     return store

@@ -95,15 +95,15 @@ class Coverage:
         text = f"{self.not_measured} of {self.n_heads} heads not measured alone"
         if largest is not None:
             text += f"; the largest bound on a hidden effect is {100 * largest[1]:+.1f}% ({name(largest[0])})"
-        if self.kth_single is not None:
-            text += (f", {len(misses)} head(s) not ruled out of the top K (bound >= the K-th single head's "
-                     f"{100 * self.kth_single:+.1f}%)")
+        if self.kth_single is not None and self.bound:
+            text += (f", {len(misses)} of {len(self.bound)} bounded head(s) not ruled out of the top K (bound >= the "
+                     f"K-th single head's {100 * self.kth_single:+.1f}%)")
         ratio = self.worst_ratio
         if ratio is not None and ratio > 1:
             text += (f"; knockouts did not add up: a mask's two measured halves summed to {ratio:.2f}x the mask "
                      f"({len(self.additivity)} check(s)), so a bound can be that far below the truth")
-        if self.uncovered:
-            text += f"; {len(self.uncovered)} head(s) in no measured mask (no bound)"
+        if self.uncovered:  # unbounded is not ruled out: round 37's run with every FE on singles read "0 not ruled out"
+            text += f"; {len(self.uncovered)} head(s) in no measured mask: nothing bounds them, none is ruled out"
         return text
 
 

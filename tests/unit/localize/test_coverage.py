@@ -20,7 +20,17 @@ def test_bound_is_the_smallest_mask_containing_the_head():
     assert d["n_possible_misses"] == 2 and d["largest_bound"] == {"head": "h4", "bound": 0.6}
     assert d["uncovered"] == ["h8", "h9"] and d["largest_estimates_not_measured"][0] == {"head": "h9", "estimate": 0.9}
     text = cov.summary(lambda h: f"h{h}")
-    assert "8 of 10 heads not measured alone" in text and "2 head(s) not ruled out" in text and "2 head(s) in no" in text
+    assert "8 of 10 heads not measured alone" in text and "2 of 6 bounded head(s) not ruled out" in text
+    assert "2 head(s) in no measured mask: nothing bounds them, none is ruled out" in text
+
+
+def test_heads_without_a_bound_are_not_reported_as_ruled_out():
+    # every FE spent on singles: no group knockout, so no unmeasured head has a bound
+    cov = coverage([(0,), (1,), (2,)], [0.9, 0.5, 0.1], n=6, k=2)
+    text = cov.summary(str)
+    assert cov.bound == {} and cov.uncovered == [3, 4, 5]
+    assert "not ruled out of the top K" not in text and "3 head(s) in no measured mask" in text
+    assert "none is ruled out" in text
 
 
 def test_every_head_measured():

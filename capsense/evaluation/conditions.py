@@ -4,11 +4,12 @@ A validation runs lm-eval once per condition (the clean model, the set under tes
 model each condition over the held-out suite takes minutes to hours, and a validation killed in its last condition
 lost them all. ``<out>/conditions.jsonl`` records what makes the numbers on its first line (model, ablation with a
 digest of its reference texts, dtype, device, batch size, the held-out documents of every task, library versions)
-and each finished condition's lm-eval results on a line of its own, written and synced as the condition ends. A rerun of the same settings reads the
-finished conditions and evaluates only the rest, so ``capsense validate`` and ``capsense run`` resume as a locate
-run does. A file recorded under other settings is set aside as ``conditions.jsonl.stale`` and the validation starts
-over, saying which setting differs; a line cut short by a kill is ignored. One writer per folder
-(:class:`capsense.localize.lock.RunFolderLock`), taken by the main process only under ``accelerate launch``.
+and each finished condition's lm-eval results on a line of its own, written and synced as the condition ends.
+A rerun of the same settings reads the finished conditions and evaluates only the rest, so ``capsense validate``
+and ``capsense run`` resume as a locate run does. A file recorded under other settings is set aside as
+``conditions.jsonl.stale`` and the validation starts over, saying which setting differs; a line cut short by a kill
+is ignored. One writer per folder (:class:`capsense.localize.lock.RunFolderLock`), taken by the main process only
+under ``accelerate launch``.
 """
 
 from __future__ import annotations

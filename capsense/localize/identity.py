@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsense.core.ablation import ablation_identity
 from capsense.localize.config import LocateConfig
 from capsense.localize.methods import get_method, refine_budget
 from capsense.scoring import METRICS
@@ -53,7 +54,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "limit": cfg.limit,
         "control_limit": cfg.control_limit,
         "screen": cfg.screen or None,
-        "ablation": ablation_identity(cfg),  # None: zero, as in folders from before it
+        "ablation": ablation_identity(cfg.ablation, cfg.mean_reference),  # None: zero, as in folders from before it
         "refine_dtype": refine_dtype if refine_dtype != dtype else None,  # None as in folders from before it
         "refine_search": None if cfg.resolved_refine_search == "swaps" else cfg.resolved_refine_search,  # None: swaps, as before
         "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None: |estimate| order, as in folders from before it
@@ -72,11 +73,3 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "alpha": cfg.alpha,
         "doc_ids": {t: [int(d) for d in p.doc_ids] for t, p in probes.items()},
     }
-
-
-def ablation_identity(cfg: LocateConfig) -> str | None:
-    """What a knocked-out head becomes, as a run folder is identified by it
-    (:func:`capsense.core.ablation.ablation_identity` of the run's settings)."""
-    from capsense.core.ablation import ablation_identity as identity
-
-    return identity(cfg.ablation, cfg.mean_reference)

@@ -33,6 +33,11 @@ RIDGE = 1.0  # the shifts' ridge, in units of one measured set
 #: on a new user's plural task (SmolLM2, round 30) L0H8 was estimated to make syntax 47% better, was measured
 #: in 8 of 9 sets the search proposed, and the set handed on hurt syntax +27.2% (swaps: worst control +7.2%).
 SEARCH_FLOOR = 0.0
+#: Decimals a predicted damage keeps (:meth:`SetModel.predict`, and a measured set where the predicted search
+#: compares it with predictions: :func:`rounded`). Sets equal in exact arithmetic then compare equal on every CPU.
+#: Left to the last bits, which differ between SIMD kernels, a tie went one way on an AVX2 host and the other on an
+#: AMX host (round 38: a set fitted by the shared offset alone, tied with every set the fit could not tell from it).
+PREDICTION_DECIMALS = 12
 DEFAULT_TARGET_SLACK = 0.1  # target damage within 10% of the best counts as equally wrecked
 #: With no set within tolerance, the set handed on does at least this fraction of the largest target damage
 #: measured (see :func:`choose`).
@@ -92,6 +97,12 @@ def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_
     return min(near, key=lambda q: (q.control, -q.target))
 
 
+def rounded(q: SetQuality) -> SetQuality:
+    """``q`` with its damages kept to :data:`PREDICTION_DECIMALS`, as predictions are (for comparing the two)."""
+    return SetQuality(q.heads, round(q.target, PREDICTION_DECIMALS),
+                      {c: round(v, PREDICTION_DECIMALS) for c, v in q.controls.items()}, q.tolerance)
+
+
 def _logs(target: float, controls: dict[str, float], names: Sequence[str], floor: float = -0.99) -> np.ndarray:
     return np.log1p(np.maximum([target, *(controls.get(c, 0.0) for c in names)], floor))
 
@@ -144,7 +155,7 @@ class SetModel:
         logs = self.prior[self.sets].sum(axis=1)
         if self.n_fitted:  # (unfitted: the singles' sums exactly, as the start has always been predicted)
             logs = logs + self.shift[self.sets].sum(axis=1) + self.offset
-        return [tuple(self.pool[j] for j in s) for s in self.sets.tolist()], np.expm1(logs)
+        return [tuple(self.pool[j] for j in s) for s in self.sets.tolist()], np.round(np.expm1(logs), PREDICTION_DECIMALS)
 
     def qualities(self, tolerance: float) -> list[SetQuality]:
         """The predicted sets as :class:`SetQuality`, each with its worst control alone (all :func:`choose` reads)."""

@@ -66,7 +66,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from capsense.errors import CapsenseError
-from capsense.localize.head_sets import DEFAULT_TARGET_SLACK, SEARCH_FLOOR, SetModel, SetQuality, Singles, choose
+from capsense.localize.head_sets import (DEFAULT_TARGET_SLACK, SEARCH_FLOOR, SetModel, SetQuality, Singles, choose,
+                                         rounded)
 
 
 DEFAULT_BUDGET = 24
@@ -309,13 +310,19 @@ def _predicted_search(ranking: list[int], k: int, pool: int, measured: _Measured
     """Measure, one at a time, the set :func:`choose` picks over every K-set of the pool, measured where measured
     and predicted elsewhere by the singles corrected by every set measured so far
     (:class:`capsense.localize.head_sets.SetModel`); stop when that choice is a measured set (nothing
-    unmeasured is predicted to beat it) or the budget is spent. Returns why it stopped (:data:`STOPPED`)."""
+    unmeasured is predicted to beat it) or the budget is spent. Returns why it stopped (:data:`STOPPED`).
+
+    A measured set and an unmeasured one predicted exactly as good is a tie the measured set wins: nothing unmeasured
+    is predicted to beat it. Predictions and measured damages are compared at
+    :data:`~capsense.localize.head_sets.PREDICTION_DECIMALS`, so that a tie is one in exact arithmetic. Until round
+    38 the last bits of the fit decided such a tie, one way on an AVX2 host and the other on an AMX host (a set the
+    fit explained by the offset every set shares, tied with every set whose singles were the same)."""
     model = SetModel(ranking[: k + pool], k, singles, floor=SEARCH_FLOOR)
     while len(measured.order) < measured.budget:
         model.fit([(q.heads, q.target, q.controls) for q in measured.order])
-        sets = [measured.get(q.heads) or q for q in model.qualities(measured.tolerance)]
-        seen = {frozenset(q.heads) for q in sets}
-        sets += [q for q in _candidate_sets(measured.order, k, ranking) if frozenset(q.heads) not in seen]
+        sets = [rounded(q) for q in _candidate_sets(measured.order, k, ranking)]  # first: a tie goes to a measured set
+        done = {frozenset(q.heads) for q in measured.order}
+        sets += [q for q in model.qualities(measured.tolerance) if frozenset(q.heads) not in done]
         best = choose(sets, target_slack)
         if measured.get(best.heads) is not None:
             return STOPPED[3]

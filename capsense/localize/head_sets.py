@@ -155,7 +155,8 @@ class SetModel:
         logs = self.prior[self.sets].sum(axis=1)
         if self.n_fitted:  # (unfitted: the singles' sums exactly, as the start has always been predicted)
             logs = logs + self.shift[self.sets].sum(axis=1) + self.offset
-        return [tuple(self.pool[j] for j in s) for s in self.sets.tolist()], np.round(np.expm1(logs), PREDICTION_DECIMALS)
+        sets = [tuple(self.pool[j] for j in s) for s in self.sets.tolist()]
+        return sets, np.round(np.expm1(logs), PREDICTION_DECIMALS)
 
     def qualities(self, tolerance: float) -> list[SetQuality]:
         """The predicted sets as :class:`SetQuality`, each with its worst control alone (all :func:`choose` reads)."""

@@ -34,15 +34,27 @@ from capsense.core.tables import markdown_table
 from capsense.localize.store import read_evaluations
 
 
+def singles_effects(folder: Path) -> tuple[dict[str, dict], dict[str, dict[str, float]]]:
+    """(the clean scores per task, task -> head name -> relative nll worsening) of the single-head knockouts a run
+    folder's method made in the run's precision (the first clean evaluation is the reference)."""
+    n_heads = json.loads((folder / "manifest.json").read_text())["layout"]["n_heads"]
+    evals = read_evaluations(folder, design_only=True)
+    base = next(e for e in evals if not e.heads).scores
+    out: dict[str, dict[str, float]] = {}
+    for e in evals:
+        if len(e.heads) == 1:
+            for task, s in e.scores.items():
+                if task in base and "nll" in s:
+                    out.setdefault(task, {}).setdefault(str(Head.from_index(e.heads[0], n_heads)),
+                                                        (s["nll"] - base[task]["nll"]) / base[task]["nll"])
+    return base, out
+
+
 def sweep_effects(folder: Path) -> tuple[str, float, dict[str, float]]:
     """(task, clean nll, head name -> relative nll worsening) of an exhaustive run folder."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    task, n_heads = manifest["task"], manifest["layout"]["n_heads"]
-    evals = read_evaluations(folder)
-    v = np.array([e.scores[task]["nll"] for e in evals])
-    eff = {str(Head.from_index(e.heads[0], n_heads)): float((x - v[0]) / v[0])
-           for e, x in zip(evals[1:], v[1:]) if len(e.heads) == 1}
-    return task, float(v[0]), eff
+    task = json.loads((folder / "manifest.json").read_text())["task"]
+    clean, effects = singles_effects(folder)
+    return task, float(clean[task]["nll"]), effects[task]
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -68,22 +80,6 @@ def compare(folder: Path, reference: dict) -> dict:
     }
 
 
-def singles_effects(folder: Path) -> dict[str, dict[str, float]]:
-    """Task -> head name -> relative nll worsening, for the single-head knockouts a run folder's method made in the
-    run's precision (the first clean evaluation is the reference)."""
-    n_heads = json.loads((folder / "manifest.json").read_text())["layout"]["n_heads"]
-    evals = read_evaluations(folder, design_only=True)
-    base = next(e for e in evals if not e.heads).scores
-    out: dict[str, dict[str, float]] = {}
-    for e in evals:
-        if len(e.heads) == 1:
-            for task, s in e.scores.items():
-                if task in base and "nll" in s:
-                    out.setdefault(task, {}).setdefault(str(Head.from_index(e.heads[0], n_heads)),
-                                                        (s["nll"] - base[task]["nll"]) / base[task]["nll"])
-    return out
-
-
 def run_summary(folder: Path) -> dict:
     """A run folder's precision, forward-equivalents and measure-and-choose's start, sets measured and choice."""
     manifest, heads = (json.loads((folder / f).read_text()) for f in ("manifest.json", "heads.json"))
@@ -95,7 +91,7 @@ def run_summary(folder: Path) -> dict:
 
 def compare_singles(folder: Path, against: Path) -> dict:
     """Per task both runs scored: the single-head knockouts both made and how far their effects differ."""
-    a, b = singles_effects(folder), singles_effects(against)
+    a, b = singles_effects(folder)[1], singles_effects(against)[1]
     rows = []
     for task in [t for t in a if t in b]:
         names = sorted(set(a[task]) & set(b[task]))

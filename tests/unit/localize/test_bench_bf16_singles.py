@@ -19,7 +19,8 @@ def _run(folder, dtype, effects, pool_single=None):
     if pool_single:
         lines.append({"i": len(lines), "round": -2, "heads": [pool_single], "scores": {"t": {"nll": 9.0}, "c": {"nll": 9.0}}})
     (folder / "evaluations.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    (folder / "manifest.json").write_text(json.dumps({"layout": {"n_layers": 2, "n_heads": 2}, "args": {"dtype_resolved": dtype}}))
+    (folder / "manifest.json").write_text(json.dumps({"task": "t", "layout": {"n_layers": 2, "n_heads": 2},
+                                                            "args": {"dtype_resolved": dtype}}))
     refine = {"heads": ["L0H0"], "n_evaluations": 1 if dtype == "float32" else 3, "start": {"heads": ["L0H1"]}}
     (folder / "heads.json").write_text(json.dumps({"forward_equivalents": 4.5, "refine": refine, "heads": []}))
     return folder
@@ -38,3 +39,10 @@ def test_singles_of_two_precisions_are_compared_per_task_and_pool_singles_left_o
     assert [r["dtype"] for r in result["runs"]] == ["bfloat16", "float32"] and result["runs"][0]["sets_measured"] == 3
     text = mod._write_singles(result, tmp_path / "out")
     assert "| bf16 | bfloat16 | 4.5 | L0H1 | 3 | L0H0 |" in text and (tmp_path / "out.json").is_file()
+
+
+def test_a_sweeps_effects_are_its_singles_on_the_target(tmp_path):
+    mod = load_bench_script("bench_bf16_rankings")
+    run = _run(tmp_path / "fp32", "float32", {"L0H0": (3.1, 1.0), "L0H1": (2.2, 1.01)}, pool_single="L1H0")
+    task, nll, effects = mod.sweep_effects(run)
+    assert (task, nll) == ("t", 2.0) and effects == pytest.approx({"L0H0": 0.55, "L0H1": 0.1})

@@ -19,8 +19,8 @@ def _run(folder, dtype, effects, pool_single=None):
     if pool_single:
         lines.append({"i": len(lines), "round": -2, "heads": [pool_single], "scores": {"t": {"nll": 9.0}, "c": {"nll": 9.0}}})
     (folder / "evaluations.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    (folder / "manifest.json").write_text(json.dumps({"task": "t", "layout": {"n_layers": 2, "n_heads": 2},
-                                                            "args": {"dtype_resolved": dtype}}))
+    manifest = {"task": "t", "layout": {"n_layers": 2, "n_heads": 2}, "args": {"dtype_resolved": dtype}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     refine = {"heads": ["L0H0"], "n_evaluations": 1 if dtype == "float32" else 3, "start": {"heads": ["L0H1"]}}
     (folder / "heads.json").write_text(json.dumps({"forward_equivalents": 4.5, "refine": refine, "heads": []}))
     return folder

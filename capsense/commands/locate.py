@@ -12,6 +12,7 @@ from capsense.commands.options import (
     revision_option, top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written, log
+from capsense.core.precision import AUTOCAST_DTYPES
 
 
 @click.command("locate")
@@ -90,6 +91,10 @@ from capsense.commands.output import echo_written, log
 @device_option()
 @device_map_option()
 @dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
+@click.option("--autocast", type=click.Choice(list(AUTOCAST_DTYPES)), default=None,
+              help="Run the search's matrix products in this dtype over float32 weights (torch.autocast; needs --dtype "
+                   "float32): about bfloat16's speed on a CPU with AMX, with norms, softmax and the residual stream in "
+                   "float32. Measure-and-choose measures its sets without it.")
 @revision_option()
 @include_path_option()
 @out_option("Run folder (rerunning the same command resumes).")
@@ -102,7 +107,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
            top_m: int, group_size: int, prior_score: str, group_price: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
            refine_search: str | None,
            seed: int, batch_size: int | str, masks_per_forward: str, no_prefix_reuse: bool, device: str,
-           device_map: str | None, parallelize: bool, dtype: str,
+           device_map: str | None, parallelize: bool, dtype: str, autocast: str | None,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
     """Rank MODEL's attention heads by how much --task depends on them.
 
@@ -127,7 +132,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
         prior_score=prior_score, group_price=group_price, seed=seed, batch_size=batch_size,
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
-        device_map=device_map_from(device_map, parallelize), dtype=dtype, include_path=list(include_path),
+        device_map=device_map_from(device_map, parallelize), dtype=dtype, autocast=autocast, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance,
         refine_search=refine_search, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from capsense.core.ablation import resolve_ablation
 from capsense.core.batching import check_batch_size
 from capsense.core.models import DTYPES
+from capsense.core.precision import AUTOCAST_DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
 from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, GROUP_PRICES, PRIOR_SCORES
@@ -38,6 +39,9 @@ class LocateConfig:
     # (bf16 moved one set's control damage from +1.9% to +15.7%) and, on a GPU, the float32 model takes at
     # most half its memory (capsense.core.placement.recast_fits), else the run's dtype; or a dtype name
     refine_dtype: str | None = None
+    # the search's matrix products in this dtype over float32 weights (capsense.core.precision; None: off);
+    # measure-and-choose then measures its sets without it, against the clean model evaluated again
+    autocast: str | None = None
     metric: str = "nll"
     # what a knocked-out head's output becomes (capsense.core.ablation): "zero", or "mean" over `mean_reference`'s
     # texts (None: capsense's neutral prose); the knockouts, the gradient attribution and the handed-on set all use it
@@ -98,6 +102,12 @@ class LocateConfig:
         choice("design", self.design, DESIGNS)
         choice("solver", self.solver, SOLVERS)
         choice("dtype", self.dtype, DTYPES)
+        if self.autocast is not None:
+            choice("autocast", self.autocast, AUTOCAST_DTYPES)
+            if self.dtype != "float32":
+                raise CapsenseError(f"`autocast` {self.autocast} runs a float32 model's matrix products in {self.autocast}: "
+                                    f"give `dtype` float32 (got {self.dtype}; a model loaded in {self.autocast} computes "
+                                    f"in it everywhere, autocast or not)")
         choice("prior_score", self.prior_score, PRIOR_SCORES)
         choice("group_price", self.group_price, GROUP_PRICES)
         resolve_ablation({}, self.ablation, self.mean_reference)  # the mode, and its reference texts where given

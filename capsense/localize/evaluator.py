@@ -59,6 +59,18 @@ class MaskEvaluator:
         self.folded_share = self.token_share(set(sinks))
         return sinks
 
+    def check_scorers(self) -> None:
+        """Run the scorers' first-batch self-checks now (a multiple-choice probe's shared context against
+        plain scoring), before anything is priced. A check that fails turns a scorer's prefix reuse off, which
+        changes what a knockout costs, and the search orders its singles and spends its budget by that cost.
+        A fresh run used to check inside the attribution (:meth:`clean_sinks`) and a resumed one, whose
+        attribution is read from the folder, never before pricing: where the check failed the resume priced
+        every knockout differently and asked for other masks than the folder held (found in round 39, when
+        a bfloat16-autocast run's check failed on rounding noise). Costs one batch per such probe on resume."""
+        for s in self.scorers.values():
+            if callable(getattr(s, "checked", None)):
+                s.checked()
+
     def token_share(self, names) -> float:
         """The share of the run's tokens (every probe's documents) that the probes ``names`` hold."""
         names = set(names)
@@ -67,11 +79,15 @@ class MaskEvaluator:
 
     def recast(self, dtype: str) -> MaskEvaluator:
         """A new evaluator on the same probes after casting the model to ``dtype`` in place (this one's
-        prefix caches hold activations of the old precision and must not be used again)."""
+        prefix caches hold activations of the old precision and must not be used again: also where the
+        model is already in ``dtype`` and only autocast, :mod:`capsense.core.precision`, ends)."""
         import torch
 
-        self.model.to(getattr(torch, dtype))
-        return MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra, ablator=self.ablator)
+        if next(self.model.parameters()).dtype != getattr(torch, dtype):
+            self.model.to(getattr(torch, dtype))
+        recast = MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra, ablator=self.ablator)
+        recast.check_scorers()
+        return recast
 
     @property
     def reuse_share(self) -> float:

@@ -13,7 +13,7 @@ from capsense.localize.methods import get_method, refine_budget
 from capsense.scoring import METRICS
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
-BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "doc_ids", "ablation")
+BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "autocast", "doc_ids", "ablation")
 
 
 #: How to resume a folder written before an identity key was recorded: the setting that does what
@@ -62,6 +62,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,
+        "autocast": cfg.autocast,  # None: off, as in folders from before it
         "design": cfg.design,
         "heads_per_mask": k,
         "top_k": cfg.top_k,

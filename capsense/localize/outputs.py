@@ -15,6 +15,7 @@ import numpy as np
 from capsense.core.arch import HeadLayout
 from capsense.core.files import atomic_write_text
 from capsense.core.heads import Head, HeadsFile, write_heads_file
+from capsense.core.precision import precision_name
 from capsense.core.tables import format_percent
 from capsense.localize.choice import accuracy_line, shortfall
 from capsense.localize.config import LocateConfig
@@ -164,6 +165,16 @@ EFFECT_SOURCES = {
 }
 
 
+def _precision_line(cfg: LocateConfig, result: LocateResult, args: dict) -> list[str]:
+    """The search's precision, and measure-and-choose's where it differs (one line; none for a folder that lacks them)."""
+    if "dtype_resolved" not in args:
+        return []
+    search = precision_name(args["dtype_resolved"], cfg.autocast)
+    sets = args.get("refine_dtype_resolved")
+    return [f"- precision: {search}" + (f"; sets measured in {sets}, against the clean model in it"
+                                        if result.refinement is not None and sets and sets != search else "")]
+
+
 def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], manifest: dict) -> str:
     """A short human-readable summary of the run."""
     lines = [
@@ -181,6 +192,7 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         f"cost {result.forward_equivalents:.1f} forward-equivalents (forward over the documents = 1, backward = 2, "
         "prefix-reused forward = its share of layers)",
         f"- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),
+        *_precision_line(cfg, result, manifest.get("args", {})),
         "",
         "Clean model: " + "; ".join(f"{t} nll {v['nll']:.3f}, acc {v['acc']:.3f}" for t, v in result.base.items()),
         "",

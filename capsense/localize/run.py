@@ -25,6 +25,7 @@ from typing import Any
 from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
+from capsense.core.precision import autocast, precision_name
 from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig
 from capsense.errors import CapsenseError
@@ -126,8 +127,10 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
                  progress: RunProgress | None, dtypes: tuple[str, str]) -> list[Evaluation]:
     """Measure-and-choose after the method; the chosen set leads the ranking. Returns its evaluations
     (with the heads it measured alone to widen its pool, :mod:`capsense.localize.pool`).
-    ``dtypes``: (the search's, measure-and-choose's); when they differ the model is recast in place and
-    the clean model is evaluated again in the new precision (the base of every set's damage)."""
+    ``dtypes``: (the search's precision, :func:`~capsense.core.precision.precision_name`; measure-and-choose's
+    dtype); when they differ (a bfloat16 search, or a float32 one under autocast) the model is recast in place
+    where its dtype changes, the search's prefix caches are dropped, and the clean model is evaluated again in
+    the new precision (the base of every set's damage)."""
     n, k = layout.n_total, min(cfg.top_k, layout.n_total)
     ranking = refine_candidates(result, k, cfg.task)
     singles = single_effects(result, cfg, ranking)
@@ -217,6 +220,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
             log(f"Resuming {out}: {len(store.done)} masks already evaluated")
         evaluator = MaskEvaluator(model, probes, placed["batch_size"], placed["masks_per_forward"], placed["prefix_reuse"], extra,
                                   ablator)
+        evaluator.check_scorers()  # before anything is priced, in a fresh run and a resumed one alike
         runner = MaskRunner(store, evaluator, placed["masks_per_forward"], ctx=ctx)
         runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
         search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet,
@@ -224,7 +228,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         t0 = time.perf_counter()
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
-                                    dtypes=(dtype, placed["refine_dtype"]))
+                                    dtypes=(precision_name(dtype, cfg.autocast), placed["refine_dtype"]))
         record_cost(store.manifest, result, runner, evaluator)
         store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
@@ -270,7 +274,8 @@ def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layou
     cfg, n = search.cfg, layout.n_total
     progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
     try:
-        found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
+        with autocast(next(search.model.parameters()).device.type, cfg.autocast):  # the search's knockouts only
+            found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
         result = method.fit(found.evals, cfg, n)
         coverage_step(cfg, result, found.evals, layout, log)
         if found.chosen is not None:

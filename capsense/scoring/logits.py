@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from capsense.core.precision import without_autocast
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -79,8 +81,14 @@ def output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     steps of 0.125 nats, far coarser than the 1% nll differences that separate heads. Only the
     scored positions reach the head, so computing it in float32 costs little beside the blocks,
     which stay in the model's dtype: the head's weight is cast a chunk of rows at a time, or taken
-    from the copy a :func:`float32_head` block keeps.
+    from the copy a :func:`float32_head` block keeps. Under autocast (:mod:`capsense.core.precision`) the
+    head runs outside it, in float32, for the same reason.
     """
+    with without_autocast(hidden.device.type):
+        return _output_logits(model, hidden)
+
+
+def _output_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     head = model.get_output_embeddings()
     if hidden.dtype in (torch.bfloat16, torch.float16) and isinstance(head, torch.nn.Linear):
         w, b = head.weight, head.bias

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from capsense.core.arch import arch_spec, unwrap
+from capsense.core.precision import computes_in_float32
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
 from capsense.scoring.logits import scored_hidden
@@ -133,7 +134,7 @@ class PrefixReuseScorer(TakesClean, ProbeScorer):
             return super()._hidden(ids, att, row_ko, reqs)
         if not self._checked:
             replay = self._replay(calls, 0)
-            tol = 1e-4 if final.dtype == torch.float32 else 2e-2
+            tol = 1e-4 if computes_in_float32(self.model) else 2e-2
             if not torch.allclose(replay.float(), final.float(), atol=tol, rtol=tol):
                 self.enabled = False
                 return super()._hidden(ids, att, row_ko, reqs)

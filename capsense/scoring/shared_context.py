@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from capsense.core.precision import computes_in_float32
 from capsense.scoring.logits import token_scores
 from capsense.scoring.probe import ProbeScorer, pad_right, per_request
 
@@ -111,7 +112,7 @@ class SharedContextScorer(ProbeScorer):
         clean = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
         lp, _ = self._run_shared(clean, reqs)
         plain_lp, _ = self._run(clean, reqs)
-        tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
+        tol = 1e-4 if computes_in_float32(self.model) else 5e-2
         if not np.allclose(lp, plain_lp[0], atol=tol * max(1.0, float(np.abs(plain_lp).max())), rtol=0):
             self.enabled = False
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from capsense.core.precision import computes_in_float32
 from capsense.core.replay import BlockReplay
 from capsense.scoring.prefix import TakesClean, final_norm
 from capsense.scoring.shared_context import SharedBatch, SharedContextScorer
@@ -137,5 +138,5 @@ class SharedPrefixScorer(TakesClean, SharedContextScorer):
                 lp, _ = self._shared_scores(clean.batch, *self._replay(clean, 0))
         except (TypeError, ValueError, RuntimeError, AttributeError, IndexError):
             return False
-        tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
+        tol = 1e-4 if computes_in_float32(self.model) else 5e-2
         return bool(np.allclose(lp, clean.logprob, atol=tol * max(1.0, float(np.abs(clean.logprob).max())), rtol=0))

@@ -13,7 +13,7 @@ the overlap of its top 5 with float32's (a head within 5% of float32's fifth-lar
 hit, as in the recovery table). Writes ``<out>.json`` and ``<out>.md``.
 
 ``--against FOLDER`` compares run folders of any method with one of another precision instead (say a recipe's run
-with ``--dtype bfloat16`` against the same run with ``--dtype float32``): per task scored, target and controls,
+with ``--dtype bfloat16``, or ``--dtype float32 --autocast bfloat16``, against the same run with ``--dtype float32``): per task scored, target and controls,
 the single-head knockouts both runs made in their own precision (measure-and-choose's extra singles, made in its
 float32, are left out) and how far their relative nll worsenings differ, beside each run's forward-equivalents,
 start set, sets measured and chosen set::
@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from capsense.core.heads import Head
+from capsense.core.precision import precision_name
 from capsense.core.tables import markdown_table
 from capsense.localize.store import read_evaluations
 
@@ -81,10 +82,11 @@ def compare(folder: Path, reference: dict) -> dict:
 
 
 def run_summary(folder: Path) -> dict:
-    """A run folder's precision, forward-equivalents and measure-and-choose's start, sets measured and choice."""
+    """A run folder's precision (with autocast where it ran), forward-equivalents and measure-and-choose's start, sets measured and choice."""
     manifest, heads = (json.loads((folder / f).read_text()) for f in ("manifest.json", "heads.json"))
     refine = heads.get("refine") or {}
-    return {"run": str(folder), "dtype": manifest["args"]["dtype_resolved"], "fe": heads["forward_equivalents"],
+    dtype = precision_name(manifest["args"]["dtype_resolved"], manifest["args"].get("autocast"))
+    return {"run": str(folder), "dtype": dtype, "fe": heads["forward_equivalents"],
             "start": (refine.get("start") or {}).get("heads"), "sets_measured": refine.get("n_evaluations"),
             "chosen": refine.get("heads") or [f"L{h['layer']}H{h['head']}" for h in heads["heads"][:5]]}
 

@@ -19,6 +19,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
     from capsense.compress.study.select import SIZE_KEYS
     from capsense.core.ablation import ABLATION_MODES
     from capsense.core.models import DTYPES
+    from capsense.core.precision import AUTOCAST_DTYPES
     from capsense.localize.prior import GROUP_PRICES, PRIOR_SCORES
     from capsense.localize.refine import SEARCHES
     from capsense.ship.base import FORMATS as EXPORT_FORMATS
@@ -44,6 +45,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
         ("locate", "refine_dtype"): loaded,
         ("locate", "refine_search"): SEARCHES,
         ("locate", "dtype"): DTYPES,
+        ("locate", "autocast"): AUTOCAST_DTYPES,
         ("measure", "dtype"): loaded,
         ("select", "size_key"): tuple(SIZE_KEYS),
         ("validate", "dtype"): loaded,

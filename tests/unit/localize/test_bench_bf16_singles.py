@@ -9,7 +9,7 @@ import pytest
 from conftest import load_bench_script
 
 
-def _run(folder, dtype, effects, pool_single=None):
+def _run(folder, dtype, effects, pool_single=None, autocast=None):
     """A run folder with a clean evaluation and one single knockout per head: ``effects`` is head -> (target nll,
     control nll), against a clean 2.0 and 1.0; ``pool_single`` a single measure-and-choose made (round -2)."""
     folder.mkdir()
@@ -19,7 +19,7 @@ def _run(folder, dtype, effects, pool_single=None):
     if pool_single:
         lines.append({"i": len(lines), "round": -2, "heads": [pool_single], "scores": {"t": {"nll": 9.0}, "c": {"nll": 9.0}}})
     (folder / "evaluations.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    manifest = {"task": "t", "layout": {"n_layers": 2, "n_heads": 2}, "args": {"dtype_resolved": dtype}}
+    manifest = {"task": "t", "layout": {"n_layers": 2, "n_heads": 2}, "args": {"dtype_resolved": dtype, "autocast": autocast}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     refine = {"heads": ["L0H0"], "n_evaluations": 1 if dtype == "float32" else 3, "start": {"heads": ["L0H1"]}}
     (folder / "heads.json").write_text(json.dumps({"forward_equivalents": 4.5, "refine": refine, "heads": []}))
@@ -46,3 +46,9 @@ def test_a_sweeps_effects_are_its_singles_on_the_target(tmp_path):
     run = _run(tmp_path / "fp32", "float32", {"L0H0": (3.1, 1.0), "L0H1": (2.2, 1.01)}, pool_single="L1H0")
     task, nll, effects = mod.sweep_effects(run)
     assert (task, nll) == ("t", 2.0) and effects == pytest.approx({"L0H0": 0.55, "L0H1": 0.1})
+
+
+def test_a_run_under_autocast_is_named_by_its_weights_and_its_products(tmp_path):
+    mod = load_bench_script("bench_bf16_rankings")
+    mixed = _run(tmp_path / "ac", "float32", {"L0H0": (3.0, 1.0)}, autocast="bfloat16")
+    assert mod.run_summary(mixed)["dtype"] == "float32 weights with bfloat16 autocast"

@@ -11,7 +11,7 @@ from capsense.cli import main
 from capsense.core.heads import load_heads_file
 from capsense.localize.store import read_evaluations
 from capsense.scoring.cost import ATTRIBUTION, mask_cost
-from _toy_task import TOY_CONTROL, TOY_TASK, make_toy_setup
+from _toy_task import TOY_CONTROL, TOY_MC, TOY_TASK, make_toy_setup
 
 N_LAYERS, N_HEADS = 3, 4
 
@@ -349,3 +349,60 @@ def test_a_multiple_choice_target_located_by_choice_nll(toy, tmp_path):
     bad = _locate(toy, tmp_path / "bad", "--metric", "choice_nll")
     assert bad.exit_code == 1 and "'toy_copy' is a loglikelihood task, without choices" in bad.output
     assert not (tmp_path / "bad").exists()
+
+
+def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path):
+    """``--autocast bfloat16``: the search's products in bf16 over float32 weights (its clean scores move), then
+    measure-and-choose leaves autocast, drops the search's prefix caches and evaluates the clean model again:
+    exactly a float32 run's clean scores. Recorded in the identity (a resume in float32 alone is refused)."""
+    args = ("--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "float32")
+    plain, mixed = tmp_path / "fp32", tmp_path / "autocast"
+    assert _locate(toy, plain, *args).exit_code == 0
+    r = _locate(toy, mixed, *args, "--autocast", "bfloat16")
+    assert r.exit_code == 0, r.output
+    assert "refine: measuring sets in float32 (the search ran in float32 weights with bfloat16 autocast)" in r.output
+    evals, ref = read_evaluations(mixed), read_evaluations(plain)
+    refine_round = [e for e in evals if e.round != 0]
+    assert refine_round[0].heads == [] and refine_round[0].scores == ref[0].scores
+    assert evals[0].scores != ref[0].scores  # the search did run in bfloat16 products
+    manifest = json.loads((mixed / "manifest.json").read_text())
+    assert manifest["identity"]["autocast"] == "bfloat16" and manifest["args"]["dtype_resolved"] == "float32"
+    assert json.loads((plain / "manifest.json").read_text())["identity"]["autocast"] is None
+    report = (mixed / "report.md").read_text()
+    assert "- precision: float32 weights with bfloat16 autocast; sets measured in float32" in report
+    again = _locate(toy, mixed, *args, "--autocast", "bfloat16")
+    assert again.exit_code == 0 and f"{len(evals)} masks already evaluated" in again.output
+    refused = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]),
+                                        "--limit", "12", "--no-progress", "--out", str(mixed), *args])
+    assert refused.exit_code != 0 and "autocast: 'bfloat16' there, None now" in refused.output
+
+
+def test_autocast_needs_a_float32_model(toy, tmp_path):
+    for dtype in ("auto", "bfloat16"):
+        r = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]),
+                                      "--autocast", "bfloat16", "--dtype", dtype, "--out", str(tmp_path / dtype)])
+        assert r.exit_code != 0 and "give `dtype` float32" in r.output.replace("--dtype", "`dtype`"), r.output
+        assert not (tmp_path / dtype).exists()  # refused before anything is written
+
+
+def test_a_failed_scorer_check_prices_a_resumed_run_as_it_priced_the_first(toy, tmp_path, monkeypatch):
+    """Where the multiple-choice control's shared-context check fails (simulated), its knockouts run in full and
+    cost more. A resumed run must price them the same before it replays anything: the search orders its singles
+    and spends its budget by that price. (Before round 39 a resume checked only when it first scored a mask, so it
+    priced every replayed knockout with sharing on.)"""
+    from capsense.scoring.shared_context import SharedContextScorer
+
+    def failing_check(self):
+        self._checked, self.enabled = True, False
+
+    monkeypatch.setattr(SharedContextScorer, "_check", failing_check)
+    out = tmp_path / "mc"
+    args = ("--controls", f"{TOY_CONTROL},{TOY_MC}", "--top-k", "2", "--top-m", "4", "--dtype", "float32")
+    assert _locate(toy, out, *args).exit_code == 0
+    first = json.loads((out / "manifest.json").read_text())
+    assert first["cost_model"]["reuse_share"] < 1.0  # the control's knockouts priced as full forwards
+    again = _locate(toy, out, *args)
+    assert again.exit_code == 0 and "masks already evaluated" in again.output, again.output
+    resumed = json.loads((out / "manifest.json").read_text())
+    assert resumed["cost_model"]["reuse_share"] == first["cost_model"]["reuse_share"]
+    assert resumed["forward_equivalents"] == first["forward_equivalents"]

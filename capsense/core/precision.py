@@ -1,0 +1,84 @@
+"""Mixed precision: a float32 model whose matrix products run in bfloat16 (``torch.autocast``).
+
+A model loaded in bfloat16 rounds everything to 8 bits of mantissa: its weights, and the residual
+stream after every block, so rounding errors compound over the layers. Under autocast the weights and
+the residual stream stay float32 and only the inputs of the matrix products (linear layers, attention)
+are rounded; norms, softmax and the sums between blocks run in float32. On a CPU with AMX-BF16 the
+products are what bfloat16 speeds up, so autocast runs about as fast as a bfloat16 model.
+
+Measured on the three CPU recipes' locate steps (RESULTS-locate.md, round 39: an idle 2-core Intel Xeon with
+AMX-BF16, each run alone; `bench_bf16_rankings.py RUN --against RUN`):
+
+* single-head effects move less from float32's than a bfloat16 model's do: on SmolLM2's ten controls
+  0.06-0.95 percentage points on average (largest 3.7), against 0.19-2.36 (largest 10.0) in bfloat16;
+* the search's singles ran 1.2-1.65x faster than in float32, but measure-and-choose then evaluates the
+  clean model again in float32 (13.5-16.9 s, a full forward that also fills the prefix caches), so a
+  whole locate step gained 1.22x on SmolLM2's main job (125 s against 152 s, the same set), 1.05x on
+  Gemma 3 sequence (the same set) and nothing on Gemma 3 induction, whose 24 sets in float32 took most of
+  its time (and whose saturated target, clean nll 0.048, moved singles by up to 94 points: the set handed
+  on changed, within tolerance neither way);
+* so the CPU recipes stay float32: on a CPU without native bf16 the products are emulated (a bfloat16
+  model ran 7.5x slower per mask than float32 on an AVX2 host, round 29), and a recipe's result should
+  not depend on the CPU.
+
+The LM head runs outside autocast (:func:`capsense.scoring.logits.output_logits`), in float32, as it does
+for a bfloat16 model: a bfloat16 logit of 20 moves in steps of 0.125 nats.
+
+The weights stay float32, so autocast needs the memory of a float32 model: a CPU option for speed, not
+a way to fit a larger model on a GPU (there, load it in bfloat16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+#: The dtypes autocast can run a float32 model's products in (``LocateConfig.autocast``).
+AUTOCAST_DTYPES = ("bfloat16",)
+
+
+@contextlib.contextmanager
+def autocast(device: str, dtype: str | None) -> Iterator[None]:
+    """Within the block, ``device``'s matrix products run in ``dtype`` (None: nothing changes)."""
+    if dtype is None:
+        yield
+        return
+    import torch
+
+    with torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype)):
+        yield
+
+
+def precision_name(dtype: str, autocast_dtype: str | None) -> str:
+    """How a run computes, in words: the weights' dtype, and the products' where autocast changes them."""
+    return dtype if autocast_dtype is None else f"{dtype} weights with {autocast_dtype} autocast"
+
+
+def computes_in_float32(model) -> bool:
+    """Whether ``model``'s forward computes in float32 now: float32 weights and no autocast around it. The
+    scorers' self-checks (a shared context, a prefix replay against plain scoring) allow 1e-4 there and a
+    bfloat16 tolerance otherwise; under autocast the weights' dtype alone said float32, the multiple-choice
+    check failed on bfloat16 noise and turned context sharing off (found in round 39: Gemma 3's antonyms
+    control ran every knockout in full)."""
+    import torch
+
+    p = next(model.parameters())
+    if p.dtype != torch.float32:
+        return False
+    try:
+        return not torch.is_autocast_enabled(p.device.type)
+    except TypeError:  # torch < 2.4 takes no device
+        return not (torch.is_autocast_cpu_enabled() if p.device.type == "cpu" else torch.is_autocast_enabled())
+    except RuntimeError:  # a device autocast does not know (``meta``: weights offloaded by a device map)
+        return True
+
+
+def without_autocast(device_type: str):
+    """A block in which ``device_type`` computes in its tensors' own dtypes (autocast off; nothing changes
+    on a device autocast does not know)."""
+    import torch
+
+    try:
+        return torch.autocast(device_type=device_type, enabled=False)
+    except RuntimeError:
+        return contextlib.nullcontext()

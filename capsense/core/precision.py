@@ -13,9 +13,10 @@ AMX-BF16, each run alone; `bench_bf16_rankings.py RUN --against RUN`):
   0.06-0.95 percentage points on average (largest 3.7), against 0.19-2.36 (largest 10.0) in bfloat16;
 * the search's singles ran 1.2-1.65x faster than in float32, but measure-and-choose then evaluates the
   clean model again in float32 (13.5-16.9 s, a full forward that also fills the prefix caches), so a
-  whole locate step gained 1.22x on SmolLM2's main job (125 s against 152 s, the same set), 1.05x on
-  Gemma 3 sequence (the same set) and nothing on Gemma 3 induction, whose 24 sets in float32 took most of
-  its time (and whose saturated target, clean nll 0.048, moved singles by up to 94 points: the set handed
+  whole locate step gained 1.5x on SmolLM2's main job (83 s against 123 s and 126 s back to back; 1.22x
+  in a slower hour, the same set), nothing on Gemma 3 sequence (182 s against 183 s, the same set; its
+  262k-word LM head and 14 extra singles run in float32 either way) nor on Gemma 3 induction, whose 24 sets
+  in float32 took most of its time (and whose saturated target, clean nll 0.048, moved singles by up to 94 points: the set handed
   on changed, within tolerance neither way);
 * so the CPU recipes stay float32: on a CPU without native bf16 the products are emulated (a bfloat16
   model ran 7.5x slower per mask than float32 on an AVX2 host, round 29), and a recipe's result should

@@ -60,18 +60,21 @@ class MaskEvaluator:
         return sinks
 
     def check_scorers(self) -> None:
-        """Run the scorers' first-batch self-checks now (a multiple-choice probe's shared context against
-        plain scoring), before anything is priced. A check that fails turns a scorer's prefix reuse off, which
-        changes what a knockout costs, and the search orders its singles and spends its budget by that cost.
-        A fresh run used to check inside the attribution (:meth:`clean_sinks`) and a resumed one, whose
-        attribution is read from the folder, never before pricing: where the check failed the resume priced
-        every knockout differently and asked for other masks than the folder held (found in round 39, when
-        a bfloat16-autocast run's check failed on rounding noise). Costs one batch per such probe on resume.
-        Not covered yet: the prefix-replay checks, which need the clean block inputs and run at the first
-        knockout; where one fails, a resume prices with reuse on (a strict xfail in ``test_guided.py``)."""
+        """Run the scorers' first-batch self-checks now, before anything is priced: a multiple-choice probe's
+        shared context against plain scoring, and the prefix replays (a log-likelihood probe's replay from block 0
+        against its clean forward, a multiple-choice probe's cache rebuild). A check that fails turns a scorer's
+        prefix reuse off, which changes what a knockout costs, and the search orders its singles and spends its
+        budget by that cost. Before round 39 a fresh run checked inside the attribution and at its first
+        knockout, after pricing its singles, and a resumed one, which replays both from the folder, only when it
+        first scored a mask: where a check failed the resume priced every knockout differently and asked for
+        other masks than the folder held (found when a bfloat16-autocast run's check failed on rounding noise).
+        Called after the attribution (whose clean forward hands the first batches' block inputs over) or, without
+        one, before the search; on resume it captures one batch per probe."""
         for s in self.scorers.values():
             if callable(getattr(s, "checked", None)):
                 s.checked()
+            if callable(getattr(s, "check_replay", None)):
+                s.check_replay()
 
     def token_share(self, names) -> float:
         """The share of the run's tokens (every probe's documents) that the probes ``names`` hold."""

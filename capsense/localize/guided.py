@@ -60,12 +60,15 @@ def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]
     stored = ctx.on_main(lambda: load_attribution(s.cfg))  # one answer for all: all compute, or none
     if stored is not None:
         estimates, evaluator.folded_share = stored
-        return estimates, s.run(no_knockout(s.n))
+        evals = s.run(no_knockout(s.n))
+        evaluator.check_scorers()  # as the first attempt did here, before the search priced anything
+        return estimates, evals
     scorers = attribution_scorers(s.model, s.probes, s.gradient_batch_size, s.cfg.ablation, s.means,
                                   metrics={t: s.cfg.metric_for(t) for t in s.probes})
     sinks = {} if ctx.distributed else evaluator.clean_sinks({t: sc.batch_keys() for t, sc in scorers.items()})
     atts = attribute_probes(s.model, s.probes, ctx=ctx, sinks=sinks, scorers=scorers)
     evals = s.run(no_knockout(s.n))
+    evaluator.check_scorers()  # on the block inputs the attribution handed over, before the search prices anything
     folded = evaluator.folded_share
     return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts, folded)), evals
 

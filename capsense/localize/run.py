@@ -220,7 +220,6 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
             log(f"Resuming {out}: {len(store.done)} masks already evaluated")
         evaluator = MaskEvaluator(model, probes, placed["batch_size"], placed["masks_per_forward"], placed["prefix_reuse"], extra,
                                   ablator)
-        evaluator.check_scorers()  # before anything is priced, in a fresh run and a resumed one alike
         runner = MaskRunner(store, evaluator, placed["masks_per_forward"], ctx=ctx)
         runner.extra_cost = ATTRIBUTION if method.attribution else 0.0
         search = Search(runner, cfg, n, k, model=model, tokenizer=tokenizer, probes=probes, log=log if ctx.is_main else _quiet,
@@ -275,6 +274,8 @@ def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layou
     progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
     try:
         with autocast(next(search.model.parameters()).device.type, cfg.autocast):  # the search's knockouts only
+            if not method.attribution:  # (the attribution's methods check after it: guided.run_attribution)
+                runner.evaluate.check_scorers()
             found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))
         result = method.fit(found.evals, cfg, n)
         coverage_step(cfg, result, found.evals, layout, log)

@@ -31,7 +31,7 @@ from capsense.core.precision import computes_in_float32
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
 from capsense.scoring.logits import scored_hidden
-from capsense.scoring.probe import ProbeScorer
+from capsense.scoring.probe import ProbeScorer, pad_right
 
 _NORM_NAMES = ("norm", "final_layer_norm", "final_layernorm", "ln_f")  # final_layernorm: Phi-2
 
@@ -120,6 +120,16 @@ class PrefixReuseScorer(TakesClean, ProbeScorer):
 
     def _replay(self, replay: BlockReplay, start: int) -> torch.Tensor:
         return self.final_norm(replay.run_from(start))
+
+    def check_replay(self) -> None:
+        """Run the first batch's replay check now (below, in :meth:`_hidden`), on its clean block inputs, captured
+        here where no clean forward handed them over: the outcome decides what a knockout costs, and
+        :meth:`capsense.localize.evaluator.MaskEvaluator.check_scorers` wants it before anything is priced."""
+        if not self.enabled or self._checked:
+            return
+        _, ko, reqs = next(self._batches(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)))
+        ids, att = pad_right([self._inputs[r] for r in reqs], self.pad_id)
+        self._hidden(ids.to(self.device), att.to(self.device), ko, reqs)
 
     @torch.no_grad()
     def _hidden(self, ids, att, row_ko, reqs):

@@ -73,6 +73,14 @@ class SharedPrefixScorer(TakesClean, SharedContextScorer):
         """Prefix reuse is on and the shared context passed its first-batch check (run now if it has not)."""
         return self.checked() and self.reuses_prefix
 
+    def check_replay(self) -> None:
+        """Run the first batch's cache-rebuild check now (in :meth:`_run_shared`), on its clean pass, captured here
+        where no clean forward handed it over (see :meth:`capsense.scoring.prefix.PrefixReuseScorer.check_replay`)."""
+        if not self.checked() or self._reuse_checked:
+            return
+        _, ko, reqs = next(self._batches(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)))
+        self._run_shared(ko, reqs)
+
     def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
         if not self.reuses_prefix:
             return super()._score_batch(ko, reqs)

@@ -408,11 +408,10 @@ def test_a_failed_scorer_check_prices_a_resumed_run_as_it_priced_the_first(toy, 
     assert resumed["forward_equivalents"] == first["forward_equivalents"]
 
 
-@pytest.mark.xfail(strict=True, reason="the prefix-replay checks run at the first knockout, which a resume replays "
-                                       "from the folder without scoring: a failed one is not known when it prices")
 def test_a_failed_replay_check_prices_a_resumed_run_as_it_priced_the_first(toy, tmp_path, monkeypatch):
-    """The log-likelihood scorers' replay check fails (simulated): their knockouts run full forwards. A resume should
-    price and count them as the first run did (round 39: FE 8.64 in the first run, 7.64 after the resume)."""
+    """The log-likelihood scorers' replay check fails (simulated): their knockouts run full forwards. A resume
+    prices and counts them as the first run did (before the checks ran ahead of pricing: FE 8.64 in the first
+    run, 7.64 after the resume)."""
     from capsense.scoring.prefix import PrefixReuseScorer
 
     replay = PrefixReuseScorer._replay

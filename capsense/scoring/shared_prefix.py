@@ -74,12 +74,14 @@ class SharedPrefixScorer(TakesClean, SharedContextScorer):
         return self.checked() and self.reuses_prefix
 
     def check_replay(self) -> None:
-        """Run the first batch's cache-rebuild check now (in :meth:`_run_shared`), on its clean pass, captured here
-        where no clean forward handed it over (see :meth:`capsense.scoring.prefix.PrefixReuseScorer.check_replay`)."""
-        if not self.checked() or self._reuse_checked:
+        """Run the first batch's cache-rebuild check now (in :meth:`_score_batch`), on its clean passes, captured here
+        where no clean forward handed them over (see :meth:`capsense.scoring.prefix.PrefixReuseScorer.check_replay`).
+        Round 39's version ran a clean shared pass instead (``_run_shared``): it checked nothing, so a run priced
+        this probe's knockouts with reuse on until it first scored one."""
+        if not self.can_take_clean() or self._reuse_checked:
             return
         _, ko, reqs = next(self._batches(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)))
-        self._run_shared(ko, reqs)
+        self._score_batch(ko, reqs)
 
     def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
         if not self.reuses_prefix:

@@ -428,3 +428,22 @@ def test_a_failed_replay_check_prices_a_resumed_run_as_it_priced_the_first(toy, 
     assert _locate(toy, out, *args).exit_code == 0
     resumed = json.loads((out / "manifest.json").read_text())
     assert resumed["forward_equivalents"] == first["forward_equivalents"]
+
+
+def test_a_failed_cache_rebuild_check_prices_a_resumed_run_as_it_priced_the_first(toy, tmp_path, monkeypatch):
+    """The multiple-choice control's cache-rebuild check fails (simulated): its knockouts run without prefix reuse.
+    ``check_scorers`` must run that check before anything is priced, so the first run prices the control's singles as
+    they run and a resume prices them alike. (Round 39's ``SharedPrefixScorer.check_replay`` ran a clean shared pass
+    instead of the check, so a run priced knockouts with reuse on until it first scored one.)"""
+    from capsense.scoring.shared_prefix import SharedPrefixScorer
+
+    monkeypatch.setattr(SharedPrefixScorer, "_replay_matches", lambda self, clean: False)
+    out = tmp_path / "rebuild"
+    args = ("--controls", f"{TOY_CONTROL},{TOY_MC}", "--top-k", "2", "--top-m", "4", "--dtype", "float32")
+    assert _locate(toy, out, *args).exit_code == 0
+    first = json.loads((out / "manifest.json").read_text())
+    assert 0.0 < first["cost_model"]["reuse_share"] < 1.0  # the control's knockouts priced as full forwards
+    assert _locate(toy, out, *args).exit_code == 0
+    resumed = json.loads((out / "manifest.json").read_text())
+    assert resumed["cost_model"]["reuse_share"] == first["cost_model"]["reuse_share"]
+    assert resumed["forward_equivalents"] == first["forward_equivalents"]

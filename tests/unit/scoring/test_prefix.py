@@ -48,6 +48,21 @@ def _check_prefix_reuse(arch):
     assert np.ptp(full["nll"]) > 1e-3  # the knockouts do change the scores
 
 
+def test_under_autocast_the_replay_check_passes_and_equals_the_full_forward(arch):
+    """Under bfloat16 autocast (``--autocast``) the replay runs the same products as the full forward: the check run
+    ahead of pricing (``check_replay``) keeps reuse on, and every knockout's scores equal the full forward's."""
+    model = make_tiny_model(arch)
+    probe = _probe()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reuse = PrefixReuseScorer(model, probe, batch_size=4)
+        reuse.check_replay()
+        assert reuse.enabled and reuse._checked, f"the replay check failed under autocast on {arch}"
+        fast = reuse.score(_masks())
+        full = ProbeScorer(model, probe, batch_size=4).score(_masks())
+    np.testing.assert_allclose(fast["nll"], full["nll"], atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(fast["acc"], full["acc"])
+
+
 def test_prefix_reuse_falls_back_with_many_masks_per_forward():
     model = make_tiny_model("llama")
     probe = _probe()

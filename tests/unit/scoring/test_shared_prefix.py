@@ -30,6 +30,40 @@ def test_shared_prefix_equals_full_requests(arch):
         assert fast.reuses_prefix, f"{arch}: multiple-choice prefix reuse fell back to the whole forward"
 
 
+def test_check_replay_runs_the_cache_rebuild_check_before_any_knockout(monkeypatch):
+    """``check_replay`` (called by ``MaskEvaluator.check_scorers`` before anything is priced) decides reuse: a
+    failing rebuild turns it off there, a passing one leaves it on with the check done, so a knockout scored
+    later prices as the search assumed. (Round 39's version ran a clean pass and left the check to the first
+    knockout.)"""
+    model = make_tiny_model("llama")
+    probe = _mc_probe(n_docs=3, n_choices=2, seed=3)
+    passing = SharedPrefixScorer(model, probe, batch_size=4)
+    passing.check_replay()
+    assert passing.reuses_prefix and passing._reuse_checked
+    monkeypatch.setattr(SharedPrefixScorer, "_replay_matches", lambda self, clean: False)
+    failing = SharedPrefixScorer(model, probe, batch_size=4)
+    assert failing.reuses_prefix  # before its check
+    failing.check_replay()
+    assert failing.enabled and not failing.reuses_prefix
+
+
+def test_under_autocast_multiple_choice_reuse_survives_its_checks(arch):
+    """Under bfloat16 autocast the shared-context and cache-rebuild checks pass where they pass in float32, and
+    the replayed knockouts equal the full requests run under it."""
+    model = make_tiny_model(arch)
+    probe = _mc_probe(n_docs=5, n_choices=3)
+    ko = _singles_and_pairs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = SharedPrefixScorer(model, probe, batch_size=6)
+        fast.checked()
+        fast.check_replay()
+        if arch in SHARED_ON:
+            assert fast.reuses_prefix, f"{arch}: a check failed under autocast"
+        got = fast.score(ko)
+        full = ProbeScorer(model, probe, batch_size=6).score(ko)
+    np.testing.assert_allclose(got["nll"], full["nll"], atol=0.05, rtol=0)  # bf16 products: a cached context vs none
+
+
 def test_a_late_knockout_runs_only_the_late_blocks():
     model = make_tiny_model("llama")
     probe = _mc_probe(n_docs=4, n_choices=4, seed=2)

@@ -127,7 +127,7 @@ class PrefixReuseScorer(TakesClean, ProbeScorer):
         :meth:`capsense.localize.evaluator.MaskEvaluator.check_scorers` wants it before anything is priced."""
         if not self.enabled or self._checked:
             return
-        _, ko, reqs = next(self._batches(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)))
+        _, ko, reqs = next(self._batches(self.ablator.knockouts(())))
         ids, att = pad_right([self._inputs[r] for r in reqs], self.pad_id)
         self._hidden(ids.to(self.device), att.to(self.device), ko, reqs)
 

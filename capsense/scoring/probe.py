@@ -282,7 +282,7 @@ class ProbeScorer:
     def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         """Per-mask ``nll`` (nats/token) and ``acc`` for ``knockouts`` [m, layers, heads]."""
         if knockouts is None:
-            knockouts = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
+            knockouts = self.ablator.knockouts(())  # the clean model
         knockouts = knockouts.bool()
         m = knockouts.shape[0]
         logprob = np.zeros((m, self.probe.n_requests))

@@ -109,7 +109,7 @@ class SharedContextScorer(ProbeScorer):
         """Shared and plain scoring agree on the first batch of the clean model, or sharing is off."""
         self._checked = True
         reqs = [r for g in self.groups[: self._docs_per_batch()] for r in g]
-        clean = torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)
+        clean = self.ablator.knockouts(())
         lp, _ = self._run_shared(clean, reqs)
         plain_lp, _ = self._run(clean, reqs)
         tol = 1e-4 if computes_in_float32(self.model) else 5e-2

@@ -80,7 +80,7 @@ class SharedPrefixScorer(TakesClean, SharedContextScorer):
         this probe's knockouts with reuse on until it first scored one."""
         if not self.can_take_clean() or self._reuse_checked:
             return
-        _, ko, reqs = next(self._batches(torch.zeros(1, self.layout.n_layers, self.layout.n_heads, dtype=torch.bool)))
+        _, ko, reqs = next(self._batches(self.ablator.knockouts(())))
         self._score_batch(ko, reqs)
 
     def _score_batch(self, ko: torch.Tensor, reqs: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ class MaskEvaluator:
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
         # share of the run's tokens whose clean forward another pass ran (set by clean_sinks' users; resumed runs restore it)
         self.folded_share = 0.0
+        self.check_s = 0.0  # wall time of the scorers' self-checks this attempt (no forward-equivalents: see check_scorers)
 
     def clean_sinks(self, batches: dict[str, frozenset[tuple[int, ...]]]) -> dict:
         """Per probe whose clean forward the gradient attribution can stand in for, the sink that
@@ -69,12 +70,16 @@ class MaskEvaluator:
         first scored a mask: where a check failed the resume priced every knockout differently and asked for
         other masks than the folder held (found when a bfloat16-autocast run's check failed on rounding noise).
         Called after the attribution (whose clean forward hands the first batches' block inputs over) or, without
-        one, before the search; on resume it captures one batch per probe."""
+        one, before the search; on resume it captures one batch per probe. Their wall time adds to :attr:`check_s`:
+        the run's forward-equivalents do not count them (a replay from block 0 is about a full forward of each
+        probe's first batch), so the manifest's timing states it."""
+        t0 = time.perf_counter()
         for s in self.scorers.values():
             if callable(getattr(s, "checked", None)):
                 s.checked()
             if callable(getattr(s, "check_replay", None)):
                 s.check_replay()
+        self.check_s += time.perf_counter() - t0
 
     def token_share(self, names) -> float:
         """The share of the run's tokens (every probe's documents) that the probes ``names`` hold."""
@@ -91,6 +96,7 @@ class MaskEvaluator:
         if next(self.model.parameters()).dtype != getattr(torch, dtype):
             self.model.to(getattr(torch, dtype))
         recast = MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra, ablator=self.ablator)
+        recast.check_s = self.check_s
         recast.check_scorers()
         return recast
 
@@ -175,6 +181,15 @@ class MaskRunner:
         self.new = 0  # evaluations this attempt added (all processes)
         self.forward_equivalents = 0.0  # of every mask this runner returned, stored or new
         self.extra_cost = 0.0  # forward-equivalents spent outside masks (gradient attribution)
+        self.phase_s: dict[str, float] = {}  # wall time of this attempt's phases ("locate", "refine", "attribution")
+
+    def timed(self, phase: str, work: Callable[[], object]) -> object:
+        """``work()``, its wall time added to :attr:`phase_s` under ``phase``."""
+        t0 = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.phase_s[phase] = self.phase_s.get(phase, 0.0) + time.perf_counter() - t0
 
     def _count(self, ev: Evaluation) -> None:
         """Add ``ev``'s forward-equivalents: the price of the probes it holds scores of (the evaluator's

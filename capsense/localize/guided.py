@@ -66,8 +66,8 @@ def run_attribution(s: Search) -> tuple[dict[str, np.ndarray], list[Evaluation]]
     scorers = attribution_scorers(s.model, s.probes, s.gradient_batch_size, s.cfg.ablation, s.means,
                                   metrics={t: s.cfg.metric_for(t) for t in s.probes})
     sinks = {} if ctx.distributed else evaluator.clean_sinks({t: sc.batch_keys() for t, sc in scorers.items()})
-    atts = attribute_probes(s.model, s.probes, ctx=ctx, sinks=sinks, scorers=scorers)
-    evals = s.run(no_knockout(s.n))
+    atts = s.run.timed("attribution", lambda: attribute_probes(s.model, s.probes, ctx=ctx, sinks=sinks, scorers=scorers))
+    evals = s.run.timed("attribution", lambda: s.run(no_knockout(s.n)))  # (the clean scores, from its forward)
     evaluator.check_scorers()  # on the block inputs the attribution handed over, before the search prices anything
     folded = evaluator.folded_share
     return ctx.on_main(lambda: _write_attribution(Path(s.cfg.out) / ATTRIBUTION_FILE, atts, folded)), evals

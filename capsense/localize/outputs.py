@@ -175,6 +175,18 @@ def _precision_line(cfg: LocateConfig, result: LocateResult, args: dict) -> list
                                         if result.refinement is not None and sets and sets != search else "")]
 
 
+def _time_line(timing: dict) -> list[str]:
+    """Where this attempt's wall time went (one line; none for a folder from before round 40's phases)."""
+    if "search_s" not in timing:
+        return []
+    parts = [f"load {timing['load_s']:.1f} s"] + [f"{name} {timing[key]:.1f} s" for key, name in
+                                                  (("attribution_s", "attribution"), ("search_s", "search"),
+                                                   ("refine_s", "measure-and-choose")) if timing.get(key)]
+    checks = (f"; the scorers' self-checks took {timing['checks_s']:.1f} s of it (outside the forward-equivalents)"
+              if timing.get("checks_s") else "")
+    return [f"- wall time of this attempt: {', '.join(parts)}{checks}"]
+
+
 def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], manifest: dict) -> str:
     """A short human-readable summary of the run."""
     lines = [
@@ -193,6 +205,7 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         "prefix-reused forward = its share of layers)",
         f"- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),
         *_precision_line(cfg, result, manifest.get("args", {})),
+        *_time_line(manifest.get("timing", {})),
         "",
         "Clean model: " + "; ".join(f"{t} nll {v['nll']:.3f}, acc {v['acc']:.3f}" for t, v in result.base.items()),
         "",

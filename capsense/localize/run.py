@@ -104,14 +104,15 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
 
 
 def _in_phase(runner: MaskRunner, progress: RunProgress | None, name: str, resumed: int, work: Callable[[], Any]) -> Any:
-    """``work()`` as phase ``name`` of ``progress`` (``resumed`` units already in the run folder)."""
+    """``work()`` as phase ``name`` of ``progress`` (``resumed`` units already in the run folder), timed
+    (:attr:`MaskRunner.phase_s`)."""
     if progress is None:
-        return work()
+        return runner.timed(name, work)
     with progress.phase(name) as phase:
         phase.update(resumed, resumed=True)
         runner.bar = phase
         try:
-            return work()
+            return runner.timed(name, work)
         finally:
             runner.bar = None
 
@@ -229,7 +230,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
                                     dtypes=(precision_name(dtype, cfg.autocast), placed["refine_dtype"]))
         record_cost(store.manifest, result, runner, evaluator)
-        store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner.new, result, ctx.world)
+        store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
         return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
     finally:
@@ -306,11 +307,19 @@ def record_cost(manifest: dict[str, Any], result: LocateResult, runner: MaskRunn
     }
 
 
-def _timing(load_s: float, evaluate_s: float, new: int, result: LocateResult, processes: int) -> dict[str, Any]:
+def _timing(load_s: float, evaluate_s: float, runner: MaskRunner, result: LocateResult, processes: int) -> dict[str, Any]:
+    """This attempt's wall time: the load, then the phases (``search_s`` is the locate phase less the
+    attribution; ``checks_s``, the scorers' self-checks, lies within search and refine)."""
+    phases = runner.phase_s
+    attribution = phases.get("attribution", 0.0)
     return {
         "load_s": round(load_s, 2),
         "evaluate_s_this_attempt": round(evaluate_s, 2),
-        "new_evaluations_this_attempt": new,
+        "attribution_s": round(attribution, 2),
+        "search_s": round(max(0.0, phases.get("locate", 0.0) - attribution), 2),
+        "refine_s": round(phases.get("refine", 0.0), 2),
+        "checks_s": round(getattr(runner.evaluate, "check_s", 0.0), 2),
+        "new_evaluations_this_attempt": runner.new,
         "seconds_per_mask": round(result.seconds_per_mask, 4),
         "processes": processes,
     }

@@ -447,3 +447,23 @@ def test_a_failed_cache_rebuild_check_prices_a_resumed_run_as_it_priced_the_firs
     resumed = json.loads((out / "manifest.json").read_text())
     assert resumed["cost_model"]["reuse_share"] == first["cost_model"]["reuse_share"]
     assert resumed["forward_equivalents"] == first["forward_equivalents"]
+
+
+def test_the_manifest_and_report_say_where_the_wall_time_went(toy, tmp_path):
+    """Timing per phase: the attribution, the search after it, measure-and-choose, and the scorers' self-checks
+    within them (they cost no forward-equivalents, so only the timing shows them). A resume that replays
+    everything spends nothing on the attribution (read from the folder) and says so."""
+    out = tmp_path / "timed"
+    args = ("--controls", f"{TOY_CONTROL},{TOY_MC}", "--top-k", "2", "--top-m", "4", "--dtype", "float32")
+    assert _locate(toy, out, *args).exit_code == 0
+    timing = json.loads((out / "manifest.json").read_text())["timing"]
+    assert timing["attribution_s"] > 0 and timing["search_s"] > 0 and timing["refine_s"] > 0
+    assert 0 < timing["checks_s"] < timing["search_s"] + timing["refine_s"]
+    phases = timing["attribution_s"] + timing["search_s"] + timing["refine_s"]
+    assert phases <= timing["evaluate_s_this_attempt"] + 0.05
+    report = (out / "report.md").read_text()
+    assert f"- wall time of this attempt: load {timing['load_s']:.1f} s, attribution {timing['attribution_s']:.1f} s" in report
+    assert _locate(toy, out, *args).exit_code == 0
+    again = json.loads((out / "manifest.json").read_text())["timing"]
+    assert again["new_evaluations_this_attempt"] == 0 and again["attribution_s"] == 0
+    assert "attribution" not in (out / "report.md").read_text().split("- wall time of this attempt:")[1].split("\n")[0]

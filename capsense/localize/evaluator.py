@@ -90,14 +90,16 @@ class MaskEvaluator:
     def recast(self, dtype: str) -> MaskEvaluator:
         """A new evaluator on the same probes after casting the model to ``dtype`` in place (this one's
         prefix caches hold activations of the old precision and must not be used again: also where the
-        model is already in ``dtype`` and only autocast, :mod:`capsense.core.precision`, ends)."""
+        model is already in ``dtype`` and only autocast, :mod:`capsense.core.precision`, ends). The caller
+        evaluates the clean model with it, then runs :meth:`check_scorers` before pricing a knockout: the
+        checks then replay the batches the clean forward recorded (checking first captured them inside the
+        checks, and round 40's timing counted that share of the clean forward as the checks')."""
         import torch
 
         if next(self.model.parameters()).dtype != getattr(torch, dtype):
             self.model.to(getattr(torch, dtype))
         recast = MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra, ablator=self.ablator)
         recast.check_s = self.check_s
-        recast.check_scorers()
         return recast
 
     @property

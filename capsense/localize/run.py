@@ -141,7 +141,8 @@ def _refine_step(runner: MaskRunner, cfg: LocateConfig, layout: HeadLayout, resu
         if dtypes[1] != dtypes[0]:  # the handed-on set is measured in its own precision, against its own clean model
             runner.evaluate = runner.evaluate.recast(dtypes[1])
             log(f"refine: measuring sets in {dtypes[1]} (the search ran in {dtypes[0]})")
-            clean = runner(no_knockout(n), REFINE_ROUND)
+            clean = runner(no_knockout(n), REFINE_ROUND)  # a clean forward's price does not depend on the checks
+            runner.evaluate.check_scorers()  # before any set is priced
             base = clean[0]
         found, spent = refine_ranking(runner, cfg, n, base, ranking, singles, widener(runner, cfg, n, base, result, k, extra))
         return found, clean + extra + spent

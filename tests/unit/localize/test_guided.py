@@ -467,3 +467,30 @@ def test_the_manifest_and_report_say_where_the_wall_time_went(toy, tmp_path):
     again = json.loads((out / "manifest.json").read_text())["timing"]
     assert again["new_evaluations_this_attempt"] == 0 and again["attribution_s"] == 0
     assert "attribution" not in (out / "report.md").read_text().split("- wall time of this attempt:")[1].split("\n")[0]
+
+
+def test_a_check_that_fails_only_in_the_refine_precision_prices_a_resumed_run_alike(toy, tmp_path, monkeypatch):
+    """Under autocast the search's replay checks pass; in float32, measure-and-choose's, failing (simulated), turn
+    its reuse off, so its sets run full forwards. The refine evaluator checks after its clean forward and before
+    it prices a set: a resume, which replays the sets from the folder, prices them as the first run did."""
+    from capsense.core.precision import computes_in_float32
+    from capsense.scoring.prefix import PrefixReuseScorer
+
+    replay, failed = PrefixReuseScorer._replay, []
+
+    def fails_in_float32(self, calls, start):
+        off = 1.0 if computes_in_float32(self.model) and not self._checked else 0.0
+        failed.append(off)
+        return replay(self, calls, start) + off
+
+    monkeypatch.setattr(PrefixReuseScorer, "_replay", fails_in_float32)
+    out = tmp_path / "refine_check"
+    args = ("--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "float32", "--autocast", "bfloat16")
+    assert _locate(toy, out, *args).exit_code == 0
+    assert 1.0 in failed  # the refine evaluator's checks ran and failed
+    first = json.loads((out / "manifest.json").read_text())
+    failed.clear()
+    assert _locate(toy, out, *args).exit_code == 0
+    assert 1.0 in failed
+    resumed = json.loads((out / "manifest.json").read_text())
+    assert resumed["forward_equivalents"] == first["forward_equivalents"]

@@ -38,7 +38,7 @@ class MaskEvaluator:
         self.extra = dict(extra or {})  # task -> a scorer adding metrics (e.g. TaskMetricScorer)
         # share of the run's tokens whose clean forward another pass ran (set by clean_sinks' users; resumed runs restore it)
         self.folded_share = 0.0
-        self.check_s = 0.0  # wall time of the scorers' self-checks this attempt (no forward-equivalents: see check_scorers)
+        self.checks_before = 0.0  # the self-checks' wall time in the evaluator this one was recast from
 
     def clean_sinks(self, batches: dict[str, frozenset[tuple[int, ...]]]) -> dict:
         """Per probe whose clean forward the gradient attribution can stand in for, the sink that
@@ -70,16 +70,19 @@ class MaskEvaluator:
         first scored a mask: where a check failed the resume priced every knockout differently and asked for
         other masks than the folder held (found when a bfloat16-autocast run's check failed on rounding noise).
         Called after the attribution (whose clean forward hands the first batches' block inputs over) or, without
-        one, before the search; on resume it captures one batch per probe. Their wall time adds to :attr:`check_s`:
-        the run's forward-equivalents do not count them (a replay from block 0 is about a full forward of each
-        probe's first batch), so the manifest's timing states it."""
-        t0 = time.perf_counter()
+        one, before the search; on resume it captures one batch per probe. Their wall time is :attr:`check_s`."""
         for s in self.scorers.values():
             if callable(getattr(s, "checked", None)):
                 s.checked()
             if callable(getattr(s, "check_replay", None)):
                 s.check_replay()
-        self.check_s += time.perf_counter() - t0
+
+    @property
+    def check_s(self) -> float:
+        """Wall time of the scorers' self-checks this attempt, wherever they ran (here, or in a clean
+        evaluation's first batch): the run's forward-equivalents do not count them (a replay from block 0 is
+        about a full forward of each probe's first batch), so the manifest's timing states it."""
+        return self.checks_before + sum(getattr(s, "check_s", 0.0) for s in self.scorers.values())
 
     def token_share(self, names) -> float:
         """The share of the run's tokens (every probe's documents) that the probes ``names`` hold."""
@@ -99,7 +102,7 @@ class MaskEvaluator:
         if next(self.model.parameters()).dtype != getattr(torch, dtype):
             self.model.to(getattr(torch, dtype))
         recast = MaskEvaluator(self.model, self.probes, *self.settings, extra=self.extra, ablator=self.ablator)
-        recast.check_s = self.check_s
+        recast.checks_before = self.check_s
         return recast
 
     @property

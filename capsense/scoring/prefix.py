@@ -143,9 +143,11 @@ class PrefixReuseScorer(TakesClean, ProbeScorer):
             self.enabled = False
             return super()._hidden(ids, att, row_ko, reqs)
         if not self._checked:
-            replay = self._replay(calls, 0)
-            tol = 1e-4 if computes_in_float32(self.model) else 2e-2
-            if not torch.allclose(replay.float(), final.float(), atol=tol, rtol=tol):
+            with self._timed_check():
+                replay = self._replay(calls, 0)
+                tol = 1e-4 if computes_in_float32(self.model) else 2e-2
+                passed = torch.allclose(replay.float(), final.float(), atol=tol, rtol=tol)
+            if not passed:
                 self.enabled = False
                 return super()._hidden(ids, att, row_ko, reqs)
             self._checked = True

@@ -16,6 +16,7 @@ continuation, ``context + continuation`` is encoded whole and split at the conte
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,26 +76,13 @@ class Probe:
         """A log-likelihood probe from (context, continuation) strings."""
         ctx, cont = zip(*(encode_pair(tokenizer, c, t) for c, t in pairs)) if pairs else ((), ())
         n = len(pairs)
-        return cls(
-            name=name,
-            kind="loglikelihood",
-            context_ids=list(ctx),
-            continuation_ids=list(cont),
-            doc_of=np.arange(n),
-            doc_ids=list(doc_ids) if doc_ids is not None else list(range(n)),
-        )
+        return cls(name=name, kind="loglikelihood", context_ids=list(ctx), continuation_ids=list(cont),
+                   doc_of=np.arange(n), doc_ids=list(doc_ids) if doc_ids is not None else list(range(n)))
 
     @classmethod
-    def from_task(
-        cls,
-        task: str,
-        tokenizer,
-        limit: int | None = None,
-        seed: int = 0,
-        include_path: Sequence[str | os.PathLike] = (),
-        exclude: Sequence[int] = (),
-        doc_ids: Sequence[int] | None = None,
-    ) -> Probe:
+    def from_task(cls, task: str, tokenizer, limit: int | None = None, seed: int = 0,
+                  include_path: Sequence[str | os.PathLike] = (), exclude: Sequence[int] = (),
+                  doc_ids: Sequence[int] | None = None) -> Probe:
         """Build a probe from an lm-eval task's own requests.
 
         ``limit`` samples that many documents with ``seed`` (deterministic), skipping
@@ -278,6 +266,15 @@ class ProbeScorer:
         self._targets = [t[-len(s) :] if len(t) > len(s) else t for s, t in zip(seqs, probe.continuation_ids)]
         # Longest first, so the first batch shows the peak memory.
         self._order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+
+    check_s = 0.0  # wall time of this scorer's first-batch self-checks (a subclass's), wherever they ran
+
+    @contextmanager
+    def _timed_check(self) -> Iterator[None]:
+        """Adds the block's wall time to :attr:`check_s`: the checks cost no forward-equivalents, so only timing shows them."""
+        t0 = time.perf_counter()
+        yield
+        self.check_s += time.perf_counter() - t0
 
     def score(self, knockouts: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         """Per-mask ``nll`` (nats/token) and ``acc`` for ``knockouts`` [m, layers, heads]."""

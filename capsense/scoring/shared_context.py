@@ -110,8 +110,9 @@ class SharedContextScorer(ProbeScorer):
         self._checked = True
         reqs = [r for g in self.groups[: self._docs_per_batch()] for r in g]
         clean = self.ablator.knockouts(())
-        lp, _ = self._run_shared(clean, reqs)
-        plain_lp, _ = self._run(clean, reqs)
+        with self._timed_check():
+            lp, _ = self._run_shared(clean, reqs)
+            plain_lp, _ = self._run(clean, reqs)
         tol = 1e-4 if computes_in_float32(self.model) else 5e-2
         if not np.allclose(lp, plain_lp[0], atol=tol * max(1.0, float(np.abs(plain_lp).max())), rtol=0):
             self.enabled = False

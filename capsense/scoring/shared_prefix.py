@@ -92,7 +92,8 @@ class SharedPrefixScorer(TakesClean, SharedContextScorer):
         clean = self._clean[key]
         if not self._reuse_checked:
             self._reuse_checked = True
-            self.reuse = self._replay_matches(clean)
+            with self._timed_check():
+                self.reuse = self._replay_matches(clean)
             if not self.reuse:
                 self._clean.clear()
                 return super()._score_batch(ko, reqs)

@@ -22,6 +22,13 @@ AMX-BF16, each run alone; `bench_bf16_rankings.py RUN --against RUN`):
   model ran 7.5x slower per mask than float32 on an AVX2 host, round 29), and a recipe's result should
   not depend on the CPU.
 
+The gradient attribution gains little or nothing under autocast (round 40: 18.4 s against float32's 19.2 s
+in the main job, slower on multiple choice): PyTorch's CPU flash-attention backward ran about 4x slower in
+bfloat16 than in float32. Running the attention kernel in float32 under autocast made the attribution 1.05-1.9x
+faster in ``recipes/bench/bench_attribution_cost.py --precision autocast --precision autocast-attention32``, but
+the attention must compute alike in the attribution and the knockouts, whose clean baseline is the
+attribution's forward: not adopted until the recipes' autocast runs are measured again with it.
+
 The LM head runs outside autocast (:func:`capsense.scoring.logits.output_logits`), in float32, as it does
 for a bfloat16 model: a bfloat16 logit of 20 moves in steps of 0.125 nats.
 

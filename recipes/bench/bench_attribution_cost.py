@@ -19,11 +19,20 @@ Repeats alternate the two (``--repeats``, after one warm-up of each) and the med
 ratio is the attribution's cost in measured forward-equivalents, against the 3 FE the budget charges.
 The budget's rule is not changed by this script: FE stay comparable across rounds and methods; the
 measured ratio says how conservative they are on the hardware it ran on.
+
+``--precision`` (repeatable) times each (model, task) in several precisions of a float32 model, each row's
+seconds also as a ratio to the first precision's: ``float32``; ``autocast`` (``--autocast bfloat16``, as a
+locate run's search computes); ``autocast-attention32``, autocast with the attention kernel
+(``scaled_dot_product_attention``) in float32, which no locate run does: round 40 found that under autocast the
+attribution gained nothing (18.4 s against float32's 19.2 s in the main job), because PyTorch's CPU
+flash-attention backward ran about 4x slower in bfloat16 than in float32 (``torch.profiler``, a batch of 16
+documents on SmolLM2), and this row measures what float32 attention would change.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -61,17 +70,58 @@ def time_attribution(model, probe, batch_size: int = 16, repeats: int = 3, sync=
             "median_attribution_s": a, "measured_fe": a / f, "charged_fe": ATTRIBUTION}
 
 
-def measure(model_name: str, task: str, limit: int, dtype: str, repeats: int, batch_size: int) -> dict:
+PRECISIONS = ("float32", "autocast", "autocast-attention32")
+
+
+@contextlib.contextmanager
+def precision(name: str, device: str = "cpu"):
+    """The block computes as ``name`` says (:data:`PRECISIONS`) on a float32 model. For
+    ``autocast-attention32`` torch's ``scaled_dot_product_attention`` is swapped, for the block only, for one
+    that runs outside autocast on float32 inputs and returns the caller's dtype."""
+    import torch
+    import torch.nn.functional as F
+
+    if name not in PRECISIONS:
+        raise ValueError(f"precision {name!r}: one of {', '.join(PRECISIONS)}")
+    if name == "float32":
+        yield
+        return
+    sdpa = F.scaled_dot_product_attention
+
+    def sdpa32(q, k, v, *args, **kwargs):
+        with torch.autocast(device, enabled=False):
+            return sdpa(q.float(), k.float(), v.float(), *args, **kwargs).to(q.dtype)
+
+    if name == "autocast-attention32":
+        F.scaled_dot_product_attention = sdpa32
+    try:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
+
+
+def measure(model_name: str, task: str, limit: int, dtype: str, repeats: int, batch_size: int,
+            precisions: tuple[str, ...] = ("float32",)) -> list[dict]:
+    """One row per precision (the first is each ratio's reference)."""
     from capsense.core.models import load_model
     from capsense.scoring.probe import build_probe
 
     model, tok = load_model(model_name, dtype)
     probe = build_probe(task, tok, limit, 0)
-    row = {"model": model_name, "task": task, "kind": probe.kind, "documents": int(probe.n_docs),
-           **time_attribution(model, probe, batch_size, repeats)}
-    print(f"{model_name} {task}: forward {row['median_forward_s']:.2f} s, attribution {row['median_attribution_s']:.2f} s"
-          f" = {row['measured_fe']:.2f} FE measured (charged {row['charged_fe']:.0f})", flush=True)
-    return row
+    rows = []
+    for name in precisions:
+        with precision(name):
+            row = {"model": model_name, "task": task, "kind": probe.kind, "documents": int(probe.n_docs),
+                   "precision": name, **time_attribution(model, probe, batch_size, repeats)}
+        ref = rows[0] if rows else row
+        row["forward_ratio"] = row["median_forward_s"] / ref["median_forward_s"]
+        row["attribution_ratio"] = row["median_attribution_s"] / ref["median_attribution_s"]
+        rows.append(row)
+        print(f"{model_name} {task} {name}: forward {row['median_forward_s']:.2f} s ({row['forward_ratio']:.2f}x "
+              f"{precisions[0]}), attribution {row['median_attribution_s']:.2f} s ({row['attribution_ratio']:.2f}x) = "
+              f"{row['measured_fe']:.2f} FE measured (charged {row['charged_fe']:.0f})", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,12 +132,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--precision", action="append", choices=PRECISIONS,
+                   help="repeatable; the first is the ratios' reference (default float32 alone; needs --dtype float32)")
     p.add_argument("--out", type=Path, help="write the rows and the machine as JSON here")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.limit < 1:
         p.error("--repeats and --limit must be at least 1")
-    rows = [measure(m, t, args.limit, args.dtype, args.repeats, args.batch_size)
-            for m in args.model or ["smollm2-135m"] for t in args.task or ["capsense_induction"]]
+    precisions = tuple(dict.fromkeys(args.precision or ["float32"]))
+    if precisions != ("float32",) and args.dtype != "float32":
+        p.error(f"--precision {', '.join(precisions)} times a float32 model: give --dtype float32 (not {args.dtype})")
+    rows = [r for m in args.model or ["smollm2-135m"] for t in args.task or ["capsense_induction"]
+            for r in measure(m, t, args.limit, args.dtype, args.repeats, args.batch_size, precisions)]
     if args.out:
         from capsense.core.files import atomic_write_json
         from capsense.core.provenance import cpu_info, provenance

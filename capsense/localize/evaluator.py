@@ -95,8 +95,7 @@ class MaskEvaluator:
         prefix caches hold activations of the old precision and must not be used again: also where the
         model is already in ``dtype`` and only autocast, :mod:`capsense.core.precision`, ends). The caller
         evaluates the clean model with it, then runs :meth:`check_scorers` before pricing a knockout: the
-        checks then replay the batches the clean forward recorded (checking first captured them inside the
-        checks, and round 40's timing counted that share of the clean forward as the checks')."""
+        checks then replay the batches the clean forward recorded instead of capturing them first."""
         import torch
 
         if next(self.model.parameters()).dtype != getattr(torch, dtype):

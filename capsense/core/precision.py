@@ -23,9 +23,10 @@ AMX-BF16, each run alone; `bench_bf16_rankings.py RUN --against RUN`):
   not depend on the CPU.
 
 The gradient attribution gains little or nothing under autocast (round 40: 18.4 s against float32's 19.2 s
-in the main job, slower on multiple choice): PyTorch's CPU flash-attention backward ran about 4x slower in
-bfloat16 than in float32. Running the attention kernel in float32 under autocast made the attribution 1.05-1.9x
-faster in ``recipes/bench/bench_attribution_cost.py --precision autocast --precision autocast-attention32``, but
+in the main job, slower on multiple choice): in an ad-hoc ``torch.profiler`` run, PyTorch's CPU
+flash-attention backward ran about 4x slower in bfloat16 than in float32. Running the attention kernel in
+float32 under autocast made the attribution 1.05-1.9x faster in
+``recipes/bench/bench_attribution_cost.py --precision autocast --precision autocast-attention32``, but
 the attention must compute alike in the attribution and the knockouts, whose clean baseline is the
 attribution's forward: not adopted until the recipes' autocast runs are measured again with it.
 

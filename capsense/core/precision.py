@@ -22,13 +22,14 @@ AMX-BF16, each run alone; `bench_bf16_rankings.py RUN --against RUN`):
   model ran 7.5x slower per mask than float32 on an AVX2 host, round 29), and a recipe's result should
   not depend on the CPU.
 
-The gradient attribution gains little or nothing under autocast (round 40: 18.4 s against float32's 19.2 s
-in the main job, slower on multiple choice): in an ad-hoc ``torch.profiler`` run, PyTorch's CPU
-flash-attention backward ran about 4x slower in bfloat16 than in float32. Running the attention kernel in
-float32 under autocast made the attribution 1.05-1.9x faster in
-``recipes/bench/bench_attribution_cost.py --precision autocast --precision autocast-attention32``, but
-the attention must compute alike in the attribution and the knockouts, whose clean baseline is the
-attribution's forward: not adopted until the recipes' autocast runs are measured again with it.
+On a CPU the attention kernel runs in float32 under autocast (:func:`autocast_attention`): PyTorch's
+CPU flash-attention backward ran about 4x slower in bfloat16 than in float32 (an ad-hoc ``torch.profiler``
+run, round 40), so the gradient attribution gained nothing from autocast (18.4 s against float32's 19.2 s
+in the main job, slower on multiple choice). With the kernel in float32 the attribution ran 1.05-1.9x
+faster (``recipes/bench/bench_attribution_cost.py``) and the knockouts' forward no slower. The attribution
+and the knockouts compute alike, as they must: the attribution's forward is the knockouts' clean
+baseline. It did not make the singles closer to float32's (the products' rounding dominates: SmolLM2's
+main job, round 41). On a GPU autocast keeps its bfloat16 kernels, which are the fast ones there.
 
 The LM head runs outside autocast (:func:`capsense.scoring.logits.output_logits`), in float32, as it does
 for a bfloat16 model: a bfloat16 logit of 20 moves in steps of 0.125 nats.
@@ -46,21 +47,71 @@ from collections.abc import Iterator
 AUTOCAST_DTYPES = ("bfloat16",)
 
 
+#: Transformers' attention implementations whose kernel :func:`autocast` runs in float32 on a CPU. Eager
+#: attention (each model's own function, not in transformers' registry) computes as autocast says.
+FLOAT32_ATTENTION = ("sdpa",)
+
+
+def autocast_attention(model, dtype: str | None) -> str | None:
+    """The dtype ``model``'s attention kernel computes in under :func:`autocast` with ``dtype`` where it is not
+    ``dtype``: ``"float32"`` for a CPU model's sdpa attention; None (autocast's dtype, or no autocast) otherwise.
+    A run folder records it: a search must not mix knockouts of both."""
+    if dtype is None:
+        return None
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    return "float32" if on_cpu and getattr(model.config, "_attn_implementation", None) in FLOAT32_ATTENTION else None
+
+
 @contextlib.contextmanager
-def autocast(device: str, dtype: str | None) -> Iterator[None]:
-    """Within the block, ``device``'s matrix products run in ``dtype`` (None: nothing changes)."""
+def autocast(device: str, dtype: str | None, attention: str | None = None) -> Iterator[None]:
+    """Within the block, ``device``'s matrix products run in ``dtype`` (None: nothing changes), and with
+    ``attention`` ``"float32"`` (:func:`autocast_attention`) the attention kernel runs in float32."""
     if dtype is None:
         yield
         return
     import torch
 
-    with torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype)):
+    if attention not in (None, "float32"):
+        raise ValueError(f"attention {attention!r}: float32, or None for autocast's dtype")
+    device_type = torch.device(device).type
+    with torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)), \
+            (_float32_attention(device_type) if attention else contextlib.nullcontext()):
         yield
 
 
-def precision_name(dtype: str, autocast_dtype: str | None) -> str:
-    """How a run computes, in words: the weights' dtype, and the products' where autocast changes them."""
-    return dtype if autocast_dtype is None else f"{dtype} weights with {autocast_dtype} autocast"
+@contextlib.contextmanager
+def _float32_attention(device_type: str) -> Iterator[None]:
+    """Transformers' registered sdpa attention, for the block, runs on float32 query, key and value with
+    autocast off on ``device_type`` (elsewhere, and outside autocast, it is the registered function
+    itself: a float32 model computes bit for bit as without the block). Restored on exit."""
+    import torch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    inner = {name: ALL_ATTENTION_FUNCTIONS[name] for name in FLOAT32_ATTENTION}
+
+    def in_float32(name: str):
+        def attention(module, query, key, value, attention_mask, *args, **kwargs):
+            if query.device.type != device_type or not torch.is_autocast_enabled(device_type):
+                return inner[name](module, query, key, value, attention_mask, *args, **kwargs)
+            with without_autocast(device_type):
+                return inner[name](module, query.float(), key.float(), value.float(), attention_mask, *args, **kwargs)
+        return attention
+
+    for name in FLOAT32_ATTENTION:
+        ALL_ATTENTION_FUNCTIONS[name] = in_float32(name)
+    try:
+        yield
+    finally:
+        for name, fn in inner.items():
+            ALL_ATTENTION_FUNCTIONS[name] = fn
+
+
+def precision_name(dtype: str, autocast_dtype: str | None, attention: str | None = None) -> str:
+    """How a run computes, in words: the weights' dtype, and the products' where autocast changes them
+    (``attention``: the attention kernel's dtype where it is not autocast's, :func:`autocast_attention`)."""
+    if autocast_dtype is None:
+        return dtype
+    return f"{dtype} weights with {autocast_dtype} autocast" + (f" ({attention} attention)" if attention else "")
 
 
 def computes_in_float32(model) -> bool:

@@ -13,7 +13,8 @@ from capsense.localize.methods import get_method, refine_budget
 from capsense.scoring import METRICS
 
 #: Settings every run folder is identified by (a method adds its own: :attr:`Method.identity_keys`).
-BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "autocast", "doc_ids", "ablation")
+BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype", "autocast", "autocast_attention", "doc_ids",
+                 "ablation")
 
 
 #: How to resume a folder written before an identity key was recorded: the setting that does what
@@ -43,9 +44,10 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
 
 
 def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probes: dict,
-                 refine_dtype: str | None = None) -> dict[str, Any]:
+                 refine_dtype: str | None = None, autocast_attention: str | None = None) -> dict[str, Any]:
     """Every setting that may identify a run folder (:func:`identity_keys` picks the ones compared).
-    ``refine_dtype``: measure-and-choose's resolved precision (None: ``cfg``'s rule alone)."""
+    ``refine_dtype``: measure-and-choose's resolved precision (None: ``cfg``'s rule alone);
+    ``autocast_attention``: :func:`capsense.core.precision.autocast_attention` of the run's model."""
     refine_dtype = refine_dtype or cfg.resolved_refine_dtype(dtype)
     return {
         "model": fingerprint.get("content_sha256") or f"{cfg.model}@{fingerprint.get('revision_sha') or fingerprint.get('revision')}",
@@ -63,6 +65,9 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "method": cfg.method,
         "dtype": dtype,
         "autocast": cfg.autocast,  # None: off, as in folders from before it
+        # "float32" where autocast runs the attention kernel in float32 (a CPU since round 41); None: autocast's dtype,
+        # as in folders from before it (an autocast folder of rounds 39-40 is not resumed by a CPU run: its knockouts differ)
+        "autocast_attention": autocast_attention,
         "design": cfg.design,
         "heads_per_mask": k,
         "top_k": cfg.top_k,

@@ -169,7 +169,7 @@ def _precision_line(cfg: LocateConfig, result: LocateResult, args: dict) -> list
     """The search's precision, and measure-and-choose's where it differs (one line; none for a folder that lacks them)."""
     if "dtype_resolved" not in args:
         return []
-    search = precision_name(args["dtype_resolved"], cfg.autocast)
+    search = precision_name(args["dtype_resolved"], cfg.autocast, args.get("autocast_attention_resolved"))
     sets = args.get("refine_dtype_resolved")
     return [f"- precision: {search}" + (f"; sets measured in {sets}, against the clean model in it"
                                         if result.refinement is not None and sets and sets != search else "")]

@@ -25,7 +25,7 @@ from typing import Any
 from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
-from capsense.core.precision import autocast, precision_name
+from capsense.core.precision import autocast, autocast_attention, precision_name
 from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig
 from capsense.errors import CapsenseError
@@ -88,12 +88,13 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
         "args": {**asdict(cfg), "dtype_resolved": dtype, "batch_size_resolved": placed["batch_size"],
                  "attribution_batch_size_resolved": placed["attribution_batch_size"],
                  "masks_per_forward_resolved": placed["masks_per_forward"],
-                 "prefix_reuse_resolved": placed["prefix_reuse"], "refine_dtype_resolved": placed["refine_dtype"]},
+                 "prefix_reuse_resolved": placed["prefix_reuse"], "refine_dtype_resolved": placed["refine_dtype"],
+                 "autocast_attention_resolved": placed["autocast_attention"]},
         "probes": {
             t: {"doc_ids": [int(d) for d in p.doc_ids], "n_requests": p.n_requests, "kind": p.kind, **p.meta}
             for t, p in probes.items()
         },
-        "identity": run_identity(cfg, fingerprint, dtype, k, probes, placed["refine_dtype"]),
+        "identity": run_identity(cfg, fingerprint, dtype, k, probes, placed["refine_dtype"], placed["autocast_attention"]),
         "task_metric": {
             t: {"metric": cfg.metric, "label": sc.metric.label, "higher_is_better": sc.metric.higher_is_better,
                 "scored_by": "lm-eval under each mask (capsense-masked)"}
@@ -209,7 +210,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path) for t in cfg.tasks}
     if (note := metric_note(cfg, probes[cfg.task])) is not None and ctx.is_main:
         log(note)
-    placed = {"device": device, "processes": ctx.world,
+    placed = {"device": device, "processes": ctx.world, "autocast_attention": autocast_attention(model, cfg.autocast),
               **_plan_scoring(cfg, model, probes, dtype, log if ctx.is_main else _quiet)}
     means, ablator = run_ablator(cfg, model, tokenizer, log if ctx.is_main else _quiet)
     extra = task_metric_scorers(cfg, model, tokenizer, probes, placed["batch_size"], ablator)
@@ -229,7 +230,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         t0 = time.perf_counter()
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
-                                    dtypes=(precision_name(dtype, cfg.autocast), placed["refine_dtype"]))
+                                    dtypes=(precision_name(dtype, cfg.autocast, placed["autocast_attention"]),
+                                            placed["refine_dtype"]))
         record_cost(store.manifest, result, runner, evaluator)
         store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
@@ -275,7 +277,8 @@ def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layou
     cfg, n = search.cfg, layout.n_total
     progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
     try:
-        with autocast(next(search.model.parameters()).device.type, cfg.autocast):  # the search's knockouts only
+        device_type = next(search.model.parameters()).device.type
+        with autocast(device_type, cfg.autocast, autocast_attention(search.model, cfg.autocast)):  # the search only
             if not method.attribution:  # (the attribution's methods check after it: guided.run_attribution)
                 runner.evaluate.check_scorers()
             found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))

@@ -22,11 +22,13 @@ measured ratio says how conservative they are on the hardware it ran on.
 
 ``--precision`` (repeatable) times each (model, task) in several precisions of a float32 model, each row's
 seconds also as a ratio to the first precision's: ``float32``; ``autocast`` (``--autocast bfloat16``, as a
-locate run's search computes); ``autocast-attention32``, autocast with the attention kernel
-(``scaled_dot_product_attention``) in float32, which no locate run does: round 40 found that under autocast the
-attribution gained nothing (18.4 s against float32's 19.2 s in the main job), because PyTorch's CPU
-flash-attention backward ran about 4x slower in bfloat16 than in float32 (``torch.profiler``, a batch of 16
-documents on SmolLM2), and this row measures what float32 attention would change.
+locate run's search computes: since round 41 with the attention kernel in float32 on a CPU,
+:func:`capsense.core.precision.autocast_attention`); ``autocast-bf16-attention``, autocast with the attention
+kernel in bfloat16 too, as rounds 39-40 ran it. Round 40 found that under that autocast the attribution gained
+nothing (18.4 s against float32's 19.2 s in the main job), because PyTorch's CPU flash-attention backward ran
+about 4x slower in bfloat16 than in float32 (``torch.profiler``, a batch of 16 documents on SmolLM2); its
+runs of this script (``attribution_cost_autocast_r40.json``) name today's ``autocast`` ``autocast-attention32``
+and today's ``autocast-bf16-attention`` ``autocast``.
 """
 
 from __future__ import annotations
@@ -70,35 +72,23 @@ def time_attribution(model, probe, batch_size: int = 16, repeats: int = 3, sync=
             "median_attribution_s": a, "measured_fe": a / f, "charged_fe": ATTRIBUTION}
 
 
-PRECISIONS = ("float32", "autocast", "autocast-attention32")
+PRECISIONS = ("float32", "autocast", "autocast-bf16-attention")
 
 
 @contextlib.contextmanager
-def precision(name: str, device: str = "cpu"):
-    """The block computes as ``name`` says (:data:`PRECISIONS`) on a float32 model. For
-    ``autocast-attention32`` torch's ``scaled_dot_product_attention`` is swapped, for the block only, for one
-    that runs outside autocast on float32 inputs and returns the caller's dtype."""
-    import torch
-    import torch.nn.functional as F
+def precision(name: str, model, device: str = "cpu"):
+    """The block computes as ``name`` says (:data:`PRECISIONS`) on ``model``, a float32 model, with the library's
+    :func:`capsense.core.precision.autocast`."""
+    from capsense.core.precision import autocast, autocast_attention
 
     if name not in PRECISIONS:
         raise ValueError(f"precision {name!r}: one of {', '.join(PRECISIONS)}")
     if name == "float32":
         yield
         return
-    sdpa = F.scaled_dot_product_attention
-
-    def sdpa32(q, k, v, *args, **kwargs):
-        with torch.autocast(device, enabled=False):
-            return sdpa(q.float(), k.float(), v.float(), *args, **kwargs).to(q.dtype)
-
-    if name == "autocast-attention32":
-        F.scaled_dot_product_attention = sdpa32
-    try:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            yield
-    finally:
-        F.scaled_dot_product_attention = sdpa
+    attention = autocast_attention(model, "bfloat16") if name == "autocast" else None
+    with autocast(device, "bfloat16", attention):
+        yield
 
 
 def measure(model_name: str, task: str, limit: int, dtype: str, repeats: int, batch_size: int,
@@ -111,7 +101,7 @@ def measure(model_name: str, task: str, limit: int, dtype: str, repeats: int, ba
     probe = build_probe(task, tok, limit, 0)
     rows = []
     for name in precisions:
-        with precision(name):
+        with precision(name, model):
             row = {"model": model_name, "task": task, "kind": probe.kind, "documents": int(probe.n_docs),
                    "precision": name, **time_attribution(model, probe, batch_size, repeats)}
         ref = rows[0] if rows else row

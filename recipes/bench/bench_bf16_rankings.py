@@ -85,7 +85,8 @@ def run_summary(folder: Path) -> dict:
     """A run folder's precision (with autocast where it ran), forward-equivalents and measure-and-choose's start, sets measured and choice."""
     manifest, heads = (json.loads((folder / f).read_text()) for f in ("manifest.json", "heads.json"))
     refine = heads.get("refine") or {}
-    dtype = precision_name(manifest["args"]["dtype_resolved"], manifest["args"].get("autocast"))
+    dtype = precision_name(manifest["args"]["dtype_resolved"], manifest["args"].get("autocast"),
+                           manifest["args"].get("autocast_attention_resolved"))
     return {"run": str(folder), "dtype": dtype, "fe": heads["forward_equivalents"],
             "start": (refine.get("start") or {}).get("heads"), "sets_measured": refine.get("n_evaluations"),
             "chosen": refine.get("heads") or [f"L{h['layer']}H{h['head']}" for h in heads["heads"][:5]]}

@@ -354,27 +354,35 @@ def test_a_multiple_choice_target_located_by_choice_nll(toy, tmp_path):
 def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path):
     """``--autocast bfloat16``: the search's products in bf16 over float32 weights (its clean scores move), then
     measure-and-choose leaves autocast, drops the search's prefix caches and evaluates the clean model again:
-    exactly a float32 run's clean scores. Recorded in the identity (a resume in float32 alone is refused)."""
+    exactly a float32 run's clean scores. Recorded in the identity (a resume in float32 alone is refused), with
+    the attention kernel's float32 on a CPU (a folder of rounds 39-40, whose autocast ran it in bfloat16, is refused)."""
     args = ("--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "float32")
     plain, mixed = tmp_path / "fp32", tmp_path / "autocast"
     assert _locate(toy, plain, *args).exit_code == 0
     r = _locate(toy, mixed, *args, "--autocast", "bfloat16")
     assert r.exit_code == 0, r.output
-    assert "refine: measuring sets in float32 (the search ran in float32 weights with bfloat16 autocast)" in r.output
+    assert ("refine: measuring sets in float32 (the search ran in float32 weights with bfloat16 autocast (float32 "
+            "attention))") in r.output
     evals, ref = read_evaluations(mixed), read_evaluations(plain)
     refine_round = [e for e in evals if e.round != 0]
     assert refine_round[0].heads == [] and refine_round[0].scores == ref[0].scores
     assert evals[0].scores != ref[0].scores  # the search did run in bfloat16 products
     manifest = json.loads((mixed / "manifest.json").read_text())
     assert manifest["identity"]["autocast"] == "bfloat16" and manifest["args"]["dtype_resolved"] == "float32"
+    assert manifest["identity"]["autocast_attention"] == "float32"
     assert json.loads((plain / "manifest.json").read_text())["identity"]["autocast"] is None
+    assert json.loads((plain / "manifest.json").read_text())["identity"]["autocast_attention"] is None
     report = (mixed / "report.md").read_text()
-    assert "- precision: float32 weights with bfloat16 autocast; sets measured in float32" in report
+    assert "- precision: float32 weights with bfloat16 autocast (float32 attention); sets measured in float32" in report
     again = _locate(toy, mixed, *args, "--autocast", "bfloat16")
     assert again.exit_code == 0 and f"{len(evals)} masks already evaluated" in again.output
     refused = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]),
                                         "--limit", "12", "--no-progress", "--out", str(mixed), *args])
     assert refused.exit_code != 0 and "autocast: 'bfloat16' there, None now" in refused.output
+    manifest["identity"].pop("autocast_attention")  # as a folder of rounds 39-40 records it
+    (mixed / "manifest.json").write_text(json.dumps(manifest))
+    older = _locate(toy, mixed, *args, "--autocast", "bfloat16")
+    assert older.exit_code != 0 and "autocast_attention: not recorded there" in older.output
 
 
 def test_autocast_needs_a_float32_model(toy, tmp_path):

@@ -133,8 +133,8 @@ def test_a_registered_method_is_one_registration():
     try:
         cfg = _cfg(method="pairs-test", controls=["c"])
         method = get_method(cfg)
-        assert identity_keys(cfg)[:12] == ["model", "task", "controls", "limit", "seed", "method", "dtype", "autocast", "doc_ids",
-                                          "ablation", "masks", "metric"]
+        assert identity_keys(cfg)[:13] == ["model", "task", "controls", "limit", "seed", "method", "dtype", "autocast",
+                                          "autocast_attention", "doc_ids", "ablation", "masks", "metric"]
         found = method.search(Search(FakeRunner(), cfg, N))
         assert len(found.evals) == method.n_evaluations(cfg, N) == 7
     finally:

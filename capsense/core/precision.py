@@ -22,14 +22,19 @@ AMX-BF16, each run alone; `bench_bf16_rankings.py RUN --against RUN`):
   model ran 7.5x slower per mask than float32 on an AVX2 host, round 29), and a recipe's result should
   not depend on the CPU.
 
-On a CPU the attention kernel runs in float32 under autocast (:func:`autocast_attention`): PyTorch's
-CPU flash-attention backward ran about 4x slower in bfloat16 than in float32 (an ad-hoc ``torch.profiler``
-run, round 40), so the gradient attribution gained nothing from autocast (18.4 s against float32's 19.2 s
-in the main job, slower on multiple choice). With the kernel in float32 the attribution ran 1.05-1.9x
-faster (``recipes/bench/bench_attribution_cost.py``) and the knockouts' forward no slower. The attribution
-and the knockouts compute alike, as they must: the attribution's forward is the knockouts' clean
-baseline. It did not make the singles closer to float32's (the products' rounding dominates: SmolLM2's
-main job, round 41). On a GPU autocast keeps its bfloat16 kernels, which are the fast ones there.
+On a CPU the attention kernel runs in float32 under autocast (:func:`autocast_attention`), because
+PyTorch's CPU flash-attention backward ran about 4x slower in bfloat16 than in float32 (an ad-hoc
+``torch.profiler`` run, round 40). With bfloat16 attention the gradient attribution gained nothing from
+autocast: 18.4 s against float32's 19.2 s in the main job, and slower on multiple choice. With the kernel
+in float32 the attribution took 0.72-1.00x the time and the clean forward 0.80-1.03x
+(``recipes/bench/bench_attribution_cost.py --precision autocast-bf16-attention --precision autocast``,
+SmolLM2 and Gemma 3, round 41). In the main job the attribution went from 17.9 s to 14.1 s (medians of 4
+and 5 runs). The knockouts did not gain, since the products take most of their time, so the whole step
+stayed within the host's noise.
+The attribution and the knockouts compute alike, as they must: the attribution's forward is the
+knockouts' clean baseline. Float32 attention did not bring the singles closer to float32's, because
+the products' rounding dominates. On a GPU autocast keeps its bfloat16 kernels, which are the fast
+ones there.
 
 The LM head runs outside autocast (:func:`capsense.scoring.logits.output_logits`), in float32, as it does
 for a bfloat16 model: a bfloat16 logit of 20 moves in steps of 0.125 nats.

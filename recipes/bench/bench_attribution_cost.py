@@ -50,26 +50,39 @@ def _timed(fn, sync) -> float:
     return time.perf_counter() - t0
 
 
-def time_attribution(model, probe, batch_size: int = 16, repeats: int = 3, sync=lambda: None) -> dict:
-    """Median seconds of the clean forward (the knockout evaluator's scorer, no prefix reuse) and of the
-    attribution (forward and backward) on ``probe``, alternated ``repeats`` times after one warm-up of each;
-    ``measured_fe`` is their ratio, ``charged_fe`` what the budget counts (``sync``: a device's synchronize)."""
-    from capsense.localize.evaluator import MaskEvaluator
-    from capsense.scoring.attribution import AttributionScorer
+class Paths:
+    """The two timed paths on ``probe``: the clean forward (the knockout evaluator's scorer, no prefix reuse: the
+    definition of 1 FE) and the attribution (forward and backward)."""
+
+    def __init__(self, model, probe, batch_size: int = 16) -> None:
+        from capsense.localize.evaluator import MaskEvaluator
+        from capsense.scoring.attribution import AttributionScorer
+
+        ev = MaskEvaluator(model, {probe.name: probe}, batch_size=batch_size, masks_per_forward=1, prefix_reuse=False)
+        self.scorer, self.att = ev.scorers[probe.name], AttributionScorer(model, probe, batch_size=batch_size)
+        self.clean = ev.knockouts(np.zeros((1, self.att.layout.n_layers * self.att.layout.n_heads), dtype=bool))
+
+    def time(self, sync=lambda: None) -> tuple[float, float]:
+        """Seconds of one clean forward, then of one attribution."""
+        return _timed(lambda: self.scorer.score(self.clean), sync), _timed(self.att.attribute, sync)
+
+
+def summary(paths: Paths, fwd: list[float], bwd: list[float]) -> dict:
+    """Medians of the timed repeats; ``measured_fe`` is their ratio, ``charged_fe`` what the budget counts."""
     from capsense.scoring.cost import ATTRIBUTION
 
-    ev = MaskEvaluator(model, {probe.name: probe}, batch_size=batch_size, masks_per_forward=1, prefix_reuse=False)
-    scorer, att = ev.scorers[probe.name], AttributionScorer(model, probe, batch_size=batch_size)
-    clean = ev.knockouts(np.zeros((1, att.layout.n_layers * att.layout.n_heads), dtype=bool))
-    scorer.score(clean)  # warm-up of both paths
-    att.attribute()
-    fwd, bwd = [], []
-    for _ in range(repeats):
-        fwd.append(_timed(lambda: scorer.score(clean), sync))
-        bwd.append(_timed(att.attribute, sync))
     f, a = statistics.median(fwd), statistics.median(bwd)
-    return {"scorer": type(scorer).__name__, "forward_s": fwd, "attribution_s": bwd, "median_forward_s": f,
+    return {"scorer": type(paths.scorer).__name__, "forward_s": fwd, "attribution_s": bwd, "median_forward_s": f,
             "median_attribution_s": a, "measured_fe": a / f, "charged_fe": ATTRIBUTION}
+
+
+def time_attribution(model, probe, batch_size: int = 16, repeats: int = 3, sync=lambda: None) -> dict:
+    """Median seconds of the clean forward and of the attribution on ``probe`` (:class:`Paths`), alternated
+    ``repeats`` times after one warm-up of each (``sync``: a device's synchronize)."""
+    paths = Paths(model, probe, batch_size)
+    paths.time(sync)  # warm-up of both paths
+    fwd, bwd = zip(*(paths.time(sync) for _ in range(repeats)))
+    return summary(paths, list(fwd), list(bwd))
 
 
 PRECISIONS = ("float32", "autocast", "autocast-bf16-attention")
@@ -93,17 +106,27 @@ def precision(name: str, model, device: str = "cpu"):
 
 def measure(model_name: str, task: str, limit: int, dtype: str, repeats: int, batch_size: int,
             precisions: tuple[str, ...] = ("float32",)) -> list[dict]:
-    """One row per precision (the first is each ratio's reference)."""
+    """One row per precision (the first is each ratio's reference). Each repeat times every precision, in
+    alternating order; until round 41 each precision's repeats ran in a block, so a drift of the host's speed
+    (Gemma 3's forward took 0.52-0.89 s within one block) fell on one precision."""
     from capsense.core.models import load_model
     from capsense.scoring.probe import build_probe
 
     model, tok = load_model(model_name, dtype)
     probe = build_probe(task, tok, limit, 0)
+    paths, times = Paths(model, probe, batch_size), {name: ([], []) for name in precisions}
+    for name in precisions:  # one warm-up in each precision
+        with precision(name, model):
+            paths.time()
+    for r in range(repeats):  # every repeat times each precision, in alternating order: a drifting host's speed
+        for name in precisions if r % 2 == 0 else precisions[::-1]:  # falls on each alike
+            with precision(name, model):
+                for kept, t in zip(times[name], paths.time()):
+                    kept.append(t)
     rows = []
     for name in precisions:
-        with precision(name, model):
-            row = {"model": model_name, "task": task, "kind": probe.kind, "documents": int(probe.n_docs),
-                   "precision": name, **time_attribution(model, probe, batch_size, repeats)}
+        row = {"model": model_name, "task": task, "kind": probe.kind, "documents": int(probe.n_docs),
+               "precision": name, **summary(paths, *times[name])}
         ref = rows[0] if rows else row
         row["forward_ratio"] = row["median_forward_s"] / ref["median_forward_s"]
         row["attribution_ratio"] = row["median_attribution_s"] / ref["median_attribution_s"]

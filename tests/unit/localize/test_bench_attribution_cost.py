@@ -50,3 +50,32 @@ def test_each_precision_times_the_forward_and_the_attribution():
 def test_a_precision_needs_a_float32_model():
     with pytest.raises(SystemExit):
         bench.main(["--precision", "float32", "--precision", "autocast", "--dtype", "bfloat16"])
+
+
+def test_each_repeat_times_every_precision_in_alternating_order(monkeypatch):
+    import contextlib
+
+    import capsense.core.models
+    import capsense.scoring.probe
+
+    model, order, current = make_tiny_model("llama", attn_implementation="sdpa"), [], []
+
+    @contextlib.contextmanager
+    def recorded(name, model):
+        current.append(name)
+        yield
+        current.pop()
+
+    def fake_time(self, sync=lambda: None):
+        order.append(current[-1])
+        return {"float32": 2.0, "autocast": 1.0}[current[-1]], {"float32": 6.0, "autocast": 3.0}[current[-1]] + len(order)
+
+    monkeypatch.setattr(capsense.core.models, "load_model", lambda name, dtype: (model, None))
+    monkeypatch.setattr(capsense.scoring.probe, "build_probe", lambda task, tok, limit, seed: _probe())
+    monkeypatch.setattr(bench, "precision", recorded)
+    monkeypatch.setattr(bench.Paths, "time", fake_time)
+    rows = bench.measure("tiny", "toy", 5, "float32", 3, 4, ("float32", "autocast"))
+    assert order == ["float32", "autocast"] + ["float32", "autocast", "autocast", "float32", "float32", "autocast"]
+    assert [r["precision"] for r in rows] == ["float32", "autocast"]
+    assert rows[0]["attribution_s"] == [9.0, 12.0, 13.0] and rows[1]["attribution_s"] == [7.0, 8.0, 11.0]
+    assert rows[1]["forward_ratio"] == 0.5 and rows[1]["attribution_ratio"] == pytest.approx(8.0 / 12.0)

@@ -26,9 +26,10 @@ On a CPU the attention kernel runs in float32 under autocast (:func:`autocast_at
 PyTorch's CPU flash-attention backward ran about 4x slower in bfloat16 than in float32 (an ad-hoc
 ``torch.profiler`` run, round 40). With bfloat16 attention the gradient attribution gained nothing from
 autocast: 18.4 s against float32's 19.2 s in the main job, and slower on multiple choice. With the kernel
-in float32 the attribution took 0.72-1.00x the time and the clean forward 0.80-1.03x
+in float32, SmolLM2's attribution took 0.72-0.86x the time and its clean forward 0.80-0.99x
 (``recipes/bench/bench_attribution_cost.py --precision autocast-bf16-attention --precision autocast``,
-SmolLM2 and Gemma 3, round 41). In the main job the attribution went from 17.9 s to 14.1 s (medians of 4
+two runs, round 41). Gemma 3 (4 heads of width 256, a 262k-word LM head) neither gained nor lost
+beyond the repeats' spread. In the main job the attribution went from 17.9 s to 14.1 s (medians of 4
 and 5 runs). The knockouts did not gain, since the products take most of their time, so the whole step
 stayed within the host's noise.
 The attribution and the knockouts compute alike, as they must: the attribution's forward is the

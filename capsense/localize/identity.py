@@ -18,8 +18,10 @@ BASE_IDENTITY = ("model", "task", "controls", "limit", "seed", "method", "dtype"
 
 
 #: How to resume a folder written before an identity key was recorded: the setting that does what
-#: the earlier release did (it had no collateral screen, and controls used `limit` documents).
-EARLIER_IDENTITY = {"screen": "`screen` 0 (no collateral screen, as that release ran)",
+#: the earlier release did (it had no collateral screen, and controls used `limit` documents), or None where
+#: no setting does (rounds 39-40 ran autocast's attention kernel in bfloat16 on a CPU; this release runs it in float32).
+EARLIER_IDENTITY = {"autocast_attention": None,
+                    "screen": "`screen` 0 (no collateral screen, as that release ran)",
                     "prior_score": "`prior_score` estimate (that release ordered singles by |estimate|)",
                     "control_limit": "no `control_limit` (that release scored controls on `limit` documents)",
                     "refine_search": "`refine_search` swaps (that release searched by swaps after a first set beyond tolerance)"}

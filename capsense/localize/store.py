@@ -17,7 +17,8 @@ Reopening a folder whose manifest has a different *identity* (model, tasks, docu
 design, seed: everything that changes which masks are evaluated or how they score) is
 refused with the differing fields named. A field a folder does not record (written by an
 earlier release, before the setting existed) is compared as ``None``; the refusal says so,
-and says which value reproduces what the earlier release did (``earlier``), so that value resumes it.
+and says which value reproduces what the earlier release did (``earlier``), so that value resumes it,
+or that no setting does, where that release computed differently.
 """
 
 from __future__ import annotations
@@ -109,11 +110,11 @@ class RunStore:
 
     @classmethod
     def open(cls, path: str | os.PathLike, manifest: dict[str, Any], identity_keys: list[str], n_heads: int,
-             earlier: dict[str, str] | None = None) -> "RunStore":
+             earlier: dict[str, str | None] | None = None) -> "RunStore":
         """Create ``path`` or resume the run in it (compacting its logs); refuse a folder holding something else.
 
         ``earlier`` says, per identity key, the setting that resumes a folder from before the key
-        was recorded (the refusal quotes it).
+        was recorded (the refusal quotes it), or None where no setting does (that release computed differently).
 
         Call it on the main process only, holding the folder's lock; the other processes
         then call :meth:`attach`.
@@ -166,7 +167,8 @@ class RunStore:
             self.done[e.index] = e
 
 
-def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str], earlier: dict[str, str]) -> dict[str, Any]:
+def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str],
+                  earlier: dict[str, str | None]) -> dict[str, Any]:
     """The manifest to write: ``manifest``, or the resumed run's with its creation time kept."""
     mpath = p / MANIFEST
     if p.exists() and not p.is_dir():
@@ -183,7 +185,8 @@ def _check_folder(p: Path, manifest: dict[str, Any], identity_keys: list[str], e
     return manifest
 
 
-def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: list[str], earlier: dict[str, str]) -> None:
+def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: list[str],
+                    earlier: dict[str, str | None]) -> None:
     """Refuse to resume a folder whose identity differs, naming the fields and how to resume it."""
     diffs = [k for k in keys if old.get(k) != new.get(k)]
     if not diffs:
@@ -193,6 +196,9 @@ def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: lis
         f"{k}: not recorded there (written by an earlier release), {new.get(k)!r} now" if k in absent
         else f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4]
     )
+    if lost := [k for k in absent if k in earlier and earlier[k] is None]:
+        raise RunStoreError(f"`out` {str(p)!r} holds a different run ({shown}); no setting of this release computes "
+                            f"{' and '.join(lost)} as that one did, so none resumes it: choose another `out`")
     hints = [earlier[k] for k in absent if k in earlier]
     how = (f"to resume it give {' and '.join(hints)}" if hints and len(hints) == len(diffs)
            else "rerun with its settings to resume it")

@@ -383,6 +383,7 @@ def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path):
     (mixed / "manifest.json").write_text(json.dumps(manifest))
     older = _locate(toy, mixed, *args, "--autocast", "bfloat16")
     assert older.exit_code != 0 and "autocast_attention: not recorded there" in older.output
+    assert "no setting of this release computes autocast_attention as that one did" in " ".join(older.output.split())
 
 
 def test_autocast_needs_a_float32_model(toy, tmp_path):

@@ -60,6 +60,12 @@ def test_a_key_an_earlier_release_did_not_record(tmp_path):
     assert RunStore.open(tmp_path, _manifest(screen=None), keys, n_heads=4).manifest["identity"]["screen"] is None
     with pytest.raises(RunStoreError, match=r"\(screen: None there, 3.0 now\); rerun with its settings"):  # recorded now
         RunStore.open(tmp_path, _manifest(screen=3.0), keys, n_heads=4, earlier=earlier)
+    # a key no setting reproduces (None in ``earlier``): the earlier release computed differently
+    lost = {**earlier, "kernel": None}
+    with pytest.raises(RunStoreError, match=r"\(kernel: not recorded there .*'float32' now\); no setting of this release "
+                                            r"computes kernel as that one did, so none resumes it: choose another `out`"):
+        RunStore.open(tmp_path, _manifest(screen=None, kernel="float32"), [*keys, "kernel"], n_heads=4, earlier=lost)
+    assert RunStore.open(tmp_path, _manifest(screen=None, kernel=None), [*keys, "kernel"], n_heads=4, earlier=lost)
 
 
 def test_refuses_a_non_run_folder(tmp_path):

@@ -231,7 +231,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         result = _search_and_refine(runner, search, method, layout, len(store.done), log if ctx.is_main else _quiet,
                                     progress if ctx.is_main else None, own=progress is None and cfg.progress and ctx.is_main,
                                     dtypes=(precision_name(dtype, cfg.autocast, placed["autocast_attention"]),
-                                            placed["refine_dtype"]))
+                                            placed["refine_dtype"]), attention=placed["autocast_attention"])
         record_cost(store.manifest, result, runner, evaluator)
         store.manifest["timing"] = _timing(load_s, time.perf_counter() - t0, runner, result, ctx.world)
         ctx.barrier()  # every process's shard is complete
@@ -271,14 +271,14 @@ def _plan_scoring(cfg: LocateConfig, model, probes: dict, dtype: str, log: Calla
 
 def _search_and_refine(runner: MaskRunner, search: Search, method: Method, layout: HeadLayout, done: int,
                        log: Callable[[str], None], progress: RunProgress | None, own: bool,
-                       dtypes: tuple[str, str]) -> LocateResult:
+                       dtypes: tuple[str, str], attention: str | None = None) -> LocateResult:
     """The method's search and fit, then measure-and-choose, shown as the phases of ``progress``
-    (``dtypes``: the search's and measure-and-choose's, see :func:`_refine_step`)."""
+    (``dtypes``: the search's and measure-and-choose's, see :func:`_refine_step`; ``attention``: the search's
+    attention kernel under autocast, :func:`~capsense.core.precision.autocast_attention`)."""
     cfg, n = search.cfg, layout.n_total
     progress = _display(cfg, progress, method.n_evaluations(cfg, n)) if (progress is not None or own) else None
     try:
-        device_type = next(search.model.parameters()).device.type
-        with autocast(device_type, cfg.autocast, autocast_attention(search.model, cfg.autocast)):  # the search only
+        with autocast(next(search.model.parameters()).device.type, cfg.autocast, attention):  # the search only
             if not method.attribution:  # (the attribution's methods check after it: guided.run_attribution)
                 runner.evaluate.check_scorers()
             found = _in_phase(runner, progress, "locate", done, lambda: method.search(search))

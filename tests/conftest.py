@@ -79,6 +79,21 @@ def make_tiny_model(arch: str, attn_implementation: str = "eager", seed: int = 0
     return model.eval()
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The (query, key, value dtypes, autocast on) of every call of the registered sdpa attention."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    calls, inner = [], ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def spy(module, query, key, value, *args, **kwargs):
+        calls.append((query.dtype, key.dtype, value.dtype, torch.is_autocast_enabled("cpu")))
+        return inner(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
+    return calls
+
+
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param

@@ -10,19 +10,6 @@ from capsense.core.precision import autocast, autocast_attention, precision_name
 from conftest import make_tiny_model, tiny_inputs
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """The (query, key, value dtypes, autocast on) of every call of the registered sdpa attention."""
-    calls, inner = [], ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-    def spy(module, query, key, value, *args, **kwargs):
-        calls.append((query.dtype, key.dtype, value.dtype, torch.is_autocast_enabled("cpu")))
-        return inner(module, query, key, value, *args, **kwargs)
-
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
-    return calls
-
-
 def _sdpa_model(arch: str):
     """A tiny sdpa model of ``arch``, or None for a family without sdpa (Gemma 2), whose eager attention autocast computes."""
     try:

@@ -352,7 +352,7 @@ def test_a_multiple_choice_target_located_by_choice_nll(toy, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path, monkeypatch):
+def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path, kernel_calls):
     """``--autocast bfloat16``: the search's products in bf16 over float32 weights (its clean scores move), then
     measure-and-choose leaves autocast, drops the search's prefix caches and evaluates the clean model again:
     exactly a float32 run's clean scores. Recorded in the identity (a resume in float32 alone is refused), with
@@ -360,19 +360,11 @@ def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path, monke
     args = ("--controls", TOY_CONTROL, "--top-k", "2", "--top-m", "4", "--dtype", "float32")
     plain, mixed = tmp_path / "fp32", tmp_path / "autocast"
     assert _locate(toy, plain, *args).exit_code == 0
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    kernel, registered = [], ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-    def spy(module, query, *args, **kwargs):  # the registered kernel: what it computes in, and whether under autocast
-        kernel.append((query.dtype, torch.is_autocast_enabled("cpu")))
-        return registered(module, query, *args, **kwargs)
-
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
+    kernel_calls.clear()  # the float32 run's
     r = _locate(toy, mixed, *args, "--autocast", "bfloat16")
-    monkeypatch.undo()
     assert r.exit_code == 0, r.output
-    assert kernel and set(kernel) == {(torch.float32, False)}  # the search's attention too, under autocast
+    # the search's attention too, under autocast (measure-and-choose's float32 calls add the same)
+    assert kernel_calls and set(kernel_calls) == {(torch.float32, torch.float32, torch.float32, False)}
     assert ("refine: measuring sets in float32 (the search ran in float32 weights with bfloat16 autocast (float32 "
             "attention))") in r.output
     evals, ref = read_evaluations(mixed), read_evaluations(plain)

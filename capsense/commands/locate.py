@@ -66,6 +66,10 @@ from capsense.core.precision import AUTOCAST_DTYPES
               help="prior-guided with --controls: a group knockout's price in --fe-budget: as if scored on every probe "
                    "(full), or what it costs, on the target alone (target: more groups and splits for the budget; on "
                    "SmolLM2 a stronger set that hurt held-out tasks the controls do not cover, so not the default).")
+@click.option("--single-controls", type=click.Choice(["until-excluded", "all"]), default="until-excluded", show_default=True,
+              help="prior-guided with --controls and a --screen: a single-head knockout's controls are scored cheapest "
+                   "first until one is beyond its screen threshold (the head is then set aside whatever the others say), "
+                   "or all of them (as before round 42).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")
@@ -104,7 +108,7 @@ from capsense.core.precision import AUTOCAST_DTYPES
 def locate(model: str, task: str, controls: str, control_limit: int | None, screen: float, metric: str, ablation: str,
            mean_reference: str | None, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
-           top_m: int, group_size: int, prior_score: str, group_price: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
+           top_m: int, group_size: int, prior_score: str, group_price: str, single_controls: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
            refine_search: str | None,
            seed: int, batch_size: int | str, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str, autocast: str | None,
@@ -130,7 +134,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         ablation=ablation, mean_reference=mean_reference, limit=limit, masks=masks,
         sparsity=0.02 if sparsity is None and heads_per_mask is None else sparsity, heads_per_mask=heads_per_mask,
         design=design, solver=solver, alpha=alpha, method=method, budget=budget, top_m=top_m, group_size=group_size,
-        prior_score=prior_score, group_price=group_price, seed=seed, batch_size=batch_size,
+        prior_score=prior_score, group_price=group_price, single_controls=single_controls, seed=seed, batch_size=batch_size,
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
         device_map=device_map_from(device_map, parallelize), dtype=dtype, autocast=autocast, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance,

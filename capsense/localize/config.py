@@ -17,7 +17,7 @@ from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
 from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, GROUP_PRICES, PRIOR_SCORES
 from capsense.localize.refine import DEFAULT_SEARCH, DEFAULT_TOLERANCE, SEARCHES
-from capsense.localize.screen import DEFAULT_SCREEN_Z
+from capsense.localize.screen import DEFAULT_SCREEN_Z, SINGLE_CONTROLS
 from capsense.localize.solvers import SOLVERS
 from capsense.scoring import CHOICE_METRICS, METRICS
 from capsense.tasks.suite import expand_controls
@@ -75,6 +75,8 @@ class LocateConfig:
     # "documents" (each document's |gradient|, summed: cancellation across documents cannot hide a head)
     prior_score: str = "documents"
     group_price: str = "full"  # prior-guided with controls: a group's price in the budget (prior.GROUP_PRICES)
+    # prior-guided with controls and a screen: a single's controls scored until one excludes it, or all (screen.SINGLE_CONTROLS)
+    single_controls: str = "until-excluded"
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
@@ -82,6 +84,12 @@ class LocateConfig:
 
     def __post_init__(self) -> None:
         self.controls = expand_controls(self.controls, self.task)
+
+    @property
+    def controls_until_excluded(self) -> bool:
+        """Whether a single-head knockout's controls stop at the first beyond its screen threshold
+        (:data:`~capsense.localize.screen.SINGLE_CONTROLS`): only where there are controls and a screen."""
+        return self.single_controls == "until-excluded" and bool(self.controls) and self.screen > 0
 
     def resolved_refine_dtype(self, dtype: str) -> str:
         """The dtype measure-and-choose runs in, given the run's resolved ``dtype`` (see ``refine_dtype``)."""
@@ -110,12 +118,16 @@ class LocateConfig:
                                     f"in it everywhere, autocast or not)")
         choice("prior_score", self.prior_score, PRIOR_SCORES)
         choice("group_price", self.group_price, GROUP_PRICES)
+        choice("single_controls", self.single_controls, SINGLE_CONTROLS)
         resolve_ablation({}, self.ablation, self.mean_reference)  # the mode, and its reference texts where given
         if self.refine_search is not None:
             choice("refine_search", self.refine_search, SEARCHES)
         if self.group_price != "full" and not self.controls:
             raise CapsenseError(f"`group_price` {self.group_price} applies to a run with `controls` (without them a group "
                                 "is scored on every probe, and full is its price)")
+        if self.single_controls != "until-excluded" and not (self.controls and self.screen > 0):
+            raise CapsenseError(f"`single_controls` {self.single_controls} applies to a run with `controls` and a collateral "
+                                "`screen` (without them a single is scored on every probe)")
         if not self.metric or not isinstance(self.metric, str):
             raise CapsenseError(
                 "give a metric: nll (nats/token of the reference continuation, the default), acc (greedy "

@@ -5,7 +5,8 @@ run folder in order, replayed on resume and split across processes (:class:`Mask
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -194,6 +195,16 @@ class MaskRunner:
             return work()
         finally:
             self.phase_s[phase] = self.phase_s.get(phase, 0.0) + time.perf_counter() - t0
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Evaluations within the block do not move the progress bar: they complete masks already counted
+        (a single's further controls, :func:`capsense.localize.singles.singles_until_excluded`); their cost counts."""
+        bar, self.bar = self.bar, None
+        try:
+            yield
+        finally:
+            self.bar = bar
 
     def _count(self, ev: Evaluation) -> None:
         """Add ``ev``'s forward-equivalents: the price of the probes it holds scores of (the evaluator's

@@ -57,8 +57,11 @@ def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:
 
 
 def task_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig) -> np.ndarray:
-    """Score per mask of ``task`` by its metric, signed so that higher = better (``-nll``, ``acc``)."""
-    v = np.array([e.scores[task][cfg.metric_for(task)] for e in evals], dtype=float)
+    """Score per mask of ``task`` by its metric, signed so that higher = better (``-nll``, ``acc``); NaN for a
+    mask not scored on ``task`` (a group scored on the target alone, a single the screen set aside before
+    its other controls: :func:`capsense.localize.singles.singles_until_excluded`)."""
+    metric = cfg.metric_for(task)
+    v = np.array([e.scores[task][metric] if task in e.scores else np.nan for e in evals], dtype=float)
     return v if cfg.higher_is_better(task) else -v
 
 
@@ -73,13 +76,28 @@ def damage(evals: Sequence[Evaluation], task: str, cfg: LocateConfig, base: Eval
     return np.array([s0 - x if r is None else -r for x, r in zip(s, rel)], dtype=float)
 
 
-def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective: bool = True) -> np.ndarray:
-    """The vector the solver fits: the target score, residualized on the controls when selective."""
+def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective: bool = True,
+               fill: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """The vector the solver fits: the target score, residualized on the controls when selective
+    (``evals[0]`` the clean model). A single not scored on a control counts there as ``fill`` says (per control,
+    each head's relative damage: attribution's estimate), else as harmless: the rule measure-and-choose's
+    prediction follows (:func:`capsense.localize.pool.single_effects`)."""
     y = task_scores(evals, cfg.task, cfg)
     if selective and cfg.controls:
-        C = np.column_stack([task_scores(evals, c, cfg) for c in cfg.controls])
+        C = np.column_stack([filled_scores(evals, c, cfg, (fill or {}).get(c)) for c in cfg.controls])
         y = residualize(y, C)
     return y
+
+
+def filled_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig, fill: np.ndarray | None) -> np.ndarray:
+    """:func:`task_scores` with a single not scored on ``task`` given the score of its ``fill`` damage (its head's
+    entry; None or a group: the clean score, ``evals[0]``'s)."""
+    s = task_scores(evals, task, cfg)
+    for i in np.flatnonzero(~np.isfinite(s)):
+        heads = evals[i].heads
+        d = float(fill[heads[0]]) if fill is not None and len(heads) == 1 and np.isfinite(fill[heads[0]]) else 0.0
+        s[i] = s[0] - d * abs(s[0])  # damage d = (s0 - s) / |s0|, as damage() computes it
+    return s
 
 
 def single_head_scores(evals: Sequence[Evaluation], y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,15 +123,17 @@ def fit_regression(evals: list[Evaluation], cfg: LocateConfig, n: int) -> Locate
     return _result(evals, cfg, scores, raw, effects)
 
 
-def fit_single_heads(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
-    """Rank heads by their measured single-head knockouts (``evals[0]`` is the clean model)."""
+def fit_single_heads(evals: list[Evaluation], cfg: LocateConfig, n: int,
+                     fill: dict[str, np.ndarray] | None = None) -> LocateResult:
+    """Rank heads by their measured single-head knockouts (``evals[0]`` is the clean model); an effect
+    not measured is NaN (``fill``: what the selective fit assumes there, :func:`fit_target`)."""
     base = evals[0]
     sel = [base, *(e for e in evals if len(e.heads) == 1)]
     effects = {t: np.zeros(n) for t in cfg.tasks}
     for t in cfg.tasks:
         for e, v in zip(sel[1:], damage(sel, t, cfg, base)[1:]):
             effects[t][e.heads[0]] = v
-    imp, conf = single_head_scores(sel, fit_target(sel, cfg, n), n)
+    imp, conf = single_head_scores(sel, fit_target(sel, cfg, n, fill=fill), n)
     raw = None
     if cfg.controls:
         r_imp, r_conf = single_head_scores(sel, fit_target(sel, cfg, n, selective=False), n)

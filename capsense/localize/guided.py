@@ -14,7 +14,10 @@ so a resumed run replays the same search.
   documents, the default: each document's ``|gradient|`` summed, which cancellation across
   documents cannot hide; ``estimate``: the largest ``|estimate|``), group knockouts over the
   rest (scored on the target alone in selective mode: a group is never handed on), splits of groups
-  that hurt, within a budget of forward-equivalents. The ranking comes
+  that hurt, within a budget of forward-equivalents (each knockout priced as scored on every probe, so
+  the budget buys the same masks however few documents they end up scored on). In selective mode a
+  single is scored on the target, then on its controls cheapest first until one excludes it from the
+  collateral screen (``single_controls``, :func:`singles_until_excluded`). The ranking comes
   from the heads measured alone (selective mode: residualized on the controls, as the
   exhaustive sweep does), so every head handed on was knocked out, not only estimated.
 """
@@ -34,6 +37,7 @@ from capsense.localize.designs import head_set_masks
 from capsense.localize.fit import LocateResult, damage, fit_single_heads
 from capsense.localize.methods import Found, Method, Search, no_knockout
 from capsense.localize.prior import PriorSettings, prior_guided
+from capsense.localize.singles import screen_thresholds, singles_until_excluded
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
 from capsense.scoring.attribution import Attribution, attribute_probes, attribution_scorers, check_gradient_metric
@@ -151,7 +155,8 @@ def fit_attribution(evals: list[Evaluation], cfg: LocateConfig, n: int) -> Locat
     )
 
 
-ATTRIBUTION_METHOD = Method("attribution", search_attribution, fit_attribution, lambda cfg, n: 1, attribution=True)
+ATTRIBUTION_METHOD = Method("attribution", search_attribution, fit_attribution, lambda cfg, n: 1, attribution=True,
+                            options=("single_controls",))  # (measure-and-choose's extra singles read it)
 
 
 # -- prior-guided ------------------------------------------------------------------------
@@ -172,9 +177,10 @@ def search_prior_guided(s: Search) -> Found:
         est = s.run.ctx.on_main(lambda: load_magnitudes(s.cfg))
     also = selective_estimate(estimates, s.cfg) if s.cfg.controls else None
     base = evals[0]
+    until = (base, screen_thresholds(s.cfg, estimates)) if s.cfg.controls_until_excluded else None
 
     def measure(sets: list[tuple[int, ...]]) -> list[float]:
-        evs = measure_sets(s, sets)
+        evs = measure_sets(s, sets, until)
         evals.extend(evs)
         return [float(d) for d in damage(evs, s.cfg.task, s.cfg, base)]
 
@@ -194,15 +200,20 @@ def search_prior_guided(s: Search) -> Found:
     return Found(evals)
 
 
-def measure_sets(s: Search, sets: list[tuple[int, ...]]) -> list[Evaluation]:
+def measure_sets(s: Search, sets: list[tuple[int, ...]],
+                 until: tuple[Evaluation, dict[str, float]] | None = None) -> list[Evaluation]:
     """The evaluations of head sets, in order: a single head on every probe, a group (several heads)
-    on the target alone when the run has controls (target first).
+    on the target alone when the run has controls (target first). ``until``: (the clean evaluation, the
+    screen's threshold per control): singles are scored on their controls until one excludes them
+    (:func:`singles_until_excluded`).
 
     A group knockout is never handed on: only its target damage decides whether it is split
     (:func:`capsense.localize.prior.groups_and_splits`), so scoring it on the controls (84% of the
     main job's documents) bought nothing. A single head keeps its control scores: the collateral
-    screen, the selective ranking and measure-and-choose's prediction read them. Runs of sets of one
-    kind go to the runner as one block each, in order, so the masks' indices follow the search."""
+    screen, the selective ranking and measure-and-choose's prediction read them; with ``until``, those
+    of a head the screen sets aside stop at the first control beyond its threshold (nothing reads the rest
+    but the selective ranking, which takes attribution's estimate there, :func:`fit_prior_guided`). Runs of
+    sets of one kind go to the runner as one block each, in order, so the masks' indices follow the search."""
     target = [s.cfg.task] if s.cfg.controls else None
     out: list[Evaluation] = []
     i = 0
@@ -211,7 +222,10 @@ def measure_sets(s: Search, sets: list[tuple[int, ...]]) -> list[Evaluation]:
         j = i
         while j < len(sets) and (len(sets[j]) > 1) == group:
             j += 1
-        out += s.run(head_set_masks(sets[i:j], s.n), probes=target if group else None)
+        if group or until is None:
+            out += s.run(head_set_masks(sets[i:j], s.n), probes=target if group else None)
+        else:
+            out += singles_until_excluded(s.run, s.cfg, s.n, sets[i:j], *until)
         i = j
     return out
 
@@ -226,8 +240,9 @@ def sweep_cost(cost, n: int) -> float:
 
 
 def fit_prior_guided(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
-    """Ranked by the heads measured alone; the estimates kept beside the measured effects."""
-    result = fit_single_heads(evals, cfg, n)
+    """Ranked by the heads measured alone; the estimates kept beside the measured effects (and, in the
+    selective fit, standing in for the controls a set-aside single was not scored on)."""
+    result = fit_single_heads(evals, cfg, n, fill=load_estimates(cfg))
     measured = np.zeros(n, dtype=bool)
     for e in evals[1:]:
         if len(e.heads) == 1:
@@ -245,5 +260,6 @@ def expected_prior_evaluations(cfg: LocateConfig, n: int) -> int:
 
 
 PRIOR_GUIDED = Method("prior-guided", search_prior_guided, fit_prior_guided, expected_prior_evaluations,
-                identity_keys=("top_k", "top_m", "group_size", "budget", "metric", "prior_score", "group_price"), attribution=True,
-                options=("budget", "top_m", "group_size", "prior_score", "group_price"))
+                identity_keys=("top_k", "top_m", "group_size", "budget", "metric", "prior_score", "group_price",
+                               "single_controls"), attribution=True,
+                options=("budget", "top_m", "group_size", "prior_score", "group_price", "single_controls"))

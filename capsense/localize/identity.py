@@ -24,6 +24,7 @@ EARLIER_IDENTITY = {"autocast_attention": None,
                     "screen": "`screen` 0 (no collateral screen, as that release ran)",
                     "prior_score": "`prior_score` estimate (that release ordered singles by |estimate|)",
                     "control_limit": "no `control_limit` (that release scored controls on `limit` documents)",
+                    "single_controls": "`single_controls` all (that release scored every single on every control)",
                     "refine_search": "`refine_search` swaps (that release searched by swaps after a first set beyond tolerance)"}
 
 
@@ -39,7 +40,7 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
         keys.append("refine_dtype")  # (None where it is the run's dtype, as in folders from before it)
         keys.append("refine_search")  # (None: swaps, as in folders from before it)
         if cfg.controls and cfg.screen:  # the screen decides refine's candidates (folders from before it: screen off)
-            keys.append("screen")
+            keys += ["screen", "single_controls"]  # (and, with estimates, which controls its extra singles are scored on)
     if cfg.control_limit is not None:  # (doc_ids hold the documents; a folder from before control_limit has none)
         keys.append("control_limit")
     return list(dict.fromkeys(keys))
@@ -63,6 +64,9 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         "refine_search": None if cfg.resolved_refine_search == "swaps" else cfg.resolved_refine_search,  # None: swaps, as before
         "prior_score": None if cfg.prior_score == "estimate" else cfg.prior_score,  # None: |estimate| order, as in folders from before it
         "group_price": None if cfg.group_price == "full" else cfg.group_price,  # None: full, as in folders from before it
+        # None: every control of every single, as in folders from before it (and wherever nothing is screened, or no
+        # estimates set the screen's thresholds before a knockout: methods without a gradient attribution)
+        "single_controls": cfg.single_controls if cfg.controls_until_excluded and get_method(cfg).attribution else None,
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,

@@ -113,7 +113,7 @@ class Method:
 #: Settings only some methods read; one given to a method that does not read it is an error
 #: (it used to be ignored in silence: ``--heads-per-mask 999`` with prior-guided ran as if unset).
 METHOD_OPTIONS = ("masks", "sparsity", "heads_per_mask", "design", "solver", "alpha", "budget", "top_m", "group_size",
-                  "prior_score", "group_price")
+                  "prior_score", "group_price", "single_controls")
 
 
 def register(method: Method) -> Method:

@@ -13,7 +13,8 @@ for every task and model: when the measured start breaks the tolerance (the sear
 and measure-and-choose has fewer than K + ``SWAPS_PER_ROUND`` candidates (a round of swaps tries
 ``SWAPS_PER_ROUND`` outside the set; :func:`refine_candidates` adds heads never measured alone only when
 fewer than K are clean, so this is a clean pool of K to K + 2 heads), the next heads never measured alone are knocked out
-alone, each on every probe with the run's runner (stored as round :data:`POOL_ROUND`, replayed on
+alone, each with the run's runner as the search's singles are (on the controls until one excludes it,
+:mod:`capsense.localize.singles`; stored as round :data:`POOL_ROUND`, replayed on
 resume), recorded in the result like the search's singles, screened by the same collateral screen,
 until that many are clean, the heads run out, or the cap :func:`~capsense.localize.refine.refine`
 gives is spent (what the budget leaves after one full round of swaps). Each batch is the shortfall,
@@ -47,6 +48,7 @@ from capsense.localize.fit import LocateResult, damage, put_last
 from capsense.localize.head_sets import Singles
 from capsense.localize.refine import SWAPS_PER_ROUND, Widen, Widening
 from capsense.localize.screen import Screen, collateral_screen
+from capsense.localize.singles import screen_thresholds, singles_until_excluded
 from capsense.localize.store import POOL_ROUND, Evaluation
 from capsense.scoring.attribution import GRADIENT_METRICS
 
@@ -111,14 +113,20 @@ def screen_of(cfg: LocateConfig, result: LocateResult) -> Screen:
     """The run's collateral screen over every head measured alone so far (noise from the estimates'
     spread where the run has them, so heads measured later meet the same thresholds)."""
     return collateral_screen(result.control_effects, z=cfg.screen, floor=cfg.tolerance / max(1, cfg.top_k),
-                             spread=result.estimates)
+                             spread=result.estimates,
+                             until_excluded=cfg.controls_until_excluded and result.estimates is not None)
 
 
 def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, result: LocateResult,
                   heads: Sequence[int]) -> list[Evaluation]:
-    """Knock each of ``heads`` out alone (on every probe), record its target and control damage in
-    ``result`` as the search's singles are, and screen again; newly set aside heads rank last."""
-    evs = runner(head_set_masks([(h,) for h in heads], n), POOL_ROUND)
+    """Knock each of ``heads`` out alone (on every probe; in a screened run with estimates, on the controls until
+    one excludes it, as the search's singles are: :mod:`capsense.localize.singles`), record its target and control
+    damage in ``result`` as the search's singles are, and screen again; newly set aside heads rank last."""
+    if cfg.controls_until_excluded and result.estimates is not None:  # the thresholds are known before it
+        evs = singles_until_excluded(runner, cfg, n, [(h,) for h in heads], base,
+                                     screen_thresholds(cfg, result.estimates), POOL_ROUND)
+    else:
+        evs = runner(head_set_masks([(h,) for h in heads], n), POOL_ROUND)
     for e, h in zip(evs, heads):
         result.target_effect[h] = float(damage([e], cfg.task, cfg, base)[0])
         for c in cfg.controls:

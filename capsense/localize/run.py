@@ -40,7 +40,7 @@ from capsense.localize.choice import (
 )
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
-from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder, join_probes
 from capsense.scoring import CHOICE_METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
@@ -220,7 +220,7 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         store = open_store(ctx, lock, manifest, identity_keys(cfg), layout.n_heads)
         load_s = time.perf_counter() - t_load
         if store.done and ctx.is_main:
-            log(f"Resuming {out}: {len(store.done)} masks already evaluated")
+            log(f"Resuming {out}: {len(join_probes(store.evaluations))} masks already evaluated")
         evaluator = MaskEvaluator(model, probes, placed["batch_size"], placed["masks_per_forward"], placed["prefix_reuse"], extra,
                                   ablator)
         runner = MaskRunner(store, evaluator, placed["masks_per_forward"], ctx=ctx)

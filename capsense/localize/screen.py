@@ -22,6 +22,15 @@ The default floor is the refine tolerance divided by the set size: K heads that 
 it cannot, by themselves, add up beyond what a chosen set may cost a control.
 
 Controls scored by nats/token only (the screen reads the same damage measure the run ranks by).
+
+**Controls until excluded** (round 42, :data:`SINGLE_CONTROLS`, ``LocateConfig.single_controls``): one control
+beyond its threshold excludes a head whatever the others say, and with the attribution's estimates the
+thresholds are known before any knockout, so a single's controls are scored cheapest first until one excludes
+it (:mod:`capsense.localize.singles`). The same heads are set aside. On the SmolLM2 main job in float32 the screen set
+aside 11 of 16 singles, ten after one or two of the cheapest controls and one after four, and chose the same set for 8.96
+forward-equivalents instead of 17.25 (89 s against 150 s back to back; RESULTS-locate.md, round 42). What it gives
+up: a set-aside head's other controls are not measured (``None`` in ``heads.json``, blank in the report), and its
+worst control is the worst of those it was scored on.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ import numpy as np
 
 DEFAULT_SCREEN_Z = 3.0
 MIN_HEADS_FOR_NOISE = 5  # fewer heads measured alone: the noise is unknown and the floor decides
+#: How a selective prior-guided run scores a single-head knockout's controls: ``until-excluded`` (the default),
+#: cheapest first until one is beyond its threshold; ``all``: every control (as runs before round 42 did).
+SINGLE_CONTROLS = ("until-excluded", "all")
 
 
 @dataclass
@@ -44,6 +56,7 @@ class Screen:
     threshold: dict[str, float]
     worst: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> (control, relative damage)
     excluded: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> the control it hurts most beyond threshold
+    until_excluded: bool = False  # a single's controls were scored until one excluded it (SINGLE_CONTROLS)
 
     def clean(self, ranking) -> list[int]:
         """``ranking`` without the excluded heads (order kept)."""
@@ -52,7 +65,8 @@ class Screen:
     def as_dict(self, name) -> dict:
         return {
             "rule": f"a head measured alone is excluded when its damage to a control exceeds max({self.z:g} x the "
-                    f"control's robust noise above its median, {self.floor:.4f}) (relative worsening)",
+                    f"control's robust noise above its median, {self.floor:.4f}) (relative worsening)"
+                    + (f"; {UNTIL_EXCLUDED}" if self.until_excluded else ""),
             "z": self.z,
             "floor": round(self.floor, 6),
             "noise": {c: _r(v) for c, v in self.noise.items()},
@@ -62,15 +76,20 @@ class Screen:
         }
 
 
+UNTIL_EXCLUDED = ("a single's controls are scored cheapest first until one is beyond its threshold: an excluded "
+                  "head's other controls are not measured")
+
+
 def _r(x: float) -> float | None:
     return None if not np.isfinite(x) else round(float(x), 6)
 
 
 def collateral_screen(control_effects: dict[str, np.ndarray], z: float = DEFAULT_SCREEN_Z, floor: float = 0.0,
-                      spread: dict[str, np.ndarray] | None = None) -> Screen:
+                      spread: dict[str, np.ndarray] | None = None, until_excluded: bool = False) -> Screen:
     """Screen heads by their measured control damage (per control: relative worsening per head,
     NaN where the head was not measured alone). ``spread``: per control, every head's estimated
-    effect, to take the noise from (default: the measured effects). ``z`` = 0 turns the screen off."""
+    effect, to take the noise from (default: the measured effects). ``z`` = 0 turns the screen off.
+    ``until_excluded``: the effects come from singles scored until a control excluded them (recorded, for the rule's text)."""
     noise, threshold, worst, excluded = {}, {}, {}, {}
     for c, eff in control_effects.items():
         eff = np.asarray(eff, dtype=float)
@@ -89,4 +108,4 @@ def collateral_screen(control_effects: dict[str, np.ndarray], z: float = DEFAULT
                 worst[h] = (c, d)
             if z > 0 and d > threshold[c] and (h not in excluded or d - threshold[c] > excluded[h][1] - threshold[excluded[h][0]]):
                 excluded[h] = (c, d)
-    return Screen(z, floor, noise, threshold, worst, excluded)
+    return Screen(z, floor, noise, threshold, worst, excluded, until_excluded)

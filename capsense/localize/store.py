@@ -214,9 +214,10 @@ def check_run_folder(path: str | os.PathLike) -> None:
         raise RunStoreError(f"`out` {str(p)!r} is not empty and holds no {MANIFEST}: not a capsense run folder; choose another `out`")
 
 
-def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> list[Evaluation]:
+def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False, joined: bool = True) -> list[Evaluation]:
     """The evaluations in a run folder, in index order (every log merged; head names resolved
-    with its manifest's layout).
+    with its manifest's layout), a mask scored over several calls joined into one (:func:`join_probes`;
+    ``joined`` False: as stored, one per call).
 
     ``design_only`` keeps the masks of the method's design and drops the candidate top-K
     sets refine measured and the single heads it measured to widen its pool, which follow from
@@ -226,4 +227,25 @@ def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False) -> l
     n_heads = int(json.loads((p / MANIFEST).read_text())["layout"]["n_heads"])
     done = _all_logs(p, n_heads, repair=False)
     evals = [done[i] for i in sorted(done)]
+    evals = join_probes(evals) if joined else evals
     return [e for e in evals if e.round not in (REFINE_ROUND, POOL_ROUND)] if design_only else evals
+
+
+def join_probes(evals: Iterable[Evaluation]) -> list[Evaluation]:
+    """One evaluation per mask scored over several calls, each on other probes (a single's target, then its
+    controls one call each: :func:`capsense.localize.singles.singles_until_excluded`): the same heads in the same
+    round with probes none of the earlier ones holds join the first, which keeps its index, with the scores of
+    all and their seconds summed. Anything else (the same heads on a probe already scored) stays apart."""
+    out: list[Evaluation] = []
+    first: dict[tuple[int, tuple[int, ...]], Evaluation] = {}
+    for e in evals:
+        key = (e.round, tuple(e.heads))
+        held = first.get(key)
+        if held is not None and not set(held.scores) & set(e.scores):
+            held.scores = {**held.scores, **e.scores}
+            held.seconds += e.seconds
+            continue
+        joined = Evaluation(e.index, list(e.heads), dict(e.scores), e.seconds, e.round)
+        first[key] = joined
+        out.append(joined)
+    return out

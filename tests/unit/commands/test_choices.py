@@ -22,6 +22,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
     from capsense.core.precision import AUTOCAST_DTYPES
     from capsense.localize.prior import GROUP_PRICES, PRIOR_SCORES
     from capsense.localize.refine import SEARCHES
+    from capsense.localize.screen import SINGLE_CONTROLS
     from capsense.ship.base import FORMATS as EXPORT_FORMATS
 
     loaded = DTYPES[1:]  # a dtype to load in: every one but auto
@@ -42,6 +43,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
         ("locate", "ablation"): ABLATION_MODES,
         ("locate", "prior_score"): PRIOR_SCORES,
         ("locate", "group_price"): GROUP_PRICES,
+        ("locate", "single_controls"): SINGLE_CONTROLS,
         ("locate", "refine_dtype"): loaded,
         ("locate", "refine_search"): SEARCHES,
         ("locate", "dtype"): DTYPES,

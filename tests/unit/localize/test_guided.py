@@ -106,11 +106,17 @@ def test_selective_prior_guided_keeps_control_estimates_and_chooses_a_set(toy, t
     assert [f"L{r['layer']}H{r['head']}" for r in hf.heads[:2]] == chosen
     assert all(TOY_CONTROL in r["control_estimates"] for r in hf.heads)
     assert hf.meta["forward_equivalents"] == pytest.approx(_fe(out), abs=0.01)  # refine's sets counted too
-    # target first: group knockouts on the target alone; single heads and refine's sets on every probe
+    # target first: group knockouts on the target alone; a single head on the target, then its control (one
+    # stored evaluation each: a single's controls are scored until one excludes it); refine's sets on every probe
     evals = read_evaluations(out)
     groups = [e for e in evals if len(e.heads) > 1 and e.round == 0]
     assert groups and all(set(e.scores) == {TOY_TASK} for e in groups)
-    assert all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in evals if len(e.heads) <= 1 or e.round != 0)
+    stored = [e for e in read_evaluations(out, joined=False) if len(e.heads) == 1 and e.round == 0]
+    assert all(len(e.scores) == 1 for e in stored) and len(stored) == 2 * len({e.heads[0] for e in stored})
+    singles = [e for e in evals if len(e.heads) == 1 and e.round == 0]  # read joined: one per head
+    assert sorted(e.heads[0] for e in singles) == sorted({e.heads[0] for e in stored})
+    assert all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in singles)  # one control: nothing to stop before
+    assert all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in evals if not e.heads or e.round != 0)
     assert hf.meta["forward_equivalents"] < _fe_every_probe(out) - 0.01
     r2 = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--refine", "6", "--top-m", "4")
     assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output  # resumed: the same search
@@ -507,3 +513,27 @@ def test_a_check_that_fails_only_in_the_refine_precision_prices_a_resumed_run_al
     assert 1.0 in failed
     resumed = json.loads((out / "manifest.json").read_text())
     assert resumed["forward_equivalents"] == first["forward_equivalents"]
+
+
+def test_single_controls_identify_the_folder_and_all_scores_every_single_on_every_probe(toy, tmp_path):
+    """``--single-controls all`` scores each single on every probe in one evaluation (as before round 42); a folder
+    made one way is refused by the other, naming the setting (a folder from before it resumes with ``all``)."""
+    args = ("--controls", TOY_CONTROL, "--top-m", "3", "--top-k", "2", "--refine", "2")
+    out = tmp_path / "all"
+    r = _locate(toy, out, *args, "--single-controls", "all")
+    assert r.exit_code == 0, r.output
+    singles = [e for e in read_evaluations(out) if len(e.heads) == 1 and e.round == 0]
+    assert len(singles) == 3 and all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in singles)
+    again = _locate(toy, out, *args)
+    assert again.exit_code != 0 and "single_controls" in again.output and "'until-excluded'" in again.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--method", "cs", "--controls", TOY_CONTROL), "--single-controls does not apply to --method cs"),
+    ((), "--single-controls all applies to a run with --controls"),
+])
+def test_single_controls_where_they_do_not_apply_are_refused(toy, tmp_path, extra, message):
+    out = tmp_path / "run"
+    r = _locate(toy, out, "--single-controls", "all", *extra)
+    assert r.exit_code != 0 and message in r.output, r.output
+    assert not out.exists()

@@ -42,7 +42,7 @@ class _World:
             self.masks += 1
             d = np.array([self.effects.get(int(h), (0.0, 0.0, 0.0)) for h in np.flatnonzero(m)]).reshape(-1, 3)
             nll = np.prod(1.0 + d, axis=0)
-            out.append({t: {"nll": float(v), "acc": 0.0} for t, v in zip(("t", "c1", "c2"), nll)})
+            out.append({t: {"nll": float(v), "acc": 0.0} for t, v in zip(("t", "c1", "c2"), nll) if probes is None or t in probes})
         return out
 
 
@@ -89,7 +89,10 @@ def test_an_exhausted_pool_is_widened_by_screened_extra_singles(tmp_path):
     pool = [e for e in stored if e.round == POOL_ROUND]
     sets = [e for e in stored if e.round == REFINE_ROUND]
     assert [e.heads for e in pool] == [[10], [11], [12], [13]]
-    assert all(set(e.scores) == {"t", *CONTROLS} for e in pool)  # on every probe: the screen reads the controls
+    # on the controls until one excludes the head (this world has no token shares: in the listed order): 10 hurts
+    # c1, so c2 was never scored on it; the clean ones on every probe
+    assert [set(e.scores) for e in pool] == [{"t", "c1"}] + [{"t", *CONTROLS}] * 3
+    assert np.isnan(result.control_effects["c2"][10])
     assert len(pool) + len(sets) == len(spent) <= cfg.refine  # the extra singles are evaluations of refine's budget
     assert not any(10 in e.heads for e in sets)  # the set-aside extra is never in a measured set
     q = result.refinement.quality

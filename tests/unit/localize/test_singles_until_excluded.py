@@ -1,0 +1,156 @@
+"""A selective run scores a single's controls cheapest first until one is beyond its screen threshold
+(capsense.localize.singles), through the run's own runner and store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capsense.localize.config import LocateConfig
+from capsense.localize.designs import head_set_masks
+from capsense.localize.evaluator import MaskRunner
+from capsense.localize.fit import filled_scores, fit_single_heads
+from capsense.localize.methods import Search, no_knockout
+from capsense.localize.pool import screen_of
+from capsense.localize.singles import screen_thresholds, singles_until_excluded
+from capsense.localize.store import Evaluation, RunStore, read_evaluations
+
+N = 12
+TASKS = ("t", "c1", "c2")
+SHARE = {"t": 0.3, "c1": 0.6, "c2": 0.1}  # c2 is the cheaper control: scored first
+# each head's single-head damage (t, c1, c2)
+EFFECTS = {0: (0.4, 0.0, 0.001), 1: (0.3, 0.01, 0.0), 2: (0.2, 0.0, 0.0),  # clean
+           3: (0.5, 0.0, 0.4), 4: (0.6, 0.9, 0.3),  # c2 beyond its threshold: c1 never scored
+           5: (0.3, 0.5, 0.0)}  # c2 clean, c1 beyond: both scored
+SINGLES = [(h,) for h in range(6)]
+
+
+class _World:
+    """Knockouts in a world of compounding single-head damages, scored on the probes asked for."""
+
+    probes = dict.fromkeys(TASKS)
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[int], list[str]]] = []
+
+    def token_share(self, names) -> float:
+        return sum(SHARE[n] for n in names)
+
+    def cost(self, heads, probes=None) -> float:  # a mask on every probe = 1 forward-equivalent
+        return self.token_share(probes or TASKS)
+
+    def __call__(self, masks, probes=None):
+        asked = list(probes or TASKS)
+        out = []
+        for m in masks:
+            heads = [int(h) for h in np.flatnonzero(m)]
+            self.calls.append((heads, asked))
+            d = np.array([EFFECTS.get(h, (0.0, 0.0, 0.0)) for h in heads]).reshape(-1, 3)
+            nll = dict(zip(TASKS, np.prod(1.0 + d, axis=0)))
+            out.append({t: {"nll": float(nll[t]), "acc": 0.0} for t in asked})
+        return out
+
+
+class _Refuses(_World):
+    def __call__(self, masks, probes=None):
+        raise AssertionError("a resumed run evaluates nothing it already stored")
+
+
+def _cfg(tmp_path, **kw) -> LocateConfig:
+    return LocateConfig(model="m", task="t", out=str(tmp_path / "run"), controls=["c1", "c2"], top_k=5, progress=False,
+                        **kw)
+
+
+def _estimates() -> dict[str, np.ndarray]:
+    """Spread 0.01 around 0 on every control: with z 3, thresholds near 0.03 (floor 0.03 / 5 = 0.006)."""
+    rng = np.random.default_rng(0)
+    return {t: rng.normal(0, 0.01, N) for t in TASKS}
+
+
+def _search(tmp_path, world) -> tuple[Search, Evaluation]:
+    manifest = {"identity": {"task": "t"}, "layout": {"n_heads": 4}}
+    runner = MaskRunner(RunStore.open(tmp_path / "run", manifest, ["task"], n_heads=4), world, 1)
+    s = Search(runner, _cfg(tmp_path), N)
+    return s, runner(no_knockout(N))[0]
+
+
+def test_controls_stop_at_the_first_beyond_its_threshold_cheapest_first(tmp_path):
+    world = _World()
+    s, base = _search(tmp_path, world)
+    thresholds = screen_thresholds(s.cfg, _estimates())
+    assert all(0.006 <= v < 0.1 for v in thresholds.values())
+    evs = singles_until_excluded(s.run, s.cfg, N, SINGLES, base, thresholds)
+    assert [e.heads for e in evs] == [[h] for h in range(6)]
+    assert [sorted(e.scores) for e in evs] == (
+        [sorted(TASKS)] * 3 + [["c2", "t"]] * 2 + [sorted(TASKS)])
+    assert [e.index for e in evs] == [1, 2, 3, 4, 5, 6]  # at the index of its target's evaluation
+    # the target for all, then c2 (cheapest) for all, then c1 for the heads c2 did not put beyond its threshold
+    assert world.calls[1:] == ([([h], ["t"]) for h in range(6)] + [([h], ["c2"]) for h in range(6)]
+                               + [([h], ["c1"]) for h in (0, 1, 2, 5)])
+    stored = read_evaluations(s.cfg.out, joined=False)  # one per call
+    assert [(e.heads, sorted(e.scores)) for e in stored[1:]] == [(heads, probes) for heads, probes in world.calls[1:]]
+    assert [(e.index, e.heads, e.scores) for e in read_evaluations(s.cfg.out)[1:]] == [  # read joined: as the search saw
+        (e.index, e.heads, e.scores) for e in evs]
+    # the cost counts the documents run: the clean model, 6 targets, 6 c2, 4 c1 (instead of 1 + 6 of everything)
+    assert s.run.forward_equivalents == pytest.approx(1 + 6 * 0.3 + 6 * 0.1 + 4 * 0.6)
+    # a resumed run replays the same calls from the store
+    again, base2 = _search(tmp_path, _Refuses())
+    assert [(e.heads, e.scores) for e in singles_until_excluded(again.run, again.cfg, N, SINGLES, base2, thresholds)] == [
+        (e.heads, e.scores) for e in evs]
+
+
+def test_the_screen_sets_aside_the_heads_it_would_with_every_control(tmp_path):
+    """The same heads are set aside; what differs is the controls a set-aside head was not scored on (NaN)."""
+    est = _estimates()
+    results = {}
+    for mode in ("until-excluded", "all"):
+        s, base = _search(tmp_path / mode, _World())
+        if mode == "all":
+            evs = s.run(head_set_masks(SINGLES, N))
+        else:
+            evs = singles_until_excluded(s.run, s.cfg, N, SINGLES, base, screen_thresholds(s.cfg, est))
+        result = fit_single_heads([base, *evs], s.cfg, N, fill=est)
+        result.estimates = est
+        results[mode] = result
+    cfg = _cfg(tmp_path)
+    screens = {mode: screen_of(cfg, r) for mode, r in results.items()}
+    assert set(screens["until-excluded"].excluded) == set(screens["all"].excluded) == {3, 4, 5}
+    assert screens["until-excluded"].until_excluded and "not measured" in screens["until-excluded"].as_dict(str)["rule"]
+    partial = results["until-excluded"].control_effects
+    assert np.isnan(partial["c1"][3]) and np.isnan(partial["c1"][4]) and partial["c1"][5] == pytest.approx(0.5)
+    for c in ("c1", "c2"):  # every control a head was scored on reads the same as with every control
+        full = results["all"].control_effects[c]
+        seen = np.isfinite(partial[c])
+        assert np.allclose(partial[c][seen], full[seen])
+    clean = [h for h in results["until-excluded"].scores.rank if h not in screens["all"].excluded][:3]
+    assert sorted(clean) == [0, 1, 2]
+
+
+def test_a_control_not_scored_counts_as_the_fill_says_in_the_selective_fit(tmp_path):
+    cfg = _cfg(tmp_path)
+    evals = [Evaluation(0, [], {t: {"nll": 2.0, "acc": 0.0} for t in TASKS}),
+             Evaluation(1, [7], {"t": {"nll": 3.0, "acc": 0.0}, "c2": {"nll": 2.5, "acc": 0.0}}),
+             Evaluation(2, [4, 5], {"t": {"nll": 3.0, "acc": 0.0}})]
+    fill = np.zeros(N)
+    fill[7] = 0.25
+    assert filled_scores(evals, "c1", cfg, fill) == pytest.approx([-2.0, -2.5, -2.0])  # a group: the clean score
+    assert filled_scores(evals, "c1", cfg, None) == pytest.approx([-2.0, -2.0, -2.0])  # no fill: harmless
+    assert filled_scores(evals, "c2", cfg, fill)[1] == pytest.approx(-2.5)  # measured: as measured
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"single_controls": "some"}, "unknown single_controls 'some'"),
+    ({"single_controls": "all", "screen": 0.0}, "`single_controls` all applies to a run with `controls` and a"),
+])
+def test_bad_single_controls_are_refused(tmp_path, kw, message):
+    from capsense.errors import CapsenseError
+
+    with pytest.raises(CapsenseError, match=message):
+        _cfg(tmp_path, **kw).check()
+
+
+def test_until_excluded_applies_only_with_controls_and_a_screen(tmp_path):
+    assert _cfg(tmp_path).controls_until_excluded
+    assert not _cfg(tmp_path, screen=0.0).controls_until_excluded
+    assert not _cfg(tmp_path, single_controls="all").controls_until_excluded
+    assert not LocateConfig(model="m", task="t", out=str(tmp_path)).controls_until_excluded

@@ -25,6 +25,12 @@ from capsense.core.tables import markdown_table
 from capsense.localize.store import read_evaluations
 
 
+def precision(args: dict) -> str:
+    """The run's weights dtype, and autocast's where it ran."""
+    dtype = args.get("dtype_resolved") or args.get("dtype") or "?"
+    return f"{dtype}, autocast {args['autocast']}" if args.get("autocast") else dtype
+
+
 def run_summary(folder: Path) -> dict:
     """A run folder's cost, time, screen and choice."""
     heads = json.loads((folder / "heads.json").read_text())
@@ -34,6 +40,8 @@ def run_summary(folder: Path) -> dict:
     timing = manifest.get("timing", {})
     return {
         "run": str(folder),
+        "model": heads.get("model"),
+        "precision": precision(manifest.get("args", {})),
         "task": heads["task"],
         "forward_equivalents": manifest["forward_equivalents"],
         "wall_s": round(sum(timing.get(k, 0.0) for k in ("load_s", "evaluate_s_this_attempt")), 2),
@@ -69,7 +77,7 @@ def compare(new: Path, old: Path) -> dict:
     a, b = run_summary(new), run_summary(old)
     if a["task"] != b["task"]:
         raise SystemExit(f"{new} and {old} located different tasks ({a['task']}, {b['task']}): pass pairs of the same run")
-    return {"task": a["task"], "until_excluded": a, "all": b, "same_excluded": a["excluded"] == b["excluded"],
+    return {"model": a["model"], "precision": a["precision"], "task": a["task"], "until_excluded": a, "all": b, "same_excluded": a["excluded"] == b["excluded"],
             "same_chosen_set": sorted(a["chosen"] or []) == sorted(b["chosen"] or []), "probes": probe_agreement(new, old)}
 
 
@@ -78,13 +86,13 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         for mode in ("all", "until_excluded"):
             s = r[mode]
-            out.append({"task": r["task"], "single controls": mode.replace("_", "-"), "FE": s["forward_equivalents"],
+            out.append({"model": r["model"], "precision": r["precision"], "task": r["task"], "single controls": mode.replace("_", "-"), "FE": s["forward_equivalents"],
                         "load + evaluate s": s["wall_s"], "search s": s["timing"]["search_s"], "refine s": s["timing"]["refine_s"],
                         "set aside": len(s["excluded"]), "extra singles": s["extra_singles"], "sets": s["sets_measured"],
                         "chosen": ", ".join(s["chosen"] or []), "target": s["chosen_target"],
                         "worst control": s["chosen_worst_control"]})
         p = r["probes"]
-        out.append({"task": r["task"], "single controls": "both",
+        out.append({"model": r["model"], "precision": r["precision"], "task": r["task"], "single controls": "both",
                     "chosen": f"same set: {'yes' if r['same_chosen_set'] else 'NO'}; same set aside: "
                               f"{'yes' if r['same_excluded'] else 'NO'}; probe scores equal {p['equal']}, "
                               f"differ {p['differ']}, not scored {p['not_scored']}"})

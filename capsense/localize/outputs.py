@@ -325,7 +325,9 @@ def _screen_lines(screen, n_heads: int) -> list[str]:
         "",
         f"A head measured alone is set aside (ranked after every clean head, never in the chosen set) when it "
         f"worsens any control by more than {screen.z:g} robust noises above the control's median single-head effect, "
-        f"and by at least {100 * screen.floor:.2f}%.",
+        f"and by at least {100 * screen.floor:.2f}%."
+        + (" Each single's controls were scored cheapest first until one was beyond its threshold: a head set aside "
+           "was not scored on the controls after that one (blank above)." if screen.until_excluded else ""),
         "",
         "| control | noise | threshold |",
         "|---|---|---|",

@@ -117,6 +117,8 @@ def test_selective_prior_guided_keeps_control_estimates_and_chooses_a_set(toy, t
     assert sorted(e.heads[0] for e in singles) == sorted({e.heads[0] for e in stored})
     assert all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in singles)  # one control: nothing to stop before
     assert all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in evals if not e.heads or e.round != 0)
+    assert "scored cheapest first until one was beyond its threshold" in (out / "report.md").read_text()
+    assert "not measured" in hf.meta["screen"]["rule"]
     assert hf.meta["forward_equivalents"] < _fe_every_probe(out) - 0.01
     r2 = _locate(toy, out, "--controls", TOY_CONTROL, "--top-k", "2", "--refine", "6", "--top-m", "4")
     assert r2.exit_code == 0 and f"{len(evals)} masks already evaluated" in r2.output  # resumed: the same search
@@ -318,13 +320,16 @@ def test_group_price_target_buys_more_groups_within_the_same_budget_and_identifi
     assert again.exit_code != 0 and "group_price" in again.output and "'target' there, None now" in again.output
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("--method", "cs", "--controls", TOY_CONTROL), "--group-price does not apply to --method cs"),
-    ((), "--group-price target applies to a run with --controls"),
+@pytest.mark.parametrize("option, extra, message", [
+    (("--group-price", "target"), ("--method", "cs", "--controls", TOY_CONTROL), "--group-price does not apply to --method cs"),
+    (("--group-price", "target"), (), "--group-price target applies to a run with --controls"),
+    (("--single-controls", "all"), ("--method", "cs", "--controls", TOY_CONTROL),
+     "--single-controls does not apply to --method cs"),
+    (("--single-controls", "all"), (), "--single-controls all applies to a run with --controls"),
 ])
-def test_group_price_where_it_does_not_apply_is_refused(toy, tmp_path, extra, message):
+def test_prior_guided_options_where_they_do_not_apply_are_refused(toy, tmp_path, option, extra, message):
     out = tmp_path / "run"
-    r = _locate(toy, out, "--group-price", "target", *extra)
+    r = _locate(toy, out, *option, *extra)
     assert r.exit_code != 0 and message in r.output, r.output
     assert not out.exists()
 
@@ -524,16 +529,28 @@ def test_single_controls_identify_the_folder_and_all_scores_every_single_on_ever
     assert r.exit_code == 0, r.output
     singles = [e for e in read_evaluations(out) if len(e.heads) == 1 and e.round == 0]
     assert len(singles) == 3 and all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in singles)
+    assert "cheapest first" not in (out / "report.md").read_text()
+    assert "cheapest first" not in load_heads_file(out / "heads.json").meta["screen"]["rule"]
     again = _locate(toy, out, *args)
     assert again.exit_code != 0 and "single_controls" in again.output and "'until-excluded'" in again.output
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("--method", "cs", "--controls", TOY_CONTROL), "--single-controls does not apply to --method cs"),
-    ((), "--single-controls all applies to a run with --controls"),
-])
-def test_single_controls_where_they_do_not_apply_are_refused(toy, tmp_path, extra, message):
-    out = tmp_path / "run"
-    r = _locate(toy, out, "--single-controls", "all", *extra)
-    assert r.exit_code != 0 and message in r.output, r.output
-    assert not out.exists()
+def test_a_run_killed_between_a_singles_controls_resumes_to_the_same_result(toy, tmp_path):
+    """A single's target and controls are stored one call each; a run killed after the targets and part of the
+    first control's block resumes from there and ends as the uninterrupted run did."""
+    args = ("--controls", f"{TOY_CONTROL},{TOY_MC}", "--top-m", "4", "--top-k", "2", "--refine", "3")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert _locate(toy, whole, *args).exit_code == 0
+    stored = (whole / "evaluations.jsonl").read_text().splitlines()
+    records = [json.loads(ln) for ln in stored]
+    first_control = next(i for i, r in enumerate(records) if len(r["heads"]) == 1 and TOY_TASK not in r["scores"])
+    cut.mkdir()
+    for f in ("manifest.json", "attribution.json"):
+        (cut / f).write_text((whole / f).read_text())
+    (cut / "evaluations.jsonl").write_text("\n".join(stored[: first_control + 2]) + "\n")
+    r = _locate(toy, cut, *args)
+    assert r.exit_code == 0, r.output
+    assert "masks already evaluated" in r.output
+    again, before = read_evaluations(cut, joined=False), read_evaluations(whole, joined=False)
+    assert [(e.heads, e.scores) for e in again] == [(e.heads, e.scores) for e in before]
+    assert load_heads_file(cut / "heads.json").heads == load_heads_file(whole / "heads.json").heads

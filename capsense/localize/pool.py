@@ -48,7 +48,7 @@ from capsense.localize.fit import LocateResult, damage, put_last
 from capsense.localize.head_sets import Singles
 from capsense.localize.refine import SWAPS_PER_ROUND, Widen, Widening
 from capsense.localize.screen import Screen, collateral_screen
-from capsense.localize.singles import screen_thresholds, singles_until_excluded
+from capsense.localize.singles import screen_settings, screen_thresholds, singles_until_excluded
 from capsense.localize.store import POOL_ROUND, Evaluation
 from capsense.scoring.attribution import GRADIENT_METRICS
 
@@ -112,8 +112,7 @@ def refine_candidates(result: LocateResult, k: int, task: str) -> list[int]:
 def screen_of(cfg: LocateConfig, result: LocateResult) -> Screen:
     """The run's collateral screen over every head measured alone so far (noise from the estimates'
     spread where the run has them, so heads measured later meet the same thresholds)."""
-    return collateral_screen(result.control_effects, z=cfg.screen, floor=cfg.tolerance / max(1, cfg.top_k),
-                             spread=result.estimates,
+    return collateral_screen(result.control_effects, **screen_settings(cfg), spread=result.estimates,
                              until_excluded=cfg.controls_until_excluded and result.estimates is not None)
 
 

@@ -24,12 +24,18 @@ from capsense.localize.screen import collateral_screen
 from capsense.localize.store import Evaluation, join_probes
 
 
+def screen_settings(cfg: LocateConfig) -> dict[str, float]:
+    """The run's screen settings (:func:`~capsense.localize.screen.collateral_screen`'s ``z`` and ``floor``: the
+    refine tolerance over the set size), one rule for the screen and the thresholds a single stops at."""
+    return {"z": cfg.screen, "floor": cfg.tolerance / max(1, cfg.top_k)}
+
+
 def screen_thresholds(cfg: LocateConfig, estimates: dict[str, np.ndarray]) -> dict[str, float]:
     """Per control the threshold the run's screen (:func:`capsense.localize.pool.screen_of`) applies, from the
     attribution's ``estimates`` alone: known before any head is measured."""
     n = len(estimates[cfg.task])
-    return collateral_screen({c: np.full(n, np.nan) for c in cfg.controls}, z=cfg.screen,
-                             floor=cfg.tolerance / max(1, cfg.top_k), spread=estimates).threshold
+    return collateral_screen({c: np.full(n, np.nan) for c in cfg.controls}, **screen_settings(cfg),
+                             spread=estimates).threshold
 
 
 def singles_until_excluded(run: MaskRunner, cfg: LocateConfig, n: int, singles: Sequence[tuple[int, ...]],

@@ -242,14 +242,15 @@ def sweep_cost(cost, n: int) -> float:
 def fit_prior_guided(evals: list[Evaluation], cfg: LocateConfig, n: int) -> LocateResult:
     """Ranked by the heads measured alone; the estimates kept beside the measured effects (and, in the
     selective fit, standing in for the controls a set-aside single was not scored on)."""
-    result = fit_single_heads(evals, cfg, n, fill=load_estimates(cfg))
+    estimates = load_estimates(cfg)
+    result = fit_single_heads(evals, cfg, n, fill=estimates)
     measured = np.zeros(n, dtype=bool)
     for e in evals[1:]:
         if len(e.heads) == 1:
             measured[e.heads[0]] = True
     result.target_effect = np.where(measured, result.target_effect, np.nan)
     result.control_effects = {c: np.where(measured, v, np.nan) for c, v in result.control_effects.items()}
-    result.estimates = load_estimates(cfg)
+    result.estimates = estimates
     return result
 
 

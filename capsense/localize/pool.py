@@ -109,11 +109,17 @@ def refine_candidates(result: LocateResult, k: int, task: str) -> list[int]:
     return measured if len(measured) >= k else measured + unmeasured_by_estimate(result, task)
 
 
+def until_excluded(cfg: LocateConfig, result: LocateResult) -> bool:
+    """Whether a single's controls stop at the first beyond its screen threshold: asked for, and the run has the
+    estimates that set the thresholds before any knockout (:mod:`capsense.localize.singles`)."""
+    return cfg.controls_until_excluded and result.estimates is not None
+
+
 def screen_of(cfg: LocateConfig, result: LocateResult) -> Screen:
     """The run's collateral screen over every head measured alone so far (noise from the estimates'
     spread where the run has them, so heads measured later meet the same thresholds)."""
     return collateral_screen(result.control_effects, **screen_settings(cfg), spread=result.estimates,
-                             until_excluded=cfg.controls_until_excluded and result.estimates is not None)
+                             until_excluded=until_excluded(cfg, result))
 
 
 def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, result: LocateResult,
@@ -121,7 +127,7 @@ def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluatio
     """Knock each of ``heads`` out alone (on every probe; in a screened run with estimates, on the controls until
     one excludes it, as the search's singles are: :mod:`capsense.localize.singles`), record its target and control
     damage in ``result`` as the search's singles are, and screen again; newly set aside heads rank last."""
-    if cfg.controls_until_excluded and result.estimates is not None:  # the thresholds are known before it
+    if until_excluded(cfg, result):
         evs = singles_until_excluded(runner, cfg, n, [(h,) for h in heads], base,
                                      screen_thresholds(cfg, result.estimates), POOL_ROUND)
     else:

@@ -79,6 +79,12 @@ from capsense.core.precision import AUTOCAST_DTYPES
                    "handed-on set is measured in the precision validation judges in.")
 @click.option("--tolerance", type=float, default=0.03, show_default=True,
               help="Largest relative worsening of any control a chosen set may cause on the run's documents.")
+@click.option("--set-controls", type=click.Choice(["until-beyond", "all"]), default="until-beyond", show_default=True,
+              help="Measure-and-choose with --controls: score each candidate set on the controls cheapest first until the "
+                   "first beyond --tolerance or the best whole set's worst control, whichever is larger (such a set can "
+                   "be neither within tolerance nor chosen over that one; the set handed on is scored on every control), "
+                   "or on every control (all, as before round 43; the search may propose other sets: RESULTS-locate.md, "
+                   "round 43).")
 @click.option("--refine-search", type=click.Choice(["predicted", "swaps"]), default=None,
               help="Measure-and-choose after a first set that breaks --tolerance: predicted (the default: the set the "
                    "singles, corrected by the sets measured so far, predict best is measured, one at a time, until it "
@@ -109,7 +115,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
            mean_reference: str | None, limit: int, masks: int, sparsity: float | None,
            heads_per_mask: int | None, design: str, solver: str, alpha: float | None, method: str, budget: float,
            top_m: int, group_size: int, prior_score: str, group_price: str, single_controls: str, top_k: int, refine: int | None, refine_dtype: str | None, tolerance: float,
-           refine_search: str | None,
+           refine_search: str | None, set_controls: str,
            seed: int, batch_size: int | str, masks_per_forward: str, no_prefix_reuse: bool, device: str,
            device_map: str | None, parallelize: bool, dtype: str, autocast: str | None,
            revision: str | None, include_path: tuple[str, ...], out: Path, quiet: bool, confirm_run_unsafe_code: bool) -> None:
@@ -138,7 +144,7 @@ def locate(model: str, task: str, controls: str, control_limit: int | None, scre
         masks_per_forward=None if masks_per_forward == "auto" else int(masks_per_forward), device=device,
         device_map=device_map_from(device_map, parallelize), dtype=dtype, autocast=autocast, include_path=list(include_path),
         revision=revision, top_k=top_k, refine=refine, refine_dtype=refine_dtype, tolerance=tolerance,
-        refine_search=refine_search, prefix_reuse=not no_prefix_reuse, progress=not quiet,
+        refine_search=refine_search, set_controls=set_controls, prefix_reuse=not no_prefix_reuse, progress=not quiet,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
     )
     from capsense.localize.registry import METHODS

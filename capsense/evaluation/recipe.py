@@ -96,6 +96,7 @@ def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[st
                      f"--method {cfg.method} " + (f"--fe-budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
                      + (f"--metric {cfg.metric} " if cfg.metric != "nll" else "")
                      + (f"--refine-search {cfg.refine_search} " if cfg.refine_search else "")
+                     + (f"--set-controls {cfg.set_controls} " if cfg.set_controls != "until-beyond" else "")
                      + (f"--dtype {cfg.dtype} " if cfg.dtype != "auto" else "")
                      + (f"--autocast {cfg.autocast} " if cfg.autocast else "")
                      + (f"--ablation {cfg.ablation} " if cfg.ablation != "zero" else "") + f"--limit {cfg.limit} --out {cfg.out}")

@@ -24,11 +24,12 @@ from capsense.localize.coverage import coverage
 from capsense.localize.designs import head_set_masks
 from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import LocateResult, damage, put_last
-from capsense.localize.head_sets import Singles
+from capsense.localize.head_sets import LazyControls, Singles
 from capsense.localize.methods import refine_budget
 from capsense.localize.pool import estimates_in_metric, screen_of
-from capsense.localize.refine import Refinement, Widen, refine
-from capsense.localize.store import REFINE_ROUND, Evaluation
+from capsense.localize.refine import SET_CONTROLS, Refinement, Widen, refine
+from capsense.localize.singles import controls_until_beyond
+from capsense.localize.store import REFINE_ROUND, Evaluation, join_probes
 from capsense.scoring.attribution import GRADIENT_METRICS
 
 
@@ -36,22 +37,34 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
                    singles: Singles | None = None, widen: Widen | None = None) -> tuple[Refinement, list[Evaluation]]:
     """Measure and choose the top-K set on the run's documents (see :mod:`capsense.localize.refine`),
     starting from the set ``singles`` predict best when given; ``widen`` may measure more heads alone
-    (:func:`capsense.localize.pool.widener`: its evaluations are its own to report, not these)."""
+    (:func:`capsense.localize.pool.widener`: its evaluations are its own to report, not these). With
+    ``set_controls`` until-beyond a set's controls are scored cheapest first until the first beyond the search's bound
+    (:func:`~capsense.localize.singles.controls_until_beyond`), the rest only where the choice needs them; the
+    evaluations returned then hold one per set, its calls joined (:func:`~capsense.localize.store.join_probes`)."""
     spent: list[Evaluation] = []
+    lazy = cfg.set_controls == SET_CONTROLS[1] and bool(cfg.controls)
 
-    def measure(sets: list[tuple[int, ...]]) -> list[tuple[float, dict[str, float]]]:
-        evs = run(head_set_masks(sets, n), REFINE_ROUND)
+    def dmg(e: Evaluation, task: str) -> float:
+        return float(damage([e], task, cfg, base)[0])
+
+    def measure(sets: list[tuple[int, ...]], beyond: float = float("inf")) -> list[tuple[float, dict[str, float]]]:
+        if beyond < float("inf"):
+            evs = controls_until_beyond(run, cfg, n, sets, base, dict.fromkeys(cfg.controls, beyond), REFINE_ROUND)
+        else:
+            evs = run(head_set_masks(sets, n), REFINE_ROUND)
         spent.extend(evs)
-        return [
-            (float(damage([e], cfg.task, cfg, base)[0]),
-             {c: float(damage([e], c, cfg, base)[0]) for c in cfg.controls})
-            for e in evs
-        ]
+        return [(dmg(e, cfg.task), {c: dmg(e, c) for c in cfg.controls if c in e.scores}) for e in evs]
+
+    def rest(heads: tuple[int, ...], missing: list[str]) -> dict[str, float]:
+        with run.uncounted():  # (the set was counted when its target was scored)
+            evs = run(head_set_masks([heads], n), REFINE_ROUND, probes=missing)
+        spent.extend(evs)
+        return {c: dmg(evs[0], c) for c in missing}
 
     k = min(cfg.top_k, n, len(ranking))
     found = refine(ranking, k, measure, budget=refine_budget(cfg), tolerance=cfg.tolerance, singles=singles, widen=widen,
-                   search=cfg.resolved_refine_search)
-    return found, spent
+                   search=cfg.resolved_refine_search, lazy=LazyControls(tuple(cfg.controls), measure, rest) if lazy else None)
+    return found, join_probes(spent) if lazy else spent
 
 
 def coverage_step(cfg: LocateConfig, result: LocateResult, evals: list[Evaluation], layout: HeadLayout,

@@ -16,7 +16,7 @@ from capsense.core.precision import AUTOCAST_DTYPES
 from capsense.errors import CapsenseError
 from capsense.localize.designs import DESIGNS
 from capsense.localize.prior import DEFAULT_GROUP_SIZE, DEFAULT_TOP_M, GROUP_PRICES, PRIOR_SCORES
-from capsense.localize.refine import DEFAULT_SEARCH, DEFAULT_TOLERANCE, SEARCHES
+from capsense.localize.refine import DEFAULT_SEARCH, DEFAULT_TOLERANCE, SEARCHES, SET_CONTROLS
 from capsense.localize.screen import DEFAULT_SCREEN_Z, SINGLE_CONTROLS
 from capsense.localize.solvers import SOLVERS
 from capsense.scoring import CHOICE_METRICS, METRICS
@@ -68,6 +68,9 @@ class LocateConfig:
     tolerance: float = DEFAULT_TOLERANCE
     # measure-and-choose after a start that breaks the tolerance, one of refine.SEARCHES; None = refine.DEFAULT_SEARCH
     refine_search: str | None = None
+    # measure-and-choose with controls: a set's controls scored until the first beyond the search's bound, or all
+    # (refine.SET_CONTROLS)
+    set_controls: str = "until-beyond"
     budget: float = 50.0  # prior-guided: forward-equivalents for attribution + knockouts (refine not included)
     top_m: int = DEFAULT_TOP_M  # prior-guided: heads with the largest |estimate| knocked out alone
     group_size: int = DEFAULT_GROUP_SIZE  # prior-guided: heads per group knockout over the rest
@@ -122,6 +125,7 @@ class LocateConfig:
         resolve_ablation({}, self.ablation, self.mean_reference)  # the mode, and its reference texts where given
         if self.refine_search is not None:
             choice("refine_search", self.refine_search, SEARCHES)
+        choice("set_controls", self.set_controls, SET_CONTROLS)
         if self.group_price != "full" and not self.controls:
             raise CapsenseError(f"`group_price` {self.group_price} applies to a run with `controls` (without them a group "
                                 "is scored on every probe, and full is its price)")

@@ -199,7 +199,7 @@ class MaskRunner:
     @contextmanager
     def uncounted(self) -> Iterator[None]:
         """Evaluations within the block do not move the progress bar: they complete masks already counted
-        (a single's further controls, :func:`capsense.localize.singles.singles_until_excluded`); their cost counts."""
+        (a single's further controls, :func:`capsense.localize.singles.controls_until_beyond`); their cost counts."""
         bar, self.bar = self.bar, None
         try:
             yield

@@ -59,7 +59,7 @@ def design_matrix(evals: Sequence[Evaluation], n: int) -> np.ndarray:
 def task_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig) -> np.ndarray:
     """Score per mask of ``task`` by its metric, signed so that higher = better (``-nll``, ``acc``); NaN for a
     mask not scored on ``task`` (a group scored on the target alone, a single the screen set aside before
-    its other controls: :func:`capsense.localize.singles.singles_until_excluded`)."""
+    its other controls: :func:`capsense.localize.singles.controls_until_beyond`)."""
     metric = cfg.metric_for(task)
     v = np.array([e.scores[task][metric] if task in e.scores else np.nan for e in evals], dtype=float)
     return v if cfg.higher_is_better(task) else -v

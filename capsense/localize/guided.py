@@ -17,7 +17,7 @@ so a resumed run replays the same search.
   that hurt, within a budget of forward-equivalents (each knockout priced as scored on every probe, so
   the budget buys the same masks however few documents they end up scored on). In selective mode a
   single is scored on the target, then on its controls cheapest first until one excludes it from the
-  collateral screen (``single_controls``, :func:`singles_until_excluded`). The ranking comes
+  collateral screen (``single_controls``, :func:`controls_until_beyond`). The ranking comes
   from the heads measured alone (selective mode: residualized on the controls, as the
   exhaustive sweep does), so every head handed on was knocked out, not only estimated.
 """
@@ -37,7 +37,7 @@ from capsense.localize.designs import head_set_masks
 from capsense.localize.fit import LocateResult, damage, fit_single_heads
 from capsense.localize.methods import Found, Method, Search, no_knockout
 from capsense.localize.prior import PriorSettings, prior_guided
-from capsense.localize.singles import screen_thresholds, singles_until_excluded
+from capsense.localize.singles import controls_until_beyond, screen_thresholds
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
 from capsense.scoring.attribution import Attribution, attribute_probes, attribution_scorers, check_gradient_metric
@@ -205,7 +205,7 @@ def measure_sets(s: Search, sets: list[tuple[int, ...]],
     """The evaluations of head sets, in order: a single head on every probe, a group (several heads)
     on the target alone when the run has controls (target first). ``until``: (the clean evaluation, the
     screen's threshold per control): singles are scored on their controls until one excludes them
-    (:func:`singles_until_excluded`).
+    (:func:`controls_until_beyond`).
 
     A group knockout is never handed on: only its target damage decides whether it is split
     (:func:`capsense.localize.prior.groups_and_splits`), so scoring it on the controls (84% of the
@@ -225,7 +225,7 @@ def measure_sets(s: Search, sets: list[tuple[int, ...]],
         if group or until is None:
             out += s.run(head_set_masks(sets[i:j], s.n), probes=target if group else None)
         else:
-            out += singles_until_excluded(s.run, s.cfg, s.n, sets[i:j], *until)
+            out += controls_until_beyond(s.run, s.cfg, s.n, sets[i:j], *until)
         i = j
     return out
 

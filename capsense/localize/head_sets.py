@@ -1,8 +1,9 @@
 """K-head sets as measure-and-choose (:mod:`capsense.localize.refine`) sees them: a set's quality
 (:class:`SetQuality`: target damage, control damage, within tolerance or not), the rule that picks the set to
-hand on (:func:`choose`), and a set's damage predicted from its heads' single-head damages, corrected by the
+hand on (:func:`choose`), a set's damage predicted from its heads' single-head damages, corrected by the
 sets measured (:class:`SetModel`: the search starts from its best set, and its predicted search,
-``search="predicted"``, refits it after each measured set).
+``search="predicted"``, refits it after each measured set), and the sets a search measured (:class:`MeasuredSets`,
+which completes a set scored until its first control beyond tolerance before the choice hands it on).
 
 Per metric (the target and each control) a set's damage is predicted log-additively from its heads'
 single-head damages, ``log1p(d_S) = sum_h log1p(d_h)``, which keeps a sum of relative worsenings from running
@@ -18,7 +19,7 @@ weighs as much as the singles' prior), not tuned on any run.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import comb
 
@@ -52,9 +53,13 @@ class SetQuality:
     target: float
     controls: dict[str, float]
     tolerance: float
+    #: every control measured; False: scored until the first control beyond tolerance (``set_controls``
+    #: until-beyond, :data:`capsense.localize.refine.SET_CONTROLS`), so :attr:`control` is a lower bound
+    complete: bool = True
 
     @property
     def control(self) -> float:
+        """The worst control damage (of the controls measured: a lower bound where the set is not complete)."""
         return max(self.controls.values(), default=0.0)
 
     @property
@@ -100,7 +105,7 @@ def choose(measured: Sequence[SetQuality], target_slack: float = DEFAULT_TARGET_
 def rounded(q: SetQuality) -> SetQuality:
     """``q`` with its damages kept to :data:`PREDICTION_DECIMALS`, as predictions are (for comparing the two)."""
     return SetQuality(q.heads, round(q.target, PREDICTION_DECIMALS),
-                      {c: round(v, PREDICTION_DECIMALS) for c, v in q.controls.items()}, q.tolerance)
+                      {c: round(v, PREDICTION_DECIMALS) for c, v in q.controls.items()}, q.tolerance, q.complete)
 
 
 def _logs(target: float, controls: dict[str, float], names: Sequence[str], floor: float = -0.99) -> np.ndarray:
@@ -132,7 +137,9 @@ class SetModel:
 
     def fit(self, measured: Sequence[tuple[Sequence[int], float, dict[str, float]]]) -> "SetModel":
         """Fit the offset and shifts to ``measured`` (heads, target damage, {control: damage}): K-sets of
-        the pool only (others are skipped); with none, the prediction is the singles'."""
+        the pool only (others are skipped); with none, the prediction is the singles'. A control a set was not
+        scored on (``set_controls`` until-beyond) is fitted on the sets that were: with none, its prediction is
+        the singles'."""
         where = {h: i for i, h in enumerate(self.pool)}
         rows = [(s, t, c) for s, t, c in measured if len(s) == self.k and all(h in where for h in s)]
         self.n_fitted = len(rows)
@@ -144,8 +151,13 @@ class SetModel:
         for r, (s, _, _) in enumerate(rows):
             x[r, [1 + where[h] for h in s]] = 1.0
         y = np.stack([_logs(t, c, self.controls) for _, t, c in rows]) - x[:, 1:] @ self.prior
+        seen = np.array([[True, *(name in c for name in self.controls)] for _, _, c in rows])
         penalty = np.diag([0.0] + [RIDGE] * len(self.pool))
-        coef = np.linalg.solve(x.T @ x + penalty, x.T @ y)
+        if seen.all():
+            coef = np.linalg.solve(x.T @ x + penalty, x.T @ y)
+        else:  # a set scored until its first control beyond tolerance: each metric fitted on the sets that measured it
+            coef = np.column_stack([np.linalg.solve(x[m].T @ x[m] + penalty, x[m].T @ y[m, j]) if m.any()
+                                    else np.zeros(x.shape[1]) for j, m in enumerate(seen.T)])
         self.offset, self.shift = coef[0], coef[1:]
         return self
 
@@ -167,3 +179,85 @@ class SetModel:
         names = [self.controls[w] for w in worst]
         return [SetQuality(s, t, {c: v}, tolerance)
                 for s, t, c, v in zip(sets, pred[:, 0].tolist(), names, pred[np.arange(len(sets)), 1 + worst].tolist())]
+
+
+#: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
+Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
+
+
+@dataclass
+class LazyControls:
+    """Sets scored until their first control beyond a bound (``set_controls`` until-beyond,
+    :data:`capsense.localize.refine.SET_CONTROLS`): every control a set has (``names``, in the order a complete set
+    lists them); ``until(sets, beyond)``, which measures each set on the target, then on the controls until the first
+    whose damage is beyond ``beyond`` (every control where it is infinite); and ``rest(heads, missing)``, which measures
+    a set's damage on the controls ``missing``."""
+
+    names: tuple[str, ...]
+    until: Callable[[list[tuple[int, ...]], float], list[tuple[float, dict[str, float]]]]
+    rest: Callable[[tuple[int, ...], list[str]], dict[str, float]]
+
+
+def candidate_sets(order: Sequence[SetQuality], k: int, ranking: list[int]) -> list[SetQuality]:
+    """The measured K-sets the choice is made over: after widening, none holding a head its screen set
+    aside (no longer in ``ranking``), unless every one does."""
+    sets = [q for q in order if len(q.heads) == k]
+    return [q for q in sets if set(q.heads) <= set(ranking)] or sets
+
+
+class MeasuredSets:
+    """The K-sets (and leave-one-out sets) measure-and-choose measured so far (each once, never more than ``budget``),
+    by set and in order; ``phase``: what proposes the sets measured next (the search sets it as it goes); ``lazy``:
+    sets are scored until their first control beyond :meth:`beyond` (:class:`LazyControls`)."""
+
+    def __init__(self, measure: Measure, budget: int, tolerance: float, phase: str, k: int,
+                 lazy: LazyControls | None = None) -> None:
+        self.measure, self.budget, self.tolerance, self.phase, self.k, self.lazy = measure, budget, tolerance, phase, k, lazy
+        self.seen: dict[frozenset, SetQuality] = {}
+        self.order: list[SetQuality] = []
+        self.found_by: list[str] = []  # per set in ``order``
+
+    def get(self, heads: Sequence[int]) -> SetQuality | None:
+        return self.seen.get(frozenset(heads))
+
+    def run(self, sets: list[tuple[int, ...]]) -> None:
+        """Measure the sets not measured yet, as many as the budget allows."""
+        new: list[tuple[int, ...]] = []
+        for s in sets:
+            if frozenset(s) not in self.seen and frozenset(s) not in {frozenset(x) for x in new}:
+                new.append(tuple(s))
+        new = new[: max(0, self.budget - len(self.order))]
+        if not new:
+            return
+        got = self.measure(new) if self.lazy is None else self.lazy.until(new, self.beyond())
+        for s, (t, c) in zip(new, got):
+            complete = self.lazy is None or set(c) >= set(self.lazy.names)
+            q = SetQuality(s, float(t), {n: float(v) for n, v in c.items()}, self.tolerance, complete)
+            self.seen[frozenset(s)] = q
+            self.order.append(q)
+            self.found_by.append(self.phase)
+
+    def beyond(self) -> float:
+        """Where a set's controls may stop: beyond the worst control of the set :func:`choose` picks among the K-sets
+        scored on every control, or beyond the tolerance where that is larger (infinite before any was): a set that
+        stops there can be neither within tolerance nor better than that set, so every set that could be chosen
+        over it is scored on every control, and the search reads whole sets wherever they compete with the best."""
+        whole = [q for q in self.order if q.complete and len(q.heads) == self.k]
+        return max(self.tolerance, choose(whole).control) if whole else float("inf")
+
+    def completed(self, q: SetQuality) -> SetQuality:
+        """``q`` scored on the controls it was not scored on; it stays where it was measured, complete."""
+        missing = [c for c in self.lazy.names if c not in q.controls]
+        got = {**q.controls, **self.lazy.rest(q.heads, missing)}
+        full = SetQuality(q.heads, q.target, {c: float(got[c]) for c in self.lazy.names}, q.tolerance)
+        self.seen[frozenset(q.heads)] = full
+        self.order[self.order.index(q)] = full
+        return full
+
+    def choice(self, k: int, ranking: list[int], target_slack: float) -> SetQuality:
+        """:func:`choose` over the measured K-sets (:func:`candidate_sets`), the chosen set scored on every control:
+        one that was not is completed and the choice made again (its bound only rises), until the chosen set is
+        complete. Exact: a complete set chosen over bounds is chosen over the true values too."""
+        while not (chosen := choose(candidate_sets(self.order, k, ranking), target_slack)).complete:
+            self.completed(chosen)
+        return chosen

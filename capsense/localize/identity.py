@@ -25,6 +25,7 @@ EARLIER_IDENTITY = {"autocast_attention": None,
                     "prior_score": "`prior_score` estimate (that release ordered singles by |estimate|)",
                     "control_limit": "no `control_limit` (that release scored controls on `limit` documents)",
                     "single_controls": "`single_controls` all (that release scored every single on every control)",
+                    "set_controls": "`set_controls` all (that release scored every measure-and-choose set on every control)",
                     "refine_search": "`refine_search` swaps (that release searched by swaps after a first set beyond tolerance)"}
 
 
@@ -41,6 +42,7 @@ def identity_keys(cfg: LocateConfig) -> list[str]:
         keys.append("refine_search")  # (None: swaps, as in folders from before it)
         if cfg.controls and cfg.screen:  # the screen decides refine's candidates (folders from before it: screen off)
             keys += ["screen", "single_controls"]  # (and, with estimates, which controls its extra singles are scored on)
+        keys.append("set_controls")  # (None: every control of every set, as in folders from before it)
     if cfg.control_limit is not None:  # (doc_ids hold the documents; a folder from before control_limit has none)
         keys.append("control_limit")
     return list(dict.fromkeys(keys))
@@ -67,6 +69,8 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         # None: every control of every single, as in folders from before it (and wherever nothing is screened, or no
         # estimates set the screen's thresholds before a knockout: methods without a gradient attribution)
         "single_controls": cfg.single_controls if cfg.controls_until_excluded and get_method(cfg).attribution else None,
+        # None: every control of every set, as in folders from before it (and wherever there are no controls to stop)
+        "set_controls": cfg.set_controls if cfg.set_controls != "all" and cfg.controls else None,
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,

@@ -134,6 +134,10 @@ def get_method(cfg: LocateConfig) -> Method:
     if cfg.refine_search is not None and not refine_budget(cfg):
         raise CapsenseError(f"`refine_search` {cfg.refine_search} applies to measure-and-choose, which this run does not "
                             "do (it needs `controls` or a `refine` budget)")
+    if cfg.set_controls != "until-beyond" and not (cfg.controls and refine_budget(cfg)):
+        raise CapsenseError(f"`set_controls` {cfg.set_controls} applies to measure-and-choose with `controls` (it stops "
+                            f"a set's controls early), which this run does not do: it has "
+                            f"{'no refine budget' if cfg.controls else 'no controls'}")
     if cfg.refine_dtype is not None and cfg.device_map and cfg.refine_dtype != cfg.dtype:
         raise CapsenseError("`refine_dtype` cannot recast a model spread over devices by `device_map`: "
                             "leave it unset (measure-and-choose then runs in the run's `dtype`)")

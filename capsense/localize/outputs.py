@@ -258,8 +258,8 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         "",
         f"{len(ref.measured)} candidate sets measured" + _search_phrase(ref)
         + "; a set is within tolerance when no control worsens by more "
-        f"than {100 * ref.quality.tolerance:.1f}%. Heads in order of how much the target misses each: "
-        + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
+        f"than {100 * ref.quality.tolerance:.1f}%" + _set_controls_phrase(ref) + ". Heads in order of how much the "
+        "target misses each: " + ", ".join(_name(h, n_heads) for h in ref.heads) + ".",
         "",
         *_widening_lines(ref, n_heads),
         *([f"**{line[0].upper() + line[1:]}.**", ""] if (line := shortfall(ref)) else []),
@@ -268,6 +268,16 @@ def _refine_lines(ref, cfg: LocateConfig, n_heads: int) -> list[str]:
         row("first set measured", ref.start),
         row("chosen", ref.quality, ref.heads),
     ]
+
+
+def _set_controls_phrase(ref) -> str:
+    """How the sets' controls were scored, where not every one was (``set_controls`` until-beyond)."""
+    short = sum(not q.complete for q in ref.measured)
+    if ref.set_controls == "all":
+        return ""
+    return (f" (each scored on the controls cheapest first until the first beyond the tolerance or the worst control of "
+            f"the best set scored on every control, whichever is larger: {short} of {len(ref.measured)} stopped there, a "
+            "blank is a control not scored; the chosen set was scored on every control)")
 
 
 def _search_phrase(ref) -> str:

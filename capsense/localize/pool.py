@@ -48,7 +48,7 @@ from capsense.localize.fit import LocateResult, damage, put_last
 from capsense.localize.head_sets import Singles
 from capsense.localize.refine import SWAPS_PER_ROUND, Widen, Widening
 from capsense.localize.screen import Screen, collateral_screen
-from capsense.localize.singles import screen_settings, screen_thresholds, singles_until_excluded
+from capsense.localize.singles import controls_until_beyond, screen_settings, screen_thresholds
 from capsense.localize.store import POOL_ROUND, Evaluation
 from capsense.scoring.attribution import GRADIENT_METRICS
 
@@ -128,8 +128,8 @@ def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluatio
     one excludes it, as the search's singles are: :mod:`capsense.localize.singles`), record its target and control
     damage in ``result`` as the search's singles are, and screen again; newly set aside heads rank last."""
     if until_excluded(cfg, result):
-        evs = singles_until_excluded(runner, cfg, n, [(h,) for h in heads], base,
-                                     screen_thresholds(cfg, result.estimates), POOL_ROUND)
+        evs = controls_until_beyond(runner, cfg, n, [(h,) for h in heads], base,
+                                    screen_thresholds(cfg, result.estimates), POOL_ROUND)
     else:
         evs = runner(head_set_masks([(h,) for h in heads], n), POOL_ROUND)
     for e, h in zip(evs, heads):

@@ -58,6 +58,24 @@ where no set is feasible, it handed on another set that left held-out induction 
 round 29 (``recipes/bench/replay_refine_stop.py``) on six SmolLM2 runs with no set within tolerance: stopping once
 the choice had not changed for P sets handed on a worse set in 5 of 6 at P = 4 and 3 of 6 at P = 8, and saved
 nothing at P = 12 (choices settled at sets 1-22). :attr:`Refinement.stopped` and ``settled`` say so in each run.
+
+**Controls until beyond** (round 43, ``set_controls="until-beyond"``, the default of a locate run with controls;
+:class:`~capsense.localize.head_sets.LazyControls`): a set is scored on the target, then on the controls cheapest
+first, until the first control beyond a bound (as a single is scored until the screen excludes it,
+:mod:`capsense.localize.singles`). The bound (:meth:`~capsense.localize.head_sets.MeasuredSets.beyond`) is the worst
+control of the set :func:`choose` picks among the sets scored on every control, or the tolerance where that is
+larger; the first set is scored on every control. A set that stops is neither within tolerance nor better than that
+set, and its worst control is then only bounded from below (:attr:`~capsense.localize.head_sets.SetQuality.complete`
+False): the search reads that bound where it reads a set's worst control (the swaps' objective and leave-one-out,
+the fallback choice), and the predicted search's :class:`~capsense.localize.head_sets.SetModel` fits each control on
+the sets scored on it. The choice stays exact over the sets measured
+(:meth:`~capsense.localize.head_sets.MeasuredSets.choice`): while the set :func:`choose` picks is not complete, its
+other controls are measured and the choice made again, so the set handed on is scored on every control. The sets
+the search proposes may differ from ``all``'s. On six targets of both models (RESULTS-locate.md, round 43) it handed
+on the same set on four and a better one on two (arithmetic: one within tolerance where ``all`` found none), for
+0.5-15 FE less. Measured first with the tolerance as the bound, not kept: on SmolLM2 sequence it measured 14.2 FE
+instead of 30.45 but, its search misled by the bounds of most sets it read, handed on a worse set (worst control
++10.6% against +7.8%), and on Gemma 3 induction too (+56.4% against +40.3%).
 """
 
 from __future__ import annotations
@@ -66,8 +84,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from capsense.errors import CapsenseError
-from capsense.localize.head_sets import (DEFAULT_TARGET_SLACK, SEARCH_FLOOR, SetModel, SetQuality, Singles, choose,
-                                         rounded)
+from capsense.localize.head_sets import (DEFAULT_TARGET_SLACK, SEARCH_FLOOR, LazyControls, Measure, MeasuredSets,
+                                         SetModel, SetQuality, Singles, candidate_sets, choose, rounded)
 
 
 DEFAULT_BUDGET = 24
@@ -85,15 +103,15 @@ SEARCHES = ("swaps", "predicted")
 #: measured it against swaps on nine targets (RESULTS-locate.md). :func:`refine`'s own default is the search that
 #: needs no singles.
 DEFAULT_SEARCH = "predicted"
+#: How a measured set's controls are scored (``LocateConfig.set_controls``): every one, or until the first beyond the
+#: search's bound (see "Controls until beyond" above).
+SET_CONTROLS = ("all", "until-beyond")
 
 #: Which part of the search proposed a measured set (``Refinement.found_by``, ``found_by`` of each set in
 #: heads.json): the first set, the set predicted again after extra singles, the predicted search, and the swap
 #: search (its leave-one-out sets and swaps). On Gemma 3's main job (round 31) the predicted search measured one
 #: set and handed 22 to the swaps; a report that called all 24 predicted would have misled.
 FOUND_BY = ("start", "restart", "prediction", "swaps")
-
-#: ``measure(sets)`` -> per set: (relative target damage, {control: relative damage}).
-Measure = Callable[[list[tuple[int, ...]]], list[tuple[float, dict[str, float]]]]
 
 
 @dataclass
@@ -141,6 +159,7 @@ class Refinement:
     settled: int = 1  # how many sets were measured when the set handed on became the choice for good
     search: str = "swaps"  # how it searched after a start that broke the tolerance: one of SEARCHES
     found_by: list[str] = field(default_factory=list)  # per measured set, what proposed it: one of FOUND_BY
+    set_controls: str = SET_CONTROLS[0]  # how each set's controls were scored: one of SET_CONTROLS
 
     def as_dict(self, name: Callable[[int], str]) -> dict:
         def q(s: SetQuality) -> dict:
@@ -149,6 +168,7 @@ class Refinement:
                 "target_damage": round(s.target, 4),
                 "control_damage": {c: round(v, 4) for c, v in s.controls.items()},
                 "feasible": s.feasible,
+                **({} if s.complete else {"all_controls": False}),  # scored until its first control beyond the bound
             }
 
         out = {
@@ -161,6 +181,7 @@ class Refinement:
             "stopped": self.stopped,
             "choice_settled_at": self.settled,  # well before n_evaluations: later sets changed nothing
             "search": self.search,
+            "set_controls": self.set_controls,
             "measured": [{**q(s), "found_by": by} for s, by in zip(self.measured, self.found_by, strict=True)],
         }
         if self.widening is not None:  # its singles are evaluations of the same budget
@@ -168,36 +189,7 @@ class Refinement:
         return out
 
 
-class _Measured:
-    """The sets measured so far (each once, never more than ``budget``), by set and in order."""
-
-    def __init__(self, measure: Measure, budget: int, tolerance: float) -> None:
-        self.measure, self.budget, self.tolerance = measure, budget, tolerance
-        self.seen: dict[frozenset, SetQuality] = {}
-        self.order: list[SetQuality] = []
-        self.phase = FOUND_BY[0]  # what proposes the sets measured next (the search sets it as it goes)
-        self.found_by: list[str] = []  # per set in ``order``
-
-    def get(self, heads: Sequence[int]) -> SetQuality | None:
-        return self.seen.get(frozenset(heads))
-
-    def run(self, sets: list[tuple[int, ...]]) -> None:
-        """Measure the sets not measured yet, as many as the budget allows."""
-        new: list[tuple[int, ...]] = []
-        for s in sets:
-            if frozenset(s) not in self.seen and frozenset(s) not in {frozenset(x) for x in new}:
-                new.append(tuple(s))
-        new = new[: max(0, self.budget - len(self.order))]
-        if not new:
-            return
-        for s, (t, c) in zip(new, self.measure(new)):
-            q = SetQuality(s, float(t), {n: float(v) for n, v in c.items()}, self.tolerance)
-            self.seen[frozenset(s)] = q
-            self.order.append(q)
-            self.found_by.append(self.phase)
-
-
-def _head_to_swap(current: tuple[int, ...], measured: _Measured) -> int | None:
+def _head_to_swap(current: tuple[int, ...], measured: MeasuredSets) -> int | None:
     """The head to swap out of ``current`` (None when the budget ran out before deciding):
     the one whose removal helps the controls most while the set breaks the tolerance, else
     the one the target misses least."""
@@ -213,7 +205,7 @@ def _head_to_swap(current: tuple[int, ...], measured: _Measured) -> int | None:
     return min(current, key=lambda h: (without[h].control, -without[h].target))
 
 
-def _by_loss(chosen: SetQuality, ranking: list[int], measured: _Measured) -> list[int]:
+def _by_loss(chosen: SetQuality, ranking: list[int], measured: MeasuredSets) -> list[int]:
     """The chosen heads by how much the target misses each (when every leave-one-out set was
     measured), else in ranking order."""
     pos = {h: i for i, h in enumerate(ranking)}
@@ -235,6 +227,7 @@ def refine(
     singles: Singles | None = None,
     widen: Widen | None = None,
     search: str = "swaps",
+    lazy: LazyControls | None = None,
 ) -> Refinement:
     """Search K-head sets near the top of ``ranking``.
 
@@ -244,7 +237,8 @@ def refine(
     the predicted best K-set (:func:`predicted_best`) and stops there when it is within tolerance. ``widen``:
     called once before the swaps, it may measure more heads alone (see "Extra singles"); its evaluations count
     against ``budget``. ``search``: how to go on from a start that breaks the tolerance, one of :data:`SEARCHES`
-    (``predicted`` needs ``singles``).
+    (``predicted`` needs ``singles``). ``lazy``: ``measure`` scores a set's controls until the first beyond
+    tolerance, and ``lazy.rest`` measures the others (see "Controls until beyond").
     """
     if search not in SEARCHES:
         raise CapsenseError(f"unknown refine search {search!r}: use one of {', '.join(SEARCHES)}")
@@ -254,7 +248,8 @@ def refine(
         raise CapsenseError(f"cannot choose {k} heads from a ranking of {len(ranking)}: `top_k` must be between 1 and {len(ranking)}")
     ranking = [int(h) for h in ranking]
     pool = pool if pool is not None else 4 * k
-    measured = _Measured(measure, budget, tolerance)
+    measured = MeasuredSets(measure, budget, tolerance, FOUND_BY[0], k, lazy)
+    how = SET_CONTROLS[0] if lazy is None else SET_CONTROLS[1]
     current = tuple(ranking[:k])
     if singles is not None:
         current = predicted_best(ranking[: k + pool], k, singles, tolerance, target_slack)
@@ -264,24 +259,24 @@ def refine(
         raise CapsenseError("refine needs a `budget` of at least 1 evaluation")
     if singles is not None and start.feasible:
         return Refinement(list(current), start, start, measured.order, stopped=STOPPED[0], search=search,
-                          found_by=measured.found_by)
+                          found_by=measured.found_by, set_controls=how)
     measured.phase = FOUND_BY[1]
     widened, ranking, current, stop = _widened(widen, ranking, k, pool, current, measured, target_slack)
     if stop:
         return Refinement(list(current), measured.get(current), start, measured.order, widened, STOPPED[0],
-                          len(measured.order), search, measured.found_by)
+                          len(measured.order), search, measured.found_by, how)
     measured.phase = FOUND_BY[2]
     stopped = _predicted_search(ranking, k, pool, measured, singles or {}, target_slack) if search == "predicted" else ""
-    if stopped != STOPPED[3] or not choose(_candidate_sets(measured.order, k, ranking), target_slack).feasible:
+    if stopped != STOPPED[3] or not choose(candidate_sets(measured.order, k, ranking), target_slack).feasible:
         measured.phase = FOUND_BY[3]
         _swap_search(current, ranking, k, pool, measured)  # (after the predicted search: the sets it measured are free)
         stopped = STOPPED[1] if len(measured.order) >= measured.budget else STOPPED[2]
-    chosen = choose(_candidate_sets(measured.order, k, ranking), target_slack)
-    return Refinement(_by_loss(chosen, ranking, measured), chosen, start, measured.order, widened, stopped,
-                      _settled_at(measured.order, k, ranking, target_slack, chosen), search, measured.found_by)
+    chosen = measured.choice(k, ranking, target_slack)  # (completed where it was scored until beyond: see above)
+    return Refinement(_by_loss(chosen, ranking, measured), chosen, measured.get(start.heads), measured.order, widened,
+                      stopped, _settled_at(measured.order, k, ranking, target_slack, chosen), search, measured.found_by, how)
 
 
-def _swap_search(current: tuple[int, ...], ranking: list[int], k: int, pool: int, measured: _Measured) -> None:
+def _swap_search(current: tuple[int, ...], ranking: list[int], k: int, pool: int, measured: MeasuredSets) -> None:
     """Leave-one-out names the head to swap out, the next untried candidates of the ranking are tried in its
     place, and a swap is kept when it improves the search objective (feasible first, then target damage)."""
     queue = [h for h in ranking[: k + pool] if h not in current]
@@ -305,7 +300,7 @@ def _swap_search(current: tuple[int, ...], ranking: list[int], k: int, pool: int
             tried = {}
 
 
-def _predicted_search(ranking: list[int], k: int, pool: int, measured: _Measured, singles: Singles,
+def _predicted_search(ranking: list[int], k: int, pool: int, measured: MeasuredSets, singles: Singles,
                       target_slack: float) -> str:
     """Measure, one at a time, the set :func:`choose` picks over every K-set of the pool, measured where measured
     and predicted elsewhere by the singles corrected by every set measured so far
@@ -320,7 +315,7 @@ def _predicted_search(ranking: list[int], k: int, pool: int, measured: _Measured
     model = SetModel(ranking[: k + pool], k, singles, floor=SEARCH_FLOOR)
     while len(measured.order) < measured.budget:
         model.fit([(q.heads, q.target, q.controls) for q in measured.order])
-        sets = [rounded(q) for q in _candidate_sets(measured.order, k, ranking)]  # first: a tie goes to a measured set
+        sets = [rounded(q) for q in candidate_sets(measured.order, k, ranking)]  # first: a tie goes to a measured set
         done = {frozenset(q.heads) for q in measured.order}
         sets += [q for q in model.qualities(measured.tolerance) if frozenset(q.heads) not in done]
         best = choose(sets, target_slack)
@@ -330,23 +325,16 @@ def _predicted_search(ranking: list[int], k: int, pool: int, measured: _Measured
     return STOPPED[1]
 
 
-def _candidate_sets(order: Sequence[SetQuality], k: int, ranking: list[int]) -> list[SetQuality]:
-    """The measured K-sets the choice is made over: after widening, none holding a head its screen set
-    aside (no longer in ``ranking``), unless every one does."""
-    sets = [q for q in order if len(q.heads) == k]
-    return [q for q in sets if set(q.heads) <= set(ranking)] or sets
-
-
 def _settled_at(order: list[SetQuality], k: int, ranking: list[int], target_slack: float, chosen: SetQuality) -> int:
     """How many sets were measured when ``chosen`` became the choice for good: the choice made from every
     shorter prefix of ``order`` after that one is ``chosen`` too."""
     n = len(order)
-    while n > 1 and (sets := _candidate_sets(order[: n - 1], k, ranking)) and choose(sets, target_slack) is chosen:
+    while n > 1 and (sets := candidate_sets(order[: n - 1], k, ranking)) and choose(sets, target_slack) is chosen:
         n -= 1
     return n
 
 
-def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured,
+def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: MeasuredSets,
              target_slack: float) -> tuple[Widening | None, list[int], tuple[int, ...], bool]:
     """Extra singles when the measured start broke the tolerance (room kept for a new start and one full
     round of swaps): the record, the candidates, the set to go on from, and whether to stop there."""
@@ -360,7 +348,7 @@ def _widened(widen: Widen | None, ranking: list[int], k: int, pool: int, current
     return widened, ranking, current, stop
 
 
-def _restart(ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: _Measured, spent: int,
+def _restart(ranking: list[int], k: int, pool: int, current: tuple[int, ...], measured: MeasuredSets, spent: int,
              singles: Singles, target_slack: float) -> tuple[tuple[int, ...], bool]:
     """After ``spent`` extra singles (taken off the budget): the set to search from, and whether to stop
     there. The set the grown ``singles`` predict best is measured; within tolerance the search

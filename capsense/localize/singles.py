@@ -1,5 +1,7 @@
-"""Single-head knockouts in a selective run: scored on the target, then on the controls until the
-collateral screen excludes the head (:data:`~capsense.localize.screen.SINGLE_CONTROLS`).
+"""Knockouts scored on the target, then on the controls until the first beyond its threshold: a single
+until the collateral screen excludes the head (:data:`~capsense.localize.screen.SINGLE_CONTROLS`), and a
+measure-and-choose set until the first control beyond tolerance (``set_controls`` until-beyond,
+:data:`~capsense.localize.refine.SET_CONTROLS`).
 
 One control beyond its threshold sets a head aside whatever the others say, and with the attribution's
 estimates the thresholds are known before any knockout (:func:`screen_thresholds`: their spread is each
@@ -7,7 +9,9 @@ control's noise). So a single is scored on the target, then on the controls chea
 the run's tokens), each control on the heads no earlier one excluded: the screen sets aside the same heads,
 and a collateral head costs the target and a cheap control or two instead of every control. Both the
 search's singles (:func:`capsense.localize.guided.measure_sets`) and measure-and-choose's extra singles
-(:func:`capsense.localize.pool.measure_alone`) are measured this way.
+(:func:`capsense.localize.pool.measure_alone`) are measured this way; so are measure-and-choose's sets where
+asked (:func:`capsense.localize.choice.refine_ranking`), with the search's bound as every control's threshold
+(:meth:`capsense.localize.head_sets.MeasuredSets.beyond`).
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ def screen_thresholds(cfg: LocateConfig, estimates: dict[str, np.ndarray]) -> di
                              spread=estimates).threshold
 
 
-def singles_until_excluded(run: MaskRunner, cfg: LocateConfig, n: int, singles: Sequence[tuple[int, ...]],
-                           base: Evaluation, thresholds: dict[str, float], round_index: int = 0) -> list[Evaluation]:
-    """``singles`` knocked out on the target, then on the controls cheapest first (ties in the listed order),
-    each control on the heads no earlier control put beyond its ``thresholds`` (relative damage against ``base``).
+def controls_until_beyond(run: MaskRunner, cfg: LocateConfig, n: int, singles: Sequence[tuple[int, ...]],
+                          base: Evaluation, thresholds: dict[str, float], round_index: int = 0) -> list[Evaluation]:
+    """``singles`` (head sets: one head each, or measure-and-choose's sets) knocked out on the target, then on the
+    controls cheapest first (ties in the listed order), each control on the sets no earlier control put beyond its
+    ``thresholds`` (relative damage against ``base``).
     One evaluation per head, holding the scores of the probes it was scored on, at the index of its target's
     (:func:`~capsense.localize.store.join_probes`); the store keeps one per call (each control's masks a block),
     so a resumed run replays the same calls from the same scores. Only the target's calls move the progress bar:

@@ -233,7 +233,7 @@ def read_evaluations(run_dir: str | os.PathLike, design_only: bool = False, join
 
 def join_probes(evals: Iterable[Evaluation]) -> list[Evaluation]:
     """One evaluation per mask scored over several calls, each on other probes (a single's target, then its
-    controls one call each: :func:`capsense.localize.singles.singles_until_excluded`): the same heads in the same
+    controls one call each: :func:`capsense.localize.singles.controls_until_beyond`): the same heads in the same
     round with probes none of the earlier ones holds join the first, which keeps its index, with the scores of
     all and their seconds summed. Anything else (the same heads on a probe already scored) stays apart."""
     out: list[Evaluation] = []

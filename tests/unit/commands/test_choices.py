@@ -21,7 +21,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
     from capsense.core.models import DTYPES
     from capsense.core.precision import AUTOCAST_DTYPES
     from capsense.localize.prior import GROUP_PRICES, PRIOR_SCORES
-    from capsense.localize.refine import SEARCHES
+    from capsense.localize.refine import SEARCHES, SET_CONTROLS
     from capsense.localize.screen import SINGLE_CONTROLS
     from capsense.ship.base import FORMATS as EXPORT_FORMATS
 
@@ -44,6 +44,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
         ("locate", "prior_score"): PRIOR_SCORES,
         ("locate", "group_price"): GROUP_PRICES,
         ("locate", "single_controls"): SINGLE_CONTROLS,
+        ("locate", "set_controls"): SET_CONTROLS,
         ("locate", "refine_dtype"): loaded,
         ("locate", "refine_search"): SEARCHES,
         ("locate", "dtype"): DTYPES,

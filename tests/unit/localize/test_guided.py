@@ -529,10 +529,30 @@ def test_single_controls_identify_the_folder_and_all_scores_every_single_on_ever
     assert r.exit_code == 0, r.output
     singles = [e for e in read_evaluations(out) if len(e.heads) == 1 and e.round == 0]
     assert len(singles) == 3 and all(set(e.scores) == {TOY_TASK, TOY_CONTROL} for e in singles)
-    assert "cheapest first" not in (out / "report.md").read_text()
+    assert "Each single's controls were scored cheapest first" not in (out / "report.md").read_text()
     assert "cheapest first" not in load_heads_file(out / "heads.json").meta["screen"]["rule"]
     again = _locate(toy, out, *args)
     assert again.exit_code != 0 and "single_controls" in again.output and "'until-excluded'" in again.output
+
+
+def test_set_controls_until_beyond_identify_the_folder_and_the_chosen_set_is_scored_on_every_control(toy, tmp_path):
+    """``--set-controls until-beyond`` (the default): the report and heads.json say how the sets were scored, the
+    chosen set holds every control, and a folder made one way is refused by the other, naming the setting (a
+    folder from before it resumes with ``all``)."""
+    args = ("--controls", f"{TOY_CONTROL},{TOY_MC}", "--top-m", "4", "--top-k", "2", "--refine", "3")
+    out = tmp_path / "lazy"
+    r = _locate(toy, out, *args)
+    assert r.exit_code == 0, r.output
+    ref = load_heads_file(out / "heads.json").meta["refine"]
+    assert ref["set_controls"] == "until-beyond"
+    assert set(ref["chosen"]["control_damage"]) == {TOY_CONTROL, TOY_MC} and "all_controls" not in ref["chosen"]
+    assert "until the first beyond the tolerance or the worst control" in (out / "report.md").read_text()
+    from capsense.core.heads import Head
+
+    chosen = [e for e in read_evaluations(out) if {str(Head.from_index(h, N_HEADS)) for h in e.heads} == set(ref["heads"])]
+    assert chosen and set(chosen[-1].scores) == {TOY_TASK, TOY_CONTROL, TOY_MC}  # read joined: one per set
+    again = _locate(toy, out, *args, "--set-controls", "all")
+    assert again.exit_code != 0 and "set_controls" in again.output and "'until-beyond'" in again.output
 
 
 def test_a_run_killed_between_a_singles_controls_resumes_to_the_same_result(toy, tmp_path):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from capsense.errors import CapsenseError
 from capsense.localize.choice import shortfall
-from capsense.localize.head_sets import SetModel
+from capsense.localize.head_sets import LazyControls, MeasuredSets, SetModel, SetQuality, choose
 from capsense.localize.outputs import _search_phrase
 from capsense.localize.refine import refine
 
@@ -65,6 +66,65 @@ def test_a_measured_set_corrects_its_own_prediction_and_shifts_the_rest():
     assert model.shift[2, 1] > max(model.shift[h, 1] for h in (0, 1, 3, 4, 5))  # head 2 hurts the control beside others
     model.fit([((0, 1), 1.0, {"ctl": 1.0}), ((0, 9, 1), 1.0, {"ctl": 1.0})])  # not K-sets of the pool: ignored
     assert model.n_fitted == 0 and _pred(model) == before
+
+
+def test_a_control_a_set_was_not_scored_on_is_fitted_on_the_sets_that_were():
+    """``set_controls`` until-beyond: a set that stopped at its first control beyond tolerance leaves the others out.
+    Each metric is fitted on the sets scored on it: a control none was scored on keeps the singles' prediction, the
+    metrics a set was scored on fit as if the missing one had any value."""
+    singles = {h: (0.2, {"a": 0.01, "b": 0.02}) for h in range(6)}
+    full = [((0, 1, 2), 0.9, {"a": 0.10, "b": 0.03}), ((0, 3, 4), 0.8, {"a": 0.02, "b": 0.05})]
+    short = ((2, 4, 5), 0.7, {"a": 0.2})  # beyond tolerance on a: b never scored
+    lazy = SetModel(range(6), 3, singles).fit([*full, short])
+    for fill in (0.0, 5.0):  # target and a: the fit of every set, whatever b would have been
+        filled = SetModel(range(6), 3, singles).fit([*full, (short[0], short[1], {**short[2], "b": fill})])
+        assert np.allclose(lazy.offset[:2], filled.offset[:2]) and np.allclose(lazy.shift[:, :2], filled.shift[:, :2])
+    only_full = SetModel(range(6), 3, singles).fit(full)  # b: the two sets scored on it
+    assert np.allclose(lazy.offset[2], only_full.offset[2]) and np.allclose(lazy.shift[:, 2], only_full.shift[:, 2])
+    none = SetModel(range(6), 3, singles).fit([short, ((0, 1, 3), 0.5, {"a": 0.3})])
+    unfitted = _pred(SetModel(range(6), 3, singles))
+    assert all(_pred(none)[s][1]["b"] == pytest.approx(unfitted[s][1]["b"]) for s in unfitted)  # b: the singles'
+
+
+def test_a_chosen_set_not_scored_on_every_control_is_completed_until_the_choice_is():
+    """Sets scored until their first control beyond the bound (the first whole): the fallback choice reads a stopped
+    set's worst control as a bound, so the set it picks is scored on the rest and the choice made again, until the set
+    handed on was scored on every control; a stopped set the choice never picks is never completed."""
+    target = {(1, 2): 1.0, (0, 1): 3.0, (0, 2): 2.0, (3, 4): 0.5}
+    true = {(1, 2): {"a": 0.30, "b": 0.02, "c": 0.01}, (0, 1): {"a": 0.40, "b": 0.01, "c": 0.90},
+            (0, 2): {"a": 0.35, "b": 0.50, "c": 0.0}, (3, 4): {"a": 0.60, "b": 0.0, "c": 0.0}}
+    bounds, rest_calls = [], []
+
+    def until(sets, beyond):  # a, b, c in turn, stopping after the first beyond the bound
+        bounds.append(beyond)
+        out = []
+        for s in sets:
+            got = {}
+            for c in "abc":
+                got[c] = true[s][c]
+                if got[c] > beyond:
+                    break
+            out.append((target[s], got))
+        return out
+
+    def rest(heads, missing):
+        rest_calls.append((heads, missing))
+        return {c: true[heads][c] for c in missing}
+
+    measured = MeasuredSets(None, 4, 0.03, "start", 2, LazyControls(("a", "b", "c"), until, rest))
+    for s in target:
+        measured.run([s])
+    assert bounds == [float("inf"), 0.30, 0.30, 0.30]  # the first set whole, then its worst control (above 3%)
+    assert [q.complete for q in measured.order] == [True, False, False, False]
+    chosen = measured.choice(2, [0, 1, 2, 3, 4], 0.1)
+    # the strong sets (target >= 1.5): (0, 1) bound 0.40, (0, 2) bound 0.35: (0, 2) completed to 0.50, then (0, 1)
+    # to 0.90, and (0, 2) is chosen; (3, 4), too weak to be chosen, keeps its bound
+    assert chosen.heads == (0, 2) and chosen.complete and chosen.controls == true[(0, 2)]
+    assert rest_calls == [((0, 2), ["b", "c"]), ((0, 1), ["b", "c"])]
+    assert [q.heads for q in measured.order] == list(target) and not measured.get((3, 4)).complete
+    every = [SetQuality(s, target[s], c, 0.03) for s, c in true.items()]
+    assert choose(every).heads == chosen.heads  # the choice every control makes
+    assert measured.beyond() == pytest.approx(0.50)  # the chosen whole set's worst control now
 
 
 def test_predicted_search_finds_an_interaction_in_few_sets_and_says_why_it_stopped():

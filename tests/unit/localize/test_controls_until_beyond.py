@@ -1,5 +1,6 @@
-"""A selective run scores a single's controls cheapest first until one is beyond its screen threshold
-(capsense.localize.singles), through the run's own runner and store."""
+"""A selective run scores a single's controls cheapest first until one is beyond its screen threshold, and, with
+``set_controls`` until-beyond, a measure-and-choose set's until one is beyond tolerance (capsense.localize.singles),
+through the run's own runner and store."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from capsense.localize.evaluator import MaskRunner
 from capsense.localize.fit import filled_scores, fit_single_heads
 from capsense.localize.methods import Search, no_knockout
 from capsense.localize.pool import screen_of
-from capsense.localize.singles import screen_thresholds, singles_until_excluded
-from capsense.localize.store import Evaluation, RunStore, read_evaluations
+from capsense.localize.choice import refine_ranking
+from capsense.localize.singles import controls_until_beyond, screen_thresholds
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, read_evaluations
 
 N = 12
 TASKS = ("t", "c1", "c2")
@@ -21,7 +23,8 @@ SHARE = {"t": 0.3, "c1": 0.6, "c2": 0.1}  # c2 is the cheaper control: scored fi
 # each head's single-head damage (t, c1, c2)
 EFFECTS = {0: (0.4, 0.0, 0.001), 1: (0.3, 0.01, 0.0), 2: (0.2, 0.0, 0.0),  # clean
            3: (0.5, 0.0, 0.4), 4: (0.6, 0.9, 0.3),  # c2 beyond its threshold: c1 never scored
-           5: (0.3, 0.5, 0.0)}  # c2 clean, c1 beyond: both scored
+           5: (0.3, 0.5, 0.0),  # c2 clean, c1 beyond: both scored
+           6: (3.0, 0.0, 0.9), 7: (0.45, 0.05, 0.0)}  # for measure-and-choose's sets
 SINGLES = [(h,) for h in range(6)]
 
 
@@ -79,7 +82,7 @@ def test_controls_stop_at_the_first_beyond_its_threshold_cheapest_first(tmp_path
     s, base = _search(tmp_path, world)
     thresholds = screen_thresholds(s.cfg, _estimates())
     assert all(0.006 <= v < 0.1 for v in thresholds.values())
-    evs = singles_until_excluded(s.run, s.cfg, N, SINGLES, base, thresholds)
+    evs = controls_until_beyond(s.run, s.cfg, N, SINGLES, base, thresholds)
     assert [e.heads for e in evs] == [[h] for h in range(6)]
     assert [sorted(e.scores) for e in evs] == (
         [sorted(TASKS)] * 3 + [["c2", "t"]] * 2 + [sorted(TASKS)])
@@ -95,7 +98,7 @@ def test_controls_stop_at_the_first_beyond_its_threshold_cheapest_first(tmp_path
     assert s.run.forward_equivalents == pytest.approx(1 + 6 * 0.3 + 6 * 0.1 + 4 * 0.6)
     # a resumed run replays the same calls from the store
     again, base2 = _search(tmp_path, _Refuses())
-    assert [(e.heads, e.scores) for e in singles_until_excluded(again.run, again.cfg, N, SINGLES, base2, thresholds)] == [
+    assert [(e.heads, e.scores) for e in controls_until_beyond(again.run, again.cfg, N, SINGLES, base2, thresholds)] == [
         (e.heads, e.scores) for e in evs]
 
 
@@ -108,7 +111,7 @@ def test_the_screen_sets_aside_the_heads_it_would_with_every_control(tmp_path):
         if mode == "all":
             evs = s.run(head_set_masks(SINGLES, N))
         else:
-            evs = singles_until_excluded(s.run, s.cfg, N, SINGLES, base, screen_thresholds(s.cfg, est))
+            evs = controls_until_beyond(s.run, s.cfg, N, SINGLES, base, screen_thresholds(s.cfg, est))
         result = fit_single_heads([base, *evs], s.cfg, N, fill=est)
         result.estimates = est
         results[mode] = result
@@ -141,16 +144,56 @@ def test_a_control_not_scored_counts_as_the_fill_says_in_the_selective_fit(tmp_p
 @pytest.mark.parametrize("kw, message", [
     ({"single_controls": "some"}, "unknown single_controls 'some'"),
     ({"single_controls": "all", "screen": 0.0}, "`single_controls` all applies to a run with `controls` and a"),
+    ({"set_controls": "some"}, "unknown set_controls 'some'"),
+    ({"set_controls": "all", "refine": 0}, "`set_controls` all applies to measure-and-choose with `controls` .* it "
+                                           "has no refine budget"),
 ])
-def test_bad_single_controls_are_refused(tmp_path, kw, message):
+def test_bad_single_and_set_controls_are_refused(tmp_path, kw, message):
     from capsense.errors import CapsenseError
+    from capsense.localize.methods import get_method
 
     with pytest.raises(CapsenseError, match=message):
-        _cfg(tmp_path, **kw).check()
+        cfg = _cfg(tmp_path, **kw)
+        cfg.check()
+        get_method(cfg)
+    if "refine" in kw:  # without controls; and a method that measures its own set does no measure-and-choose
+        for bad in ({}, {"method": "greedy"}):
+            with pytest.raises(CapsenseError, match="it has no (controls|refine budget)"):
+                get_method(LocateConfig(model="m", task="t", out=str(tmp_path), set_controls="all",
+                                        controls=[] if not bad else ["c1"], **bad))
 
 
-def test_until_excluded_applies_only_with_controls_and_a_screen(tmp_path):
-    assert _cfg(tmp_path).controls_until_excluded
-    assert not _cfg(tmp_path, screen=0.0).controls_until_excluded
-    assert not _cfg(tmp_path, single_controls="all").controls_until_excluded
-    assert not LocateConfig(model="m", task="t", out=str(tmp_path)).controls_until_excluded
+def _true_quality(heads, tolerance: float):
+    """A set's damage on every control in :class:`_World` (compounding single-head damages)."""
+    from capsense.localize.head_sets import SetQuality
+
+    d = np.prod([1.0 + np.array(EFFECTS.get(h, (0.0, 0.0, 0.0))) for h in heads], axis=0) - 1.0
+    return SetQuality(tuple(heads), float(d[0]), {"c1": float(d[1]), "c2": float(d[2])}, tolerance)
+
+
+def test_sets_scored_until_beyond_the_bound_and_the_chosen_one_on_every_control(tmp_path):
+    """Measure-and-choose with ``set_controls`` until-beyond: the first set on every probe in one call; later sets on
+    the target, then c2 (the cheaper control), then c1 unless c2 was beyond the bound (the first set's worst control,
+    c1 +5%); the set the choice picks is completed (c1 alone) and handed on, as the choice over every control would;
+    the evaluations returned hold one per set, its calls joined."""
+    from capsense.localize.head_sets import choose
+
+    world = _World()
+    s, base = _search(tmp_path, world)
+    cfg = LocateConfig(model="m", task="t", out=str(tmp_path / "run"), controls=["c1", "c2"], top_k=2, progress=False,
+                       refine=6, refine_search="swaps", set_controls="until-beyond")
+    found, spent = refine_ranking(s.run, cfg, N, base, [7, 0, 6])
+    assert found.set_controls == "until-beyond" and not found.quality.feasible
+    assert [sorted(q.heads) for q in found.measured] == [[0, 7], [0], [7], [0, 6]]  # start, leave-one-out, a swap
+    assert [(sorted(h), p) for h, p in world.calls[1:]] == [
+        ([0, 7], list(TASKS)),  # the first set: no bound yet
+        ([0], ["t"]), ([7], ["t"]), ([0], ["c2"]), ([7], ["c2"]), ([0], ["c1"]), ([7], ["c1"]),  # within the bound
+        ([0, 6], ["t"]), ([0, 6], ["c2"]),  # c2 +90%: beyond the bound of +5%, c1 not scored
+        ([0, 6], ["c1"])]  # the choice picks it (the first set does less than half its target damage): completed
+    truth = [_true_quality(q.heads, cfg.tolerance) for q in found.measured if len(q.heads) == 2]
+    assert set(found.quality.heads) == set(choose(truth).heads) == {0, 6}
+    assert found.quality.complete and found.quality.controls == pytest.approx(
+        _true_quality(found.quality.heads, cfg.tolerance).controls)
+    assert [sorted(e.heads) for e in spent] == [sorted(q.heads) for q in found.measured]  # one evaluation per set
+    assert all(e.round == REFINE_ROUND and set(e.scores) == set(TASKS) for e in spent)
+    assert "all_controls" not in found.as_dict(str)["chosen"]

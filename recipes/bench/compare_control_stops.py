@@ -1,18 +1,19 @@
-"""What scoring a single's controls until the screen excludes it changes: pairs of run folders, one made with
-``--single-controls until-excluded`` (the default since round 42) and one with ``--single-controls all``, the
-same command otherwise.
+"""What stopping a knockout's controls early changes: pairs of run folders, one made with a single's controls
+scored until the screen excludes it (``--single-controls until-excluded``, the default since round 42) or a
+measure-and-choose set's until the first beyond tolerance (``--set-controls until-beyond``, round 43), and one
+with every control scored, the same command otherwise.
 
-    capsense locate smollm2-135m --task capsense_induction --controls default,capsense_arithmetic ... --out runs/new
-    capsense locate smollm2-135m --task capsense_induction --controls default,capsense_arithmetic ... \\
-        --single-controls all --out runs/all
-    python recipes/bench/compare_single_controls.py runs/new runs/all [NEW ALL ...] --out recipes/results/<name>
+    capsense locate smollm2-135m --task capsense_arithmetic --controls default ... --set-controls until-beyond --out runs/new
+    capsense locate smollm2-135m --task capsense_arithmetic --controls default ... --out runs/all
+    python recipes/bench/compare_control_stops.py runs/new runs/all [NEW ALL ...] --out recipes/results/<name>
 
 Per pair: forward-equivalents, wall time per phase (``manifest.json`` ``timing``), the heads the screen set aside,
 the chosen set (as a set: the ranking's order may differ, since the selective ranking takes attribution's estimate
-where a set-aside single was not scored) and its measured damage, the sets measured, the extra singles; and over
-every single both runs knocked out, how many probe scores are equal, differ, or were not scored (each probe's
-scorer runs on its own, so a score measured both ways should be bit-identical). Writes ``<out>.json`` and
-``<out>.md``.
+where a set-aside single was not scored) and its measured damage, the sets measured and how many stopped early,
+the set since which the choice stood, the extra singles; and over every knockout both runs made (singles and sets
+alike), how many probe scores are equal, differ, or were not scored in the first run (each probe's scorer runs on
+its own, so a score measured both ways should be bit-identical). Round 42's pairs were compared by this script
+under its earlier name, ``compare_single_controls.py``. Writes ``<out>.json`` and ``<out>.md``.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def run_summary(folder: Path) -> dict:
     refine = heads.get("refine") or {}
     chosen = refine.get("chosen") or {}
     timing = manifest.get("timing", {})
+    args = manifest.get("args", {})
     return {
         "run": str(folder),
         "model": heads.get("model"),
         "precision": precision(manifest.get("args", {})),
         "task": heads["task"],
+        "controls_until": controls_until(args),
         "forward_equivalents": manifest["forward_equivalents"],
         "wall_s": round(sum(timing.get(k, 0.0) for k in ("load_s", "evaluate_s_this_attempt")), 2),
         "timing": {k: timing.get(k) for k in ("attribution_s", "search_s", "refine_s", "checks_s")},
@@ -51,17 +54,27 @@ def run_summary(folder: Path) -> dict:
         "chosen_target": chosen.get("target_damage"),
         "chosen_worst_control": max((chosen.get("control_damage") or {}).values(), default=None),
         "sets_measured": refine.get("n_evaluations"),
+        "sets_stopped": sum(q.get("all_controls") is False for q in refine.get("measured", [])),
+        "settled_at": refine.get("choice_settled_at"),
         "extra_singles": (refine.get("extra_singles") or {}).get("n_measured", 0),
     }
 
 
+def controls_until(args: dict) -> str:
+    """How the run scored a knockout's controls: where a single's and a set's stopped early (else "all")."""
+    early = [f"single {args['single_controls']}" if args.get("single_controls", "all") != "all" else "",
+             f"set {args['set_controls']}" if args.get("set_controls", "all") != "all" else ""]
+    return "; ".join(e for e in early if e) or "all"
+
+
 def probe_agreement(new: Path, old: Path) -> dict:
-    """Over the single-head knockouts (any round) both folders made: probe scores equal, differing, not scored in ``new``."""
-    ours = {(e.round, tuple(e.heads)): e for e in read_evaluations(new) if len(e.heads) == 1}
+    """Over the knockouts (singles and sets, any round) both folders made: probe scores equal, differing, not
+    scored in ``new``."""
+    ours = {(e.round, frozenset(e.heads)): e for e in read_evaluations(new) if e.heads}
     equal = differ = missing = 0
     for e in read_evaluations(old):
-        mine = ours.get((e.round, tuple(e.heads)))
-        if len(e.heads) != 1 or mine is None:
+        mine = ours.get((e.round, frozenset(e.heads)))
+        if mine is None:
             continue
         for task, score in e.scores.items():
             if task not in mine.scores:
@@ -77,22 +90,23 @@ def compare(new: Path, old: Path) -> dict:
     a, b = run_summary(new), run_summary(old)
     if a["task"] != b["task"]:
         raise SystemExit(f"{new} and {old} located different tasks ({a['task']}, {b['task']}): pass pairs of the same run")
-    return {"model": a["model"], "precision": a["precision"], "task": a["task"], "until_excluded": a, "all": b, "same_excluded": a["excluded"] == b["excluded"],
+    return {"model": a["model"], "precision": a["precision"], "task": a["task"], "early": a, "all": b, "same_excluded": a["excluded"] == b["excluded"],
             "same_chosen_set": sorted(a["chosen"] or []) == sorted(b["chosen"] or []), "probes": probe_agreement(new, old)}
 
 
 def table(rows: list[dict]) -> str:
     out = []
     for r in rows:
-        for mode in ("all", "until_excluded"):
+        for mode in ("all", "early"):
             s = r[mode]
-            out.append({"model": r["model"], "precision": r["precision"], "task": r["task"], "single controls": mode.replace("_", "-"), "FE": s["forward_equivalents"],
+            out.append({"model": r["model"], "precision": r["precision"], "task": r["task"], "controls until": s["controls_until"], "FE": s["forward_equivalents"],
                         "load + evaluate s": s["wall_s"], "search s": s["timing"]["search_s"], "refine s": s["timing"]["refine_s"],
                         "set aside": len(s["excluded"]), "extra singles": s["extra_singles"], "sets": s["sets_measured"],
+                        "sets stopped": s["sets_stopped"], "settled at": s["settled_at"],
                         "chosen": ", ".join(s["chosen"] or []), "target": s["chosen_target"],
                         "worst control": s["chosen_worst_control"]})
         p = r["probes"]
-        out.append({"model": r["model"], "precision": r["precision"], "task": r["task"], "single controls": "both",
+        out.append({"model": r["model"], "precision": r["precision"], "task": r["task"], "controls until": "both",
                     "chosen": f"same set: {'yes' if r['same_chosen_set'] else 'NO'}; same set aside: "
                               f"{'yes' if r['same_excluded'] else 'NO'}; probe scores equal {p['equal']}, "
                               f"differ {p['differ']}, not scored {p['not_scored']}"})
@@ -101,11 +115,11 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folders", nargs="+", type=Path, help="pairs: a run with until-excluded, then the same run with all")
+    ap.add_argument("folders", nargs="+", type=Path, help="pairs: a run that stopped controls early, then the same run with all")
     ap.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
     args = ap.parse_args()
     if len(args.folders) % 2:
-        ap.error(f"give run folders in pairs (until-excluded, all); got {len(args.folders)}")
+        ap.error(f"give run folders in pairs (early, all); got {len(args.folders)}")
     rows = [compare(args.folders[i], args.folders[i + 1]) for i in range(0, len(args.folders), 2)]
     md = table(rows)
     print(md)

@@ -3,7 +3,7 @@
 hand on (:func:`choose`), a set's damage predicted from its heads' single-head damages, corrected by the
 sets measured (:class:`SetModel`: the search starts from its best set, and its predicted search,
 ``search="predicted"``, refits it after each measured set), and the sets a search measured (:class:`MeasuredSets`,
-which completes a set scored until its first control beyond tolerance before the choice hands it on).
+which sets the bound a set's controls stop at, and completes a set that stopped before the choice hands it on).
 
 Per metric (the target and each control) a set's damage is predicted log-additively from its heads'
 single-head damages, ``log1p(d_S) = sum_h log1p(d_h)``, which keeps a sum of relative worsenings from running
@@ -53,8 +53,8 @@ class SetQuality:
     target: float
     controls: dict[str, float]
     tolerance: float
-    #: every control measured; False: scored until the first control beyond tolerance (``set_controls``
-    #: until-beyond, :data:`capsense.localize.refine.SET_CONTROLS`), so :attr:`control` is a lower bound
+    #: every control measured; False: scored until the first control beyond the search's bound (``set_controls``
+    #: until-beyond, :meth:`MeasuredSets.beyond`), so :attr:`control` is a lower bound
     complete: bool = True
 
     @property
@@ -155,7 +155,7 @@ class SetModel:
         penalty = np.diag([0.0] + [RIDGE] * len(self.pool))
         if seen.all():
             coef = np.linalg.solve(x.T @ x + penalty, x.T @ y)
-        else:  # a set scored until its first control beyond tolerance: each metric fitted on the sets that measured it
+        else:  # a set that stopped at its first control beyond the bound: each metric fitted on the sets scored on it
             coef = np.column_stack([np.linalg.solve(x[m].T @ x[m] + penalty, x[m].T @ y[m, j]) if m.any()
                                     else np.zeros(x.shape[1]) for j, m in enumerate(seen.T)])
         self.offset, self.shift = coef[0], coef[1:]

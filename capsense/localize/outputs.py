@@ -275,7 +275,7 @@ def _set_controls_phrase(ref) -> str:
     short = sum(not q.complete for q in ref.measured)
     if ref.set_controls == "all":
         return ""
-    return (f" (each scored on the controls cheapest first until the first beyond the tolerance or the worst control of "
+    return (f" (each after the first scored on the controls cheapest first until the first beyond the tolerance or the worst control of "
             f"the best set scored on every control, whichever is larger: {short} of {len(ref.measured)} stopped there, a "
             "blank is a control not scored; the chosen set was scored on every control)")
 

@@ -237,8 +237,9 @@ def refine(
     the predicted best K-set (:func:`predicted_best`) and stops there when it is within tolerance. ``widen``:
     called once before the swaps, it may measure more heads alone (see "Extra singles"); its evaluations count
     against ``budget``. ``search``: how to go on from a start that breaks the tolerance, one of :data:`SEARCHES`
-    (``predicted`` needs ``singles``). ``lazy``: ``measure`` scores a set's controls until the first beyond
-    tolerance, and ``lazy.rest`` measures the others (see "Controls until beyond").
+    (``predicted`` needs ``singles``). ``lazy``: a set after the first is measured by ``lazy.until``, its controls
+    until the first beyond the search's bound, and ``lazy.rest`` measures the others where the choice needs them
+    (see "Controls until beyond").
     """
     if search not in SEARCHES:
         raise CapsenseError(f"unknown refine search {search!r}: use one of {', '.join(SEARCHES)}")

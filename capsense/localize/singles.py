@@ -1,6 +1,6 @@
 """Knockouts scored on the target, then on the controls until the first beyond its threshold: a single
 until the collateral screen excludes the head (:data:`~capsense.localize.screen.SINGLE_CONTROLS`), and a
-measure-and-choose set until the first control beyond tolerance (``set_controls`` until-beyond,
+measure-and-choose set until the first control beyond the search's bound (``set_controls`` until-beyond,
 :data:`~capsense.localize.refine.SET_CONTROLS`).
 
 One control beyond its threshold sets a head aside whatever the others say, and with the attribution's
@@ -9,8 +9,8 @@ control's noise). So a single is scored on the target, then on the controls chea
 the run's tokens), each control on the heads no earlier one excluded: the screen sets aside the same heads,
 and a collateral head costs the target and a cheap control or two instead of every control. Both the
 search's singles (:func:`capsense.localize.guided.measure_sets`) and measure-and-choose's extra singles
-(:func:`capsense.localize.pool.measure_alone`) are measured this way; so are measure-and-choose's sets where
-asked (:func:`capsense.localize.choice.refine_ranking`), with the search's bound as every control's threshold
+(:func:`capsense.localize.pool.measure_alone`) are measured this way; so are measure-and-choose's sets after the
+first, by default (:func:`capsense.localize.choice.refine_ranking`), with the search's bound as every control's threshold
 (:meth:`capsense.localize.head_sets.MeasuredSets.beyond`).
 """
 

@@ -197,3 +197,7 @@ def test_sets_scored_until_beyond_the_bound_and_the_chosen_one_on_every_control(
     assert [sorted(e.heads) for e in spent] == [sorted(q.heads) for q in found.measured]  # one evaluation per set
     assert all(e.round == REFINE_ROUND and set(e.scores) == set(TASKS) for e in spent)
     assert "all_controls" not in found.as_dict(str)["chosen"]
+    # a resumed run replays the same calls, the completion included, from the store
+    again, base2 = _search(tmp_path, _Refuses())
+    replay, spent2 = refine_ranking(again.run, cfg, N, base2, [7, 0, 6])
+    assert replay.measured == found.measured and [(e.heads, e.scores) for e in spent2] == [(e.heads, e.scores) for e in spent]

@@ -27,7 +27,7 @@ from capsense.localize.fit import LocateResult, damage, put_last
 from capsense.localize.head_sets import LazyControls, Singles
 from capsense.localize.methods import refine_budget
 from capsense.localize.pool import estimates_in_metric, screen_of
-from capsense.localize.refine import SET_CONTROLS, Refinement, Widen, refine
+from capsense.localize.refine import Refinement, Widen, refine
 from capsense.localize.singles import controls_until_beyond
 from capsense.localize.store import REFINE_ROUND, Evaluation, join_probes
 from capsense.scoring.attribution import GRADIENT_METRICS
@@ -42,7 +42,7 @@ def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation,
     (:func:`~capsense.localize.singles.controls_until_beyond`), the rest only where the choice needs them; the
     evaluations returned then hold one per set, its calls joined (:func:`~capsense.localize.store.join_probes`)."""
     spent: list[Evaluation] = []
-    lazy = cfg.set_controls == SET_CONTROLS[1] and bool(cfg.controls)
+    lazy = cfg.sets_until_beyond
 
     def dmg(e: Evaluation, task: str) -> float:
         return float(damage([e], task, cfg, base)[0])

@@ -94,6 +94,12 @@ class LocateConfig:
         (:data:`~capsense.localize.screen.SINGLE_CONTROLS`): only where there are controls and a screen."""
         return self.single_controls == "until-excluded" and bool(self.controls) and self.screen > 0
 
+    @property
+    def sets_until_beyond(self) -> bool:
+        """Whether measure-and-choose scores a set's controls until the first beyond the search's bound
+        (:data:`~capsense.localize.refine.SET_CONTROLS`): only where there are controls to stop at."""
+        return self.set_controls == "until-beyond" and bool(self.controls)
+
     def resolved_refine_dtype(self, dtype: str) -> str:
         """The dtype measure-and-choose runs in, given the run's resolved ``dtype`` (see ``refine_dtype``)."""
         if self.refine_dtype is not None:

@@ -254,10 +254,10 @@ class MeasuredSets:
         self.order[self.order.index(q)] = full
         return full
 
-    def choice(self, k: int, ranking: list[int], target_slack: float) -> SetQuality:
+    def choice(self, ranking: list[int], target_slack: float) -> SetQuality:
         """:func:`choose` over the measured K-sets (:func:`candidate_sets`), the chosen set scored on every control:
         one that was not is completed and the choice made again (its bound only rises), until the chosen set is
         complete. Exact: a complete set chosen over bounds is chosen over the true values too."""
-        while not (chosen := choose(candidate_sets(self.order, k, ranking), target_slack)).complete:
+        while not (chosen := choose(candidate_sets(self.order, self.k, ranking), target_slack)).complete:
             self.completed(chosen)
         return chosen

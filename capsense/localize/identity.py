@@ -70,7 +70,7 @@ def run_identity(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, probe
         # estimates set the screen's thresholds before a knockout: methods without a gradient attribution)
         "single_controls": cfg.single_controls if cfg.controls_until_excluded and get_method(cfg).attribution else None,
         # None: every control of every set, as in folders from before it (and wherever there are no controls to stop)
-        "set_controls": cfg.set_controls if cfg.set_controls != "all" and cfg.controls else None,
+        "set_controls": cfg.set_controls if cfg.sets_until_beyond else None,
         "seed": cfg.seed,
         "method": cfg.method,
         "dtype": dtype,

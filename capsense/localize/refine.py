@@ -272,7 +272,7 @@ def refine(
         measured.phase = FOUND_BY[3]
         _swap_search(current, ranking, k, pool, measured)  # (after the predicted search: the sets it measured are free)
         stopped = STOPPED[1] if len(measured.order) >= measured.budget else STOPPED[2]
-    chosen = measured.choice(k, ranking, target_slack)  # (completed where it was scored until beyond: see above)
+    chosen = measured.choice(ranking, target_slack)  # (completed where it was scored until beyond: see above)
     return Refinement(_by_loss(chosen, ranking, measured), chosen, measured.get(start.heads), measured.order, widened,
                       stopped, _settled_at(measured.order, k, ranking, target_slack, chosen), search, measured.found_by, how)
 

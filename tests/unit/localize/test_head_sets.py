@@ -116,7 +116,7 @@ def test_a_chosen_set_not_scored_on_every_control_is_completed_until_the_choice_
         measured.run([s])
     assert bounds == [float("inf"), 0.30, 0.30, 0.30]  # the first set whole, then its worst control (above 3%)
     assert [q.complete for q in measured.order] == [True, False, False, False]
-    chosen = measured.choice(2, [0, 1, 2, 3, 4], 0.1)
+    chosen = measured.choice([0, 1, 2, 3, 4], 0.1)
     # the strong sets (target >= 1.5): (0, 1) bound 0.40, (0, 2) bound 0.35: (0, 2) completed to 0.50, then (0, 1)
     # to 0.90, and (0, 2) is chosen; (3, 4), too weak to be chosen, keeps its bound
     assert chosen.heads == (0, 2) and chosen.complete and chosen.controls == true[(0, 2)]

@@ -15,6 +15,9 @@ recorder:
   whose loss is a whole probe scorer. The same batches must run in the same order as when
   recorded.
 
+:meth:`BlockReplay.rows` replays some rows of a recorded batch, at their share of the cost: the prefix scorers
+check their replay on two rows (:mod:`capsense.scoring.prefix`).
+
 Skipping shadows a block's ``forward`` on the instance and restores exactly what was there
 afterwards. Under a device map accelerate has already put its own hook on the instance
 (``block.forward`` wraps the class's forward to move inputs to the block's device); deleting
@@ -64,6 +67,23 @@ class BlockCall:
         else:
             out = block(*args, hidden_states=hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
+
+
+def _rows_of_call(call: BlockCall, index: list[int]) -> BlockCall:
+    """``call`` with its batch rows ``index`` (:meth:`BlockReplay.rows`)."""
+    batch, rows = call.hidden.shape[0], torch.tensor(index, device=call.hidden.device)
+
+    def cut(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.index_select(0, rows.to(x.device)) if x.dim() >= 2 and x.shape[0] == batch else x
+        if isinstance(x, (tuple, list)):
+            vals = [cut(v) for v in x]
+            return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)  # a named tuple takes its fields
+        if isinstance(x, dict):
+            return {k: cut(v) for k, v in x.items()}
+        return x
+
+    return BlockCall(cut(call.hidden), cut(call.args), cut(call.kwargs), call.positional)
 
 
 class BlockReplay:
@@ -125,6 +145,21 @@ class BlockReplay:
                 c.kwargs = {k: cut(v) for k, v in c.kwargs.items()}
         self.outputs = [[cut(o) for o in outs] for outs in self.outputs]
         return self
+
+    def rows(self, index: list[int]) -> BlockReplay:
+        """A replay of the recorded batch's rows ``index`` only (the blocks are shared): in every call the hidden
+        states and each tensor argument of two or more dimensions whose first is the batch's (an attention mask,
+        per-row positions or rotary tables, inside tuples, lists and dicts too) keep those rows; the rest (a
+        broadcast row, ``cache_position``, flags, a cache) is passed as it was. What a row computes does not depend
+        on the other rows in a decoder block, so this replays ``index`` at ``len(index) / batch`` of the cost: the
+        prefix scorers' replay check (:mod:`capsense.scoring.prefix`). An argument indexed by row that this does
+        not slice (a one-dimensional per-row tensor, a mask object that is no tensor) should make the replay fail
+        or differ from the recorded rows: the prefix scorers then check the whole batch."""
+        view = BlockReplay.__new__(BlockReplay)
+        view.blocks = self.blocks
+        view.inputs = [[_rows_of_call(c, index) for c in calls] for calls in self.inputs]
+        view.outputs = [[] for _ in self.blocks]
+        return view
 
     @property
     def complete(self) -> bool:

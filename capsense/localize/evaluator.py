@@ -81,8 +81,9 @@ class MaskEvaluator:
     @property
     def check_s(self) -> float:
         """Wall time of the scorers' self-checks this attempt, wherever they ran (here, or in a clean
-        evaluation's first batch): the run's forward-equivalents do not count them (a replay from block 0 is
-        about a full forward of each probe's first batch), so the manifest's timing states it."""
+        evaluation's first batch): the run's forward-equivalents do not count them (a log-likelihood probe's replay from
+        block 0 runs two rows of its first batch since round 44, a multiple-choice probe's first batch is scored plain and
+        shared, and its two passes are replayed), so the manifest's timing states it."""
         return self.checks_before + sum(getattr(s, "check_s", 0.0) for s in self.scorers.values())
 
     def token_share(self, names) -> float:

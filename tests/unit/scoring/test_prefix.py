@@ -8,7 +8,7 @@ import torch
 
 from capsense.scoring.prefix import PrefixReuseScorer
 from capsense.scoring.probe import Probe, ProbeScorer
-from conftest import N_HEADS, N_LAYERS, VOCAB, make_tiny_model
+from conftest import ARCHS, N_HEADS, N_LAYERS, VOCAB, make_tiny_model
 
 
 def _probe(n: int = 6, seed: int = 0) -> Probe:
@@ -97,3 +97,89 @@ def test_clean_forward_taken_from_the_attribution_equals_its_own(arch, monkeypat
     np.testing.assert_array_equal(got["acc"], expected["acc"])
     with pytest.raises(CapsenseError, match="does not run"):  # a batch of another size is not this scorer's
         taker.take_clean([0, 1], None, None, np.zeros(2), np.zeros(2, dtype=bool))
+
+
+def _recorded_batch(model):
+    """A right-padded batch of four documents of different lengths, recorded block by block: (replay, final hidden)."""
+    from capsense.core.replay import BlockReplay
+    from capsense.scoring.logits import scored_hidden
+    from capsense.scoring.probe import pad_right
+
+    rng = np.random.default_rng(3)
+    ids, att = pad_right([rng.integers(4, VOCAB, n).tolist() for n in (13, 11, 8, 5)], 0)
+    replay = BlockReplay(model)
+    with torch.no_grad():
+        return replay, replay.record(lambda: scored_hidden(model, ids, att))
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", [*ARCHS, "mixtral", "gpt_oss", "cohere2", "phi"])
+def test_a_replay_of_some_rows_equals_those_rows_of_the_whole_replay(arch, attention):
+    """``BlockReplay.rows``: the padded batch's first and last rows (every argument indexed by row sliced: masks,
+    positions, rotary tables) replay from any block to what the whole batch's replay gives those rows."""
+    try:
+        model = make_tiny_model(arch, attn_implementation=attention)
+    except ValueError as e:
+        if "does not support" not in str(e):
+            raise
+        pytest.skip(f"{arch} has no {attention} attention")
+    replay, _ = _recorded_batch(model)
+    with torch.no_grad():
+        for start in (0, N_LAYERS - 1):
+            whole = replay.run_from(start)
+            part = replay.rows([0, 3]).run_from(start)
+            assert part.shape[0] == 2
+            torch.testing.assert_close(part, whole[[0, 3]], atol=1e-5, rtol=1e-5)
+    assert replay.inputs[0][0].hidden.shape[0] == 4  # the view left the recording whole
+
+
+def _replayed_rows(scorer, monkeypatch) -> list[int]:
+    """The number of rows of every replay the scorer runs from here on."""
+    seen, replay = [], scorer._replay
+    monkeypatch.setattr(scorer, "_replay", lambda calls, start: seen.append(calls.inputs[start][0].hidden.shape[0])
+                        or replay(calls, start))
+    return seen
+
+
+def test_the_replay_check_replays_two_rows_of_the_first_batch(arch, monkeypatch):
+    """The check before pricing (``check_replay``) replays the first batch's longest and most padded rows only,
+    not the whole batch (round 44: on the main job the whole-batch checks cost about one forward-equivalent)."""
+    scorer = PrefixReuseScorer(make_tiny_model(arch), _probe(), batch_size=4)
+    seen = _replayed_rows(scorer, monkeypatch)
+    scorer.check_replay()
+    assert scorer.enabled and scorer._checked, f"the replay check failed on {arch}"
+    assert seen == [2]
+
+
+def test_in_reduced_precision_the_replay_check_replays_the_whole_batch(monkeypatch):
+    """Under autocast two rows round unlike the whole batch (on the real model they failed every probe's check), so
+    the whole batch is checked at once and no rows are tried first."""
+    scorer = PrefixReuseScorer(make_tiny_model("llama"), _probe(), batch_size=4)
+    seen = _replayed_rows(scorer, monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scorer.check_replay()
+    assert scorer.enabled and scorer._checked
+    assert seen == [4]
+
+
+@pytest.mark.parametrize("failure", ["raises", "differs"])
+def test_where_two_rows_do_not_replay_the_whole_batch_decides(failure, monkeypatch):
+    """Rows that cannot be sliced (an error) or that replay wrong (an argument indexed by row that the view does not
+    slice) turn reuse off only if the whole batch does not replay either."""
+    from capsense.core.replay import BlockReplay
+
+    def rows(self, index):
+        if failure == "raises":
+            raise RuntimeError("a mask that is no tensor")
+        return BlockReplay.rows.__wrapped__(self, [index[0], index[0]])  # the wrong rows
+
+    rows.__wrapped__ = BlockReplay.rows
+    monkeypatch.setattr(BlockReplay, "rows", rows)
+    probe = _probe()
+    scorer = PrefixReuseScorer(make_tiny_model("llama"), probe, batch_size=4)
+    seen = _replayed_rows(scorer, monkeypatch)
+    scorer.check_replay()
+    assert scorer.enabled and scorer._checked
+    assert seen == ([4] if failure == "raises" else [2, 4])
+    np.testing.assert_allclose(scorer.score(_masks())["nll"],
+                               ProbeScorer(make_tiny_model("llama"), probe, batch_size=4).score(_masks())["nll"], atol=1e-5)

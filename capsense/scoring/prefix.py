@@ -131,30 +131,35 @@ class PrefixReuseScorer(TakesClean, ProbeScorer):
         ids, att = pad_right([self._inputs[r] for r in reqs], self.pad_id)
         self._hidden(ids.to(self.device), att.to(self.device), ko, reqs)
 
-    def _replay_matches(self, calls: BlockReplay, final: torch.Tensor) -> bool:
-        """The replay from block 0 gives the recorded final hidden states (else this architecture's blocks do not
-        replay, and knockouts run the whole forward). Checked on two rows, the batch's first and last (the longest
-        and the most padded: batches run longest first), at a fraction of the whole batch's forward
-        (:meth:`BlockReplay.rows`); where those rows fail or do not slice, the whole batch decides, as it always did
-        before round 44. On the SmolLM2 main job in float32 the run's self-checks (11 probes) took 8.4-12.8 s in four
-        runs, about one forward-equivalent that no budget counts, and 2.4-2.9 s with the rows. In reduced precision (bfloat16
-        weights or autocast) only the whole batch is checked: two rows' products round unlike the whole batch's
-        (under autocast on the main job every probe's rows were 0.3-2.8 off on hidden states up to 50 in size, and
-        the whole batch decided anyway), while a knockout replays the batch at the shapes it was recorded at."""
+    def _replay_matches(self, calls: BlockReplay, final: torch.Tensor, ids: torch.Tensor, att: torch.Tensor) -> bool:
+        """The replay from block 0 gives the clean model's final hidden states (else this architecture's blocks do
+        not replay, and knockouts run the whole forward). Checked on two rows, the batch's first and last (the
+        longest and the most padded: batches run longest first), at a fraction of the whole batch's forward
+        (:meth:`BlockReplay.rows`); where those rows fail or do not slice, the whole batch decides against its
+        recorded output, as it always did before round 44.
+
+        The rows' reference: in float32 the recorded output's rows. In reduced precision (bfloat16 weights or
+        autocast) two rows' products round unlike the whole batch's (under autocast on the main job every probe's
+        rows were 0.3-2.8 off the recorded rows, on hidden states up to 50 in size), so the reference there is the
+        model's own forward of the two rows, at the shapes the replay runs. On the SmolLM2 main job the run's
+        self-checks (11 probes) took 8.4-12.8 s in float32 over four runs, about one forward-equivalent that no
+        budget counts, and 2.4-2.9 s with the rows."""
         exact = computes_in_float32(self.model)
         tol = 1e-4 if exact else 2e-2
 
-        def same(replay: BlockReplay, rows) -> bool:
-            return torch.allclose(self._replay(replay, 0).float(), final[rows].float(), atol=tol, rtol=tol)
+        def same(replay: BlockReplay, reference: torch.Tensor) -> bool:
+            return torch.allclose(self._replay(replay, 0).float(), reference.float(), atol=tol, rtol=tol)
 
         n = final.shape[0]
-        if exact and n > 2:
+        if n > 2:
+            rows = [0, n - 1]
             try:
-                if same(calls.rows([0, n - 1]), [0, n - 1]):
+                reference = final[rows] if exact else scored_hidden(self.model, ids[rows], att[rows])
+                if same(calls.rows(rows), reference):
                     return True
             except (TypeError, ValueError, RuntimeError, IndexError):
                 pass
-        return same(calls, slice(None))
+        return same(calls, final)
 
     @torch.no_grad()
     def _hidden(self, ids, att, row_ko, reqs):
@@ -169,7 +174,7 @@ class PrefixReuseScorer(TakesClean, ProbeScorer):
             return super()._hidden(ids, att, row_ko, reqs)
         if not self._checked:
             with self._timed_check():
-                passed = self._replay_matches(calls, final)
+                passed = self._replay_matches(calls, final, ids, att)
             if not passed:
                 self.enabled = False
                 return super()._hidden(ids, att, row_ko, reqs)

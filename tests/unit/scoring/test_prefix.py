@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from capsense.scoring.logits import scored_hidden
 from capsense.scoring.prefix import PrefixReuseScorer
 from capsense.scoring.probe import Probe, ProbeScorer
 from conftest import ARCHS, N_HEADS, N_LAYERS, VOCAB, make_tiny_model
@@ -102,7 +103,6 @@ def test_clean_forward_taken_from_the_attribution_equals_its_own(arch, monkeypat
 def _recorded_batch(model):
     """A right-padded batch of four documents of different lengths, recorded block by block: (replay, final hidden)."""
     from capsense.core.replay import BlockReplay
-    from capsense.scoring.logits import scored_hidden
     from capsense.scoring.probe import pad_right
 
     rng = np.random.default_rng(3)
@@ -151,15 +151,27 @@ def test_the_replay_check_replays_two_rows_of_the_first_batch(arch, monkeypatch)
     assert seen == [2]
 
 
-def test_in_reduced_precision_the_replay_check_replays_the_whole_batch(monkeypatch):
-    """Under autocast two rows round unlike the whole batch (on the real model they failed every probe's check), so
-    the whole batch is checked at once and no rows are tried first."""
-    scorer = PrefixReuseScorer(make_tiny_model("llama"), _probe(), batch_size=4)
+def test_in_reduced_precision_the_rows_are_checked_against_their_own_forward(arch, monkeypatch):
+    """Under autocast two rows round unlike the whole batch (on the real model every probe's rows missed the recorded
+    ones), so their replay is compared with the model's own forward of the two rows: it passes on every architecture
+    without replaying the whole batch, and a replay that differs from that forward is caught."""
+    from capsense.scoring import prefix
+
+    scorer = PrefixReuseScorer(make_tiny_model(arch), _probe(), batch_size=4)
     seen = _replayed_rows(scorer, monkeypatch)
+    forwards = []
+    monkeypatch.setattr(prefix, "scored_hidden", lambda m, ids, att: forwards.append(ids.shape[0]) or scored_hidden(m, ids, att))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         scorer.check_replay()
-    assert scorer.enabled and scorer._checked
-    assert seen == [4]
+    assert scorer.enabled and scorer._checked, f"the replay check failed under autocast on {arch}"
+    assert seen == [2] and forwards == [4, 2]  # the batch's capture, then the two rows' own forward
+
+    wrong = PrefixReuseScorer(make_tiny_model(arch), _probe(), batch_size=4)
+    seen = _replayed_rows(wrong, monkeypatch)
+    monkeypatch.setattr(prefix, "scored_hidden", lambda m, ids, att: scored_hidden(m, ids, att) + (ids.shape[0] == 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        wrong.check_replay()
+    assert seen == [2, 4] and wrong.enabled  # the rows missed, the whole batch decided against its recorded output
 
 
 @pytest.mark.parametrize("failure", ["raises", "differs"])

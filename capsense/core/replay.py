@@ -68,22 +68,22 @@ class BlockCall:
             out = block(*args, hidden_states=hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
+    def mapped(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> BlockCall:
+        """This call with ``fn`` applied to every tensor it holds (:func:`map_tensors`)."""
+        return BlockCall(fn(self.hidden), map_tensors(self.args, fn), map_tensors(self.kwargs, fn), self.positional)
 
-def _rows_of_call(call: BlockCall, index: list[int]) -> BlockCall:
-    """``call`` with its batch rows ``index`` (:meth:`BlockReplay.rows`)."""
-    batch, rows = call.hidden.shape[0], torch.tensor(index, device=call.hidden.device)
 
-    def cut(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return x.index_select(0, rows.to(x.device)) if x.dim() >= 2 and x.shape[0] == batch else x
-        if isinstance(x, (tuple, list)):
-            vals = [cut(v) for v in x]
-            return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)  # a named tuple takes its fields
-        if isinstance(x, dict):
-            return {k: cut(v) for k, v in x.items()}
-        return x
-
-    return BlockCall(cut(call.hidden), cut(call.args), cut(call.kwargs), call.positional)
+def map_tensors(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``x`` with ``fn`` applied to every tensor in it, inside tuples (named ones too), lists and dicts: a block's
+    arguments nest them (rotary tables as a ``(cos, sin)`` pair, a mask per layer type in a dict)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        vals = [map_tensors(v, fn) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: map_tensors(v, fn) for k, v in x.items()}
+    return x
 
 
 class BlockReplay:
@@ -135,15 +135,8 @@ class BlockReplay:
     def detach(self) -> BlockReplay:
         """Drop the autograd history of everything recorded (a pass recorded under a backward, as
         the gradient attribution's is, would otherwise keep its whole graph alive); ``self``."""
-        def cut(x: Any) -> Any:
-            return x.detach() if isinstance(x, torch.Tensor) else x
-
-        for calls in self.inputs:
-            for c in calls:
-                c.hidden = c.hidden.detach()
-                c.args = tuple(cut(a) for a in c.args)
-                c.kwargs = {k: cut(v) for k, v in c.kwargs.items()}
-        self.outputs = [[cut(o) for o in outs] for outs in self.outputs]
+        self.inputs = [[c.mapped(torch.Tensor.detach) for c in calls] for calls in self.inputs]
+        self.outputs = [[map_tensors(o, torch.Tensor.detach) for o in outs] for outs in self.outputs]
         return self
 
     def rows(self, index: list[int]) -> BlockReplay:
@@ -155,9 +148,13 @@ class BlockReplay:
         prefix scorers' replay check (:mod:`capsense.scoring.prefix`). An argument indexed by row that this does
         not slice (a one-dimensional per-row tensor, a mask object that is no tensor) should make the replay fail
         or differ from the recorded rows: the prefix scorers then check the whole batch."""
+        def picked(call: BlockCall) -> BlockCall:
+            batch, rows = call.hidden.shape[0], torch.tensor(index, device=call.hidden.device)
+            return call.mapped(lambda t: t.index_select(0, rows.to(t.device)) if t.dim() >= 2 and t.shape[0] == batch else t)
+
         view = BlockReplay.__new__(BlockReplay)
         view.blocks = self.blocks
-        view.inputs = [[_rows_of_call(c, index) for c in calls] for calls in self.inputs]
+        view.inputs = [[picked(c) for c in calls] for calls in self.inputs]
         view.outputs = [[] for _ in self.blocks]
         return view
 

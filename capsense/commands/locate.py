@@ -66,10 +66,13 @@ from capsense.core.precision import AUTOCAST_DTYPES
               help="prior-guided with --controls: a group knockout's price in --fe-budget: as if scored on every probe "
                    "(full), or what it costs, on the target alone (target: more groups and splits for the budget; on "
                    "SmolLM2 a stronger set that hurt held-out tasks the controls do not cover, so not the default).")
-@click.option("--single-controls", type=click.Choice(["until-excluded", "all"]), default="until-excluded", show_default=True,
-              help="prior-guided with --controls and a --screen: a single-head knockout's controls are scored cheapest "
-                   "first until one is beyond its screen threshold (the head is then set aside whatever the others say), "
-                   "or all of them (as before round 42).")
+@click.option("--single-controls", type=click.Choice(["cheapest-first", "until-excluded", "all"]), default="cheapest-first",
+              show_default=True,
+              help="prior-guided with --controls and a --screen: a single-head knockout is scored on the target and the "
+                   "controls cheapest first until a control is beyond its screen threshold (the head is then set aside "
+                   "whatever the others say, and one set aside before the target is never scored on it); "
+                   "until-excluded: the target first, then the controls cheapest first (rounds 42-44); all: every probe "
+                   "(as before round 42).")
 @top_k_option(5, "Size of the head set the run hands on: greedy's rounds, and the set selective mode measures and chooses.")
 @click.option("--refine", type=int,
               help="Evaluations spent measuring candidate top-K sets on the run's documents (default 24 with controls, else 0).")

@@ -78,8 +78,9 @@ class LocateConfig:
     # "documents" (each document's |gradient|, summed: cancellation across documents cannot hide a head)
     prior_score: str = "documents"
     group_price: str = "full"  # prior-guided with controls: a group's price in the budget (prior.GROUP_PRICES)
-    # prior-guided with controls and a screen: a single's controls scored until one excludes it, or all (screen.SINGLE_CONTROLS)
-    single_controls: str = "until-excluded"
+    # prior-guided with controls and a screen: a single's probes scored cheapest first until a control excludes it,
+    # the target first and then the controls until one excludes it, or all (screen.SINGLE_CONTROLS)
+    single_controls: str = "cheapest-first"
     prefix_reuse: bool = True
     progress: bool = True
     confirm_run_unsafe_code: bool = False  # tasks that run model-written code (lm-eval asks the same)
@@ -92,7 +93,13 @@ class LocateConfig:
     def controls_until_excluded(self) -> bool:
         """Whether a single-head knockout's controls stop at the first beyond its screen threshold
         (:data:`~capsense.localize.screen.SINGLE_CONTROLS`): only where there are controls and a screen."""
-        return self.single_controls == "until-excluded" and bool(self.controls) and self.screen > 0
+        return self.single_controls in ("cheapest-first", "until-excluded") and bool(self.controls) and self.screen > 0
+
+    @property
+    def target_after_cheaper_controls(self) -> bool:
+        """Whether a single is scored on the controls cheaper than the target before the target, so a head one of them
+        sets aside is never scored on the target (``single_controls`` cheapest-first, where controls stop at all)."""
+        return self.controls_until_excluded and self.single_controls == "cheapest-first"
 
     @property
     def sets_until_beyond(self) -> bool:
@@ -135,7 +142,7 @@ class LocateConfig:
         if self.group_price != "full" and not self.controls:
             raise CapsenseError(f"`group_price` {self.group_price} applies to a run with `controls` (without them a group "
                                 "is scored on every probe, and full is its price)")
-        if self.single_controls != "until-excluded" and not (self.controls and self.screen > 0):
+        if self.single_controls != "cheapest-first" and not (self.controls and self.screen > 0):
             raise CapsenseError(f"`single_controls` {self.single_controls} applies to a run with `controls` and a collateral "
                                 "`screen` (without them a single is scored on every probe)")
         if not self.metric or not isinstance(self.metric, str):

@@ -25,6 +25,11 @@ needs to know how large a missed head could be. Per head not measured alone:
 
 A head no evaluated mask contains has no bound at all ("uncovered"): the search stopped before
 reaching it (its budget ran out). Costs nothing: it reads the evaluations the run already made.
+
+A single the collateral screen set aside before its target was scored (``single_controls`` cheapest-first, round 45)
+has no target damage (NaN): it counts as measured alone, bounds nothing, and is not among the K largest. On the main
+job the K-th single went from +91.5% (the fifth of all 16 singles, set-aside layer-0 heads among them) to +10.5% (the
+fifth handed-on head), so the report now rules out fewer hidden heads: the bar is the set it hands on.
 """
 
 from __future__ import annotations
@@ -123,7 +128,7 @@ def coverage(masks: Sequence[Sequence[int]], damage: Sequence[float], n: int, k:
         helped = sum(-singles[j] for j in heads if singles.get(j, 0.0) < 0)  # helpers measured alone, added back
         for h in heads:
             bound[h] = min(bound[h], d + helped)
-    vals = sorted(singles.values(), reverse=True)
+    vals = sorted((v for v in singles.values() if np.isfinite(v)), reverse=True)  # (NaN: set aside before its target)
     kth = vals[k - 1] if len(vals) >= k else None
     hidden = [h for h in range(n) if h not in singles]
     return Coverage(

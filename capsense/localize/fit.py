@@ -81,8 +81,12 @@ def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective
     """The vector the solver fits: the target score, residualized on the controls when selective
     (``evals[0]`` the clean model). A single not scored on a control counts there as ``fill`` says (per control,
     each head's relative damage: attribution's estimate), else as harmless: the rule measure-and-choose's
-    prediction follows (:func:`capsense.localize.pool.single_effects`)."""
+    prediction follows (:func:`capsense.localize.pool.single_effects`). So does a single not scored on the target
+    (set aside before it: ``single_controls`` cheapest-first) where ``fill`` has the target (the caller gives it only in
+    the target's unit: :func:`fit_single_heads` leaves such singles out otherwise)."""
     y = task_scores(evals, cfg.task, cfg)
+    if fill is not None and cfg.task in fill:
+        y = filled_scores(evals, cfg.task, cfg, fill[cfg.task])
     if selective and cfg.controls:
         C = np.column_stack([filled_scores(evals, c, cfg, (fill or {}).get(c)) for c in cfg.controls])
         y = residualize(y, C)
@@ -126,17 +130,25 @@ def fit_regression(evals: list[Evaluation], cfg: LocateConfig, n: int) -> Locate
 def fit_single_heads(evals: list[Evaluation], cfg: LocateConfig, n: int,
                      fill: dict[str, np.ndarray] | None = None) -> LocateResult:
     """Rank heads by their measured single-head knockouts (``evals[0]`` is the clean model); an effect
-    not measured is NaN (``fill``: what the selective fit assumes there, :func:`fit_target`)."""
+    not measured is NaN (``fill``: what the selective fit assumes there, :func:`fit_target`). A single the
+    collateral screen set aside before its target was scored (``single_controls`` cheapest-first) keeps its control
+    effects, a NaN target effect, and its place in the fit with ``fill``'s target entry (the screen ranks it last).
+    Left out of the fit instead, as first built, it moved the clean heads' order: SmolLM2's main job and arithmetic
+    (round 45, replayed from recorded runs) lost 11 and 4 of their 16 points, and the residualization on 10 and 9
+    controls then fitted the few left (arithmetic's clean top 5 shared 3 heads with the target-first fit's; with the
+    fill, 4, and the main job's 5 in the same order). Without a target entry in ``fill`` it stays out."""
     base = evals[0]
     sel = [base, *(e for e in evals if len(e.heads) == 1)]
     effects = {t: np.zeros(n) for t in cfg.tasks}
     for t in cfg.tasks:
         for e, v in zip(sel[1:], damage(sel, t, cfg, base)[1:]):
             effects[t][e.heads[0]] = v
+    if fill is None or cfg.task not in fill:
+        sel = [base, *(e for e in sel[1:] if cfg.task in e.scores)]
     imp, conf = single_head_scores(sel, fit_target(sel, cfg, n, fill=fill), n)
     raw = None
     if cfg.controls:
-        r_imp, r_conf = single_head_scores(sel, fit_target(sel, cfg, n, selective=False), n)
+        r_imp, r_conf = single_head_scores(sel, fit_target(sel, cfg, n, selective=False, fill=fill), n)
         raw = HeadScores(r_imp, r_conf, r_imp.copy())
     return _result(evals, cfg, HeadScores(imp, conf, imp.copy()), raw, effects)
 

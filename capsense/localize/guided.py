@@ -16,8 +16,9 @@ so a resumed run replays the same search.
   rest (scored on the target alone in selective mode: a group is never handed on), splits of groups
   that hurt, within a budget of forward-equivalents (each knockout priced as scored on every probe, so
   the budget buys the same masks however few documents they end up scored on). In selective mode a
-  single is scored on the target, then on its controls cheapest first until one excludes it from the
-  collateral screen (``single_controls``, :func:`controls_until_beyond`). The ranking comes
+  single is scored on the target and its controls cheapest first until a control excludes it from the
+  collateral screen (``single_controls``, :func:`controls_until_beyond`): a head a control cheaper than
+  the target excludes has no target damage (NaN), which neither flags groups nor ranks. The ranking comes
   from the heads measured alone (selective mode: residualized on the controls, as the
   exhaustive sweep does), so every head handed on was knocked out, not only estimated.
 """
@@ -40,7 +41,8 @@ from capsense.localize.prior import PriorSettings, prior_guided
 from capsense.localize.singles import controls_until_beyond, screen_thresholds
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
-from capsense.scoring.attribution import Attribution, attribute_probes, attribution_scorers, check_gradient_metric
+from capsense.scoring.attribution import (GRADIENT_METRICS, Attribution, attribute_probes, attribution_scorers,
+                                          check_gradient_metric)
 from capsense.scoring.cost import ATTRIBUTION, FORWARD
 
 ATTRIBUTION_FILE = "attribution.json"
@@ -225,7 +227,8 @@ def measure_sets(s: Search, sets: list[tuple[int, ...]],
         if group or until is None:
             out += s.run(head_set_masks(sets[i:j], s.n), probes=target if group else None)
         else:
-            out += controls_until_beyond(s.run, s.cfg, s.n, sets[i:j], *until)
+            out += controls_until_beyond(s.run, s.cfg, s.n, sets[i:j], *until,
+                                         target_first=not s.cfg.target_after_cheaper_controls)
         i = j
     return out
 
@@ -243,7 +246,9 @@ def fit_prior_guided(evals: list[Evaluation], cfg: LocateConfig, n: int) -> Loca
     """Ranked by the heads measured alone; the estimates kept beside the measured effects (and, in the
     selective fit, standing in for the controls a set-aside single was not scored on)."""
     estimates = load_estimates(cfg)
-    result = fit_single_heads(evals, cfg, n, fill=estimates)
+    fill = estimates if estimates is None or cfg.metric in GRADIENT_METRICS else {  # (the target's estimate is of its
+        c: v for c, v in estimates.items() if c != cfg.task}                       # nll: no stand-in for an accuracy)
+    result = fit_single_heads(evals, cfg, n, fill=fill)
     measured = np.zeros(n, dtype=bool)
     for e in evals[1:]:
         if len(e.heads) == 1:

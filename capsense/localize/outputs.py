@@ -337,7 +337,9 @@ def _screen_lines(screen, n_heads: int) -> list[str]:
         f"worsens any control by more than {screen.z:g} robust noises above the control's median single-head effect, "
         f"and by at least {100 * screen.floor:.2f}%."
         + (" Each single's controls were scored cheapest first until one was beyond its threshold: a head set aside "
-           "was not scored on the controls after that one (blank above)." if screen.until_excluded else ""),
+           "was not scored on the controls after that one (blank above)." if screen.until_excluded else "")
+        + (" The target took its place in that order by its own token share: a head a cheaper control set aside was "
+           "not scored on the target (its target effect is blank)." if screen.until_excluded and screen.target_after else ""),
         "",
         "| control | noise | threshold |",
         "|---|---|---|",

@@ -119,7 +119,8 @@ def screen_of(cfg: LocateConfig, result: LocateResult) -> Screen:
     """The run's collateral screen over every head measured alone so far (noise from the estimates'
     spread where the run has them, so heads measured later meet the same thresholds)."""
     return collateral_screen(result.control_effects, **screen_settings(cfg), spread=result.estimates,
-                             until_excluded=until_excluded(cfg, result))
+                             until_excluded=until_excluded(cfg, result),
+                             target_after=until_excluded(cfg, result) and cfg.target_after_cheaper_controls)
 
 
 def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, result: LocateResult,
@@ -129,7 +130,8 @@ def measure_alone(runner: MaskRunner, cfg: LocateConfig, n: int, base: Evaluatio
     damage in ``result`` as the search's singles are, and screen again; newly set aside heads rank last."""
     if until_excluded(cfg, result):
         evs = controls_until_beyond(runner, cfg, n, [(h,) for h in heads], base,
-                                    screen_thresholds(cfg, result.estimates), POOL_ROUND)
+                                    screen_thresholds(cfg, result.estimates), POOL_ROUND,
+                                    target_first=not cfg.target_after_cheaper_controls)
     else:
         evs = runner(head_set_masks([(h,) for h in heads], n), POOL_ROUND)
     for e, h in zip(evs, heads):

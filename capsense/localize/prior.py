@@ -84,8 +84,9 @@ class PriorSearch:
     stopped_by_budget: bool = False
 
     def ranking(self, n: int) -> list[int]:
-        """Heads measured alone by damage (largest first), then the rest in index order."""
-        measured = sorted(self.singles, key=lambda h: (-self.singles[h], h))
+        """Heads measured alone by damage (largest first; a single without a target damage, NaN, after them), then
+        the rest in index order."""
+        measured = sorted(self.singles, key=lambda h: (not np.isfinite(self.singles[h]), -np.nan_to_num(self.singles[h]), h))
         return measured + [h for h in range(n) if h not in self.singles]
 
     def group_bound(self, n: int) -> np.ndarray:
@@ -129,7 +130,9 @@ class Spender:
 
 
 def _threshold(search: PriorSearch, k: int, flag: float) -> float:
-    vals = sorted(search.singles.values(), reverse=True)
+    """``flag`` x the K-th largest target damage of the heads measured alone; a single the collateral screen set aside
+    before its target was scored (NaN: ``single_controls`` cheapest-first) has none and does not count."""
+    vals = sorted((v for v in search.singles.values() if np.isfinite(v)), reverse=True)
     kth = vals[min(k, len(vals)) - 1] if vals else 0.0
     return flag * max(kth, 0.0)
 

@@ -31,6 +31,13 @@ aside 11 of 16 singles, ten after one or two of the cheapest controls and one af
 forward-equivalents instead of 17.25 (89 s against 150 s back to back; RESULTS-locate.md, round 42). What it gives
 up: a set-aside head's other controls are not measured (``None`` in ``heads.json``, blank in the report), and its
 worst control is the worst of those it was scored on.
+
+**Cheapest first, the target among them** (round 45, ``cheapest-first``, the default): the exclusion never reads the
+target, so the target takes its place among the controls by its token share, and a head a cheaper control excludes
+is never scored on the target. On the main job all 11 set-aside heads were excluded before the target: 7.39
+forward-equivalents instead of 8.96, the same heads set aside and the same set, every score both ways measured
+identical (RESULTS-locate.md, round 45). What it gives up: those heads' target effects (blank; the selective fit
+takes attribution's estimate there).
 """
 
 from __future__ import annotations
@@ -41,9 +48,12 @@ import numpy as np
 
 DEFAULT_SCREEN_Z = 3.0
 MIN_HEADS_FOR_NOISE = 5  # fewer heads measured alone: the noise is unknown and the floor decides
-#: How a selective prior-guided run scores a single-head knockout's controls: ``until-excluded`` (the default),
-#: cheapest first until one is beyond its threshold; ``all``: every control (as runs before round 42 did).
-SINGLE_CONTROLS = ("until-excluded", "all")
+#: How a selective prior-guided run scores a single-head knockout: ``cheapest-first`` (the default since round 45):
+#: the target and the controls in order of their token share, until a control is beyond its threshold, so a head that
+#: a control cheaper than the target sets aside is never scored on the target; ``until-excluded`` (rounds 42-44): the
+#: target first, then the controls cheapest first until one is beyond its threshold; ``all``: every probe (as runs
+#: before round 42 did).
+SINGLE_CONTROLS = ("cheapest-first", "until-excluded", "all")
 
 
 @dataclass
@@ -57,6 +67,7 @@ class Screen:
     worst: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> (control, relative damage)
     excluded: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> the control it hurts most beyond threshold
     until_excluded: bool = False  # a single's controls were scored until one excluded it (SINGLE_CONTROLS)
+    target_after: bool = False  # ... and the target after the controls cheaper than it (cheapest-first)
 
     def clean(self, ranking) -> list[int]:
         """``ranking`` without the excluded heads (order kept)."""
@@ -66,7 +77,8 @@ class Screen:
         return {
             "rule": f"a head measured alone is excluded when its damage to a control exceeds max({self.z:g} x the "
                     f"control's robust noise above its median, {self.floor:.4f}) (relative worsening)"
-                    + (f"; {UNTIL_EXCLUDED}" if self.until_excluded else ""),
+                    + (f"; {UNTIL_EXCLUDED}" if self.until_excluded else "")
+                    + (f"; {TARGET_AFTER}" if self.until_excluded and self.target_after else ""),
             "z": self.z,
             "floor": round(self.floor, 6),
             "noise": {c: _r(v) for c, v in self.noise.items()},
@@ -78,6 +90,8 @@ class Screen:
 
 UNTIL_EXCLUDED = ("a single's controls are scored cheapest first until one is beyond its threshold: an excluded "
                   "head's other controls are not measured")
+TARGET_AFTER = ("the target is scored in its place in that order, by its own token share: a head a cheaper control "
+                "excluded has no target effect")
 
 
 def _r(x: float) -> float | None:
@@ -85,11 +99,13 @@ def _r(x: float) -> float | None:
 
 
 def collateral_screen(control_effects: dict[str, np.ndarray], z: float = DEFAULT_SCREEN_Z, floor: float = 0.0,
-                      spread: dict[str, np.ndarray] | None = None, until_excluded: bool = False) -> Screen:
+                      spread: dict[str, np.ndarray] | None = None, until_excluded: bool = False,
+                      target_after: bool = False) -> Screen:
     """Screen heads by their measured control damage (per control: relative worsening per head,
     NaN where the head was not measured alone). ``spread``: per control, every head's estimated
     effect, to take the noise from (default: the measured effects). ``z`` = 0 turns the screen off.
-    ``until_excluded``: the effects come from singles scored until a control excluded them (recorded, for the rule's text)."""
+    ``until_excluded``: the effects come from singles scored until a control excluded them, ``target_after``: with the
+    target in its place among the controls cheapest first (both recorded, for the rule's text)."""
     noise, threshold, worst, excluded = {}, {}, {}, {}
     for c, eff in control_effects.items():
         eff = np.asarray(eff, dtype=float)
@@ -108,4 +124,4 @@ def collateral_screen(control_effects: dict[str, np.ndarray], z: float = DEFAULT
                 worst[h] = (c, d)
             if z > 0 and d > threshold[c] and (h not in excluded or d - threshold[c] > excluded[h][1] - threshold[excluded[h][0]]):
                 excluded[h] = (c, d)
-    return Screen(z, floor, noise, threshold, worst, excluded, until_excluded)
+    return Screen(z, floor, noise, threshold, worst, excluded, until_excluded, target_after)

@@ -12,11 +12,20 @@ search's singles (:func:`capsense.localize.guided.measure_sets`) and measure-and
 (:func:`capsense.localize.pool.measure_alone`) are measured this way; so are measure-and-choose's sets after the
 first, by default (:func:`capsense.localize.choice.refine_ranking`), with the search's bound as every control's threshold
 (:meth:`capsense.localize.head_sets.MeasuredSets.beyond`).
+
+Since round 45 a single's target takes its place among the controls by its own token share (``single_controls``
+cheapest-first, the default): the exclusion never reads the target, so a head that a control cheaper than the target
+sets aside costs that control alone. On the main job the target (induction, 24 documents) is dearer than 8 of its 10
+controls, and 11 of 16 singles, 9 of them in layers 0-2 where a knockout runs nearly every layer, were set aside by
+the cheapest one or two. The price is the set-aside heads' target effects (blank in ``heads.json``; the selective fit
+takes attribution's estimate there, as for their unscored controls). Measure-and-choose's sets stay target first:
+the choice reads a set's target damage, and the first set is scored on every probe in one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -43,23 +52,31 @@ def screen_thresholds(cfg: LocateConfig, estimates: dict[str, np.ndarray]) -> di
 
 
 def controls_until_beyond(run: MaskRunner, cfg: LocateConfig, n: int, singles: Sequence[tuple[int, ...]],
-                          base: Evaluation, thresholds: dict[str, float], round_index: int = 0) -> list[Evaluation]:
+                          base: Evaluation, thresholds: dict[str, float], round_index: int = 0,
+                          target_first: bool = True) -> list[Evaluation]:
     """``singles`` (head sets: one head each, or measure-and-choose's sets) knocked out on the target, then on the
     controls cheapest first (ties in the listed order), each control on the sets no earlier control put beyond its
-    ``thresholds`` (relative damage against ``base``).
-    One evaluation per head, holding the scores of the probes it was scored on, at the index of its target's
-    (:func:`~capsense.localize.store.join_probes`); the store keeps one per call (each control's masks a block),
-    so a resumed run replays the same calls from the same scores. Only the target's calls move the progress bar:
-    the controls complete evaluations already counted."""
-    evs = run(head_set_masks(list(singles), n), round_index, probes=[cfg.task])
+    ``thresholds`` (relative damage against ``base``). ``target_first`` False (``single_controls`` cheapest-first):
+    the target takes its place among the controls by its own token share (first on a tie), so only the sets no cheaper
+    control put beyond its threshold are scored on it; a set put aside before it has no target score.
+    One evaluation per head, holding the scores of the probes it was scored on, at the index of its first call's
+    (:func:`~capsense.localize.store.join_probes`); the store keeps one per call (each probe's masks a block),
+    so a resumed run replays the same calls from the same scores. Only the first call moves the progress bar:
+    the later ones complete evaluations already counted."""
     share = getattr(run.evaluate, "token_share", None)
     order = sorted(cfg.controls, key=lambda c: share([c])) if share is not None else list(cfg.controls)
+    if not target_first and share is not None:
+        order = sorted([cfg.task, *order], key=lambda p: share([p]))  # stable: the target first among equals
+    else:
+        order = [cfg.task, *order]
+    evs: list[Evaluation] = []
     live = list(singles)
-    with run.uncounted():
-        for c in order:
-            if not live:
-                break
-            got = run(head_set_masks(live, n), round_index, probes=[c])
-            evs += got
-            live = [h for h, e in zip(live, got) if not damage([e], c, cfg, base)[0] > thresholds[c]]
+    for i, p in enumerate(order):
+        if not live:
+            break
+        with run.uncounted() if i else nullcontext():
+            got = run(head_set_masks(live, n), round_index, probes=[p])
+        evs += got
+        if p != cfg.task:
+            live = [h for h, e in zip(live, got) if not damage([e], p, cfg, base)[0] > thresholds[p]]
     return join_probes(evs)

@@ -1,7 +1,8 @@
 """What stopping a knockout's controls early changes: pairs of run folders, one made with a single's controls
-scored until the screen excludes it (``--single-controls until-excluded``, the default since round 42) or a
-measure-and-choose set's until the first beyond tolerance (``--set-controls until-beyond``, round 43), and one
-with every control scored, the same command otherwise.
+scored until the screen excludes it (``--single-controls until-excluded``, rounds 42-44; ``cheapest-first``, the
+default since round 45, also puts the target in its place among them) or a measure-and-choose set's until the first
+beyond tolerance (``--set-controls until-beyond``, round 43), and one made the earlier way (every control, or round
+45's pairs: ``until-excluded``), the same command otherwise.
 
     capsense locate smollm2-135m --task capsense_arithmetic --controls default ... --set-controls until-beyond --out runs/new
     capsense locate smollm2-135m --task capsense_arithmetic --controls default ... --out runs/all

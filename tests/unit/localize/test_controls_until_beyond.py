@@ -201,3 +201,77 @@ def test_sets_scored_until_beyond_the_bound_and_the_chosen_one_on_every_control(
     again, base2 = _search(tmp_path, _Refuses())
     replay, spent2 = refine_ranking(again.run, cfg, N, base2, [7, 0, 6])
     assert replay.measured == found.measured and [(e.heads, e.scores) for e in spent2] == [(e.heads, e.scores) for e in spent]
+
+
+def test_cheapest_first_scores_the_target_in_its_place_and_never_for_a_head_a_cheaper_control_sets_aside(tmp_path):
+    """``single_controls`` cheapest-first: c2 (0.1 of the tokens) before the target (0.3) before c1 (0.6); heads 3 and 4,
+    beyond c2's threshold, cost c2 alone; the screen sets aside the same heads as target-first, and the clean heads
+    rank as they do there."""
+    world = _World()
+    s, base = _search(tmp_path, world)
+    est = _estimates()
+    thresholds = screen_thresholds(s.cfg, est)
+    evs = controls_until_beyond(s.run, s.cfg, N, SINGLES, base, thresholds, target_first=False)
+    assert world.calls[1:] == ([([h], ["c2"]) for h in range(6)] + [([h], ["t"]) for h in (0, 1, 2, 5)]
+                               + [([h], ["c1"]) for h in (0, 1, 2, 5)])
+    assert [sorted(e.scores) for e in evs] == [sorted(TASKS)] * 3 + [["c2"]] * 2 + [sorted(TASKS)]
+    assert [e.index for e in evs] == [1, 2, 3, 4, 5, 6]  # at the index of its first call's evaluation
+    assert s.run.forward_equivalents == pytest.approx(1 + 6 * 0.1 + 4 * 0.3 + 4 * 0.6)  # target-first: 1 + 6*0.3 + 6*0.1 + 4*0.6
+    again, base2 = _search(tmp_path, _Refuses())  # a resumed run replays the same calls from the store
+    assert [(e.heads, e.scores) for e in controls_until_beyond(again.run, again.cfg, N, SINGLES, base2, thresholds,
+                                                                target_first=False)] == [(e.heads, e.scores) for e in evs]
+
+    result = fit_single_heads([base, *evs], s.cfg, N, fill=est)
+    result.estimates = est
+    assert np.isnan(result.target_effect[[3, 4]]).all() and np.isfinite(result.target_effect[[0, 1, 2, 5]]).all()
+    assert result.control_effects["c2"][3] == pytest.approx(0.4) and np.isnan(result.control_effects["c1"][3])
+    assert set(screen_of(s.cfg, result).excluded) == {3, 4, 5}
+    s_first, base_first = _search(tmp_path / "first", _World())
+    first = fit_single_heads([base_first, *controls_until_beyond(s_first.run, s_first.cfg, N, SINGLES, base_first,
+                                                                  thresholds)], s_first.cfg, N, fill=est)
+    first.estimates = est
+    ranks = [screen_of(s.cfg, r).clean(r.scores.rank) for r in (result, first)]
+    assert ranks[0][:3] == ranks[1][:3] == [0, 1, 2]  # the fit keeps a target-less single, its target the estimate's
+    # without the target's estimate (a metric it is not in) a target-less single stays out of the fit and ranks last
+    out = fit_single_heads([base, *evs], s.cfg, N, fill={c: est[c] for c in ("c1", "c2")})
+    assert set(out.scores.rank[:4]) == {0, 1, 2, 5} and out.scores.confidence[3] == 0
+
+
+def test_a_target_cheaper_than_every_control_goes_first_as_before(tmp_path, monkeypatch):
+    monkeypatch.setitem(SHARE, "t", 0.05)
+    world = _World()
+    s, base = _search(tmp_path, world)
+    controls_until_beyond(s.run, s.cfg, N, SINGLES, base, screen_thresholds(s.cfg, _estimates()), target_first=False)
+    assert world.calls[1:7] == [([h], ["t"]) for h in range(6)]
+
+
+def test_the_search_flags_and_bounds_by_the_target_damages_it_measured():
+    """A single without a target damage (NaN: set aside before its target) neither sets the flag's K-th single
+    damage nor the coverage's, and ranks after the singles measured on the target."""
+    from capsense.localize.coverage import coverage
+    from capsense.localize.prior import PriorSearch, _threshold
+
+    search = PriorSearch(singles={0: 0.5, 1: float("nan"), 2: 0.2, 3: 0.9})
+    assert _threshold(search, 2, 0.5) == pytest.approx(0.25)  # 0.5 x the 2nd largest of 0.9, 0.5, 0.2
+    assert search.ranking(5) == [3, 0, 2, 1, 4]
+    cov = coverage([[0], [1], [2], [3], [1, 4]], [0.5, float("nan"), 0.2, 0.9, 0.3], 5, 2)
+    assert cov.kth_single == pytest.approx(0.5) and cov.measured == [0, 1, 2, 3] and cov.bound == {4: pytest.approx(0.3)}
+
+
+@pytest.mark.parametrize("metric, in_fit", [("nll", True), ("acc", False)])
+def test_the_estimate_stands_in_for_a_missing_target_only_in_its_own_unit(tmp_path, metric, in_fit):
+    """The prior-guided fit gives a target-less single attribution's target estimate where the run ranks by nll (its
+    unit); an accuracy run leaves it out of the fit (an nll estimate says nothing of an accuracy drop)."""
+    import json
+
+    from capsense.localize.guided import fit_prior_guided
+
+    world = _World()
+    s, base = _search(tmp_path, world)
+    est = _estimates()
+    evs = controls_until_beyond(s.run, s.cfg, N, SINGLES, base, screen_thresholds(s.cfg, est), target_first=False)
+    (tmp_path / "run" / "attribution.json").write_text(json.dumps({"estimate": {t: v.tolist() for t, v in est.items()}}))
+    cfg = _cfg(tmp_path, metric=metric)
+    result = fit_prior_guided([base, *evs], cfg, N)
+    assert np.isnan(result.target_effect[3]) and np.isnan(result.target_effect[4])
+    assert (result.scores.confidence[[3, 4]] == 1).all() == in_fit and (result.scores.confidence[[0, 1, 2, 5]] == 1).all()

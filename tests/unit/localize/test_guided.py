@@ -532,7 +532,22 @@ def test_single_controls_identify_the_folder_and_all_scores_every_single_on_ever
     assert "Each single's controls were scored cheapest first" not in (out / "report.md").read_text()
     assert "cheapest first" not in load_heads_file(out / "heads.json").meta["screen"]["rule"]
     again = _locate(toy, out, *args)
-    assert again.exit_code != 0 and "single_controls" in again.output and "'until-excluded'" in again.output
+    assert again.exit_code != 0 and "single_controls" in again.output and "'cheapest-first'" in again.output
+
+
+def test_a_folder_of_rounds_42_to_44_resumes_with_single_controls_until_excluded(toy, tmp_path):
+    """``until-excluded`` (the target first, rounds 42-44) identifies its folder: the default (cheapest-first) refuses
+    it naming both, and the setting resumes it without a knockout."""
+    args = ("--controls", TOY_CONTROL, "--top-m", "3", "--top-k", "2", "--refine", "2")
+    out = tmp_path / "target_first"
+    assert _locate(toy, out, *args, "--single-controls", "until-excluded").exit_code == 0
+    singles = [e for e in read_evaluations(out, joined=False) if len(e.heads) == 1 and e.round == 0]
+    assert singles[0].scores.keys() == {TOY_TASK}  # the target's call came first
+    refused = _locate(toy, out, *args)
+    assert refused.exit_code != 0 and "'until-excluded' there, 'cheapest-first' now" in refused.output
+    n = len(read_evaluations(out, joined=False))
+    assert _locate(toy, out, *args, "--single-controls", "until-excluded").exit_code == 0
+    assert len(read_evaluations(out, joined=False)) == n
 
 
 def test_set_controls_until_beyond_identify_the_folder_and_the_chosen_set_is_scored_on_every_control(toy, tmp_path):

@@ -339,7 +339,7 @@ def _screen_lines(screen, n_heads: int) -> list[str]:
         + (" Each single's controls were scored cheapest first until one was beyond its threshold: a head set aside "
            "was not scored on the controls after that one (blank above)." if screen.until_excluded else "")
         + (" The target took its place in that order by its own token share: a head a cheaper control set aside was "
-           "not scored on the target (its target effect is blank)." if screen.until_excluded and screen.target_after else ""),
+           "not scored on the target (its target effect is blank)." if screen.target_after else ""),
         "",
         "| control | noise | threshold |",
         "|---|---|---|",

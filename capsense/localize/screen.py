@@ -67,7 +67,7 @@ class Screen:
     worst: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> (control, relative damage)
     excluded: dict[int, tuple[str, float]] = field(default_factory=dict)  # head -> the control it hurts most beyond threshold
     until_excluded: bool = False  # a single's controls were scored until one excluded it (SINGLE_CONTROLS)
-    target_after: bool = False  # ... and the target after the controls cheaper than it (cheapest-first)
+    target_after: bool = False  # ... the target in its place among them, after the cheaper ones (cheapest-first)
 
     def clean(self, ranking) -> list[int]:
         """``ranking`` without the excluded heads (order kept)."""
@@ -78,7 +78,7 @@ class Screen:
             "rule": f"a head measured alone is excluded when its damage to a control exceeds max({self.z:g} x the "
                     f"control's robust noise above its median, {self.floor:.4f}) (relative worsening)"
                     + (f"; {UNTIL_EXCLUDED}" if self.until_excluded else "")
-                    + (f"; {TARGET_AFTER}" if self.until_excluded and self.target_after else ""),
+                    + (f"; {TARGET_AFTER}" if self.target_after else ""),
             "z": self.z,
             "floor": round(self.floor, 6),
             "noise": {c: _r(v) for c, v in self.noise.items()},

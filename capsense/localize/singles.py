@@ -64,11 +64,10 @@ def controls_until_beyond(run: MaskRunner, cfg: LocateConfig, n: int, singles: S
     so a resumed run replays the same calls from the same scores. Only the first call moves the progress bar:
     the later ones complete evaluations already counted."""
     share = getattr(run.evaluate, "token_share", None)
-    order = sorted(cfg.controls, key=lambda c: share([c])) if share is not None else list(cfg.controls)
-    if not target_first and share is not None:
-        order = sorted([cfg.task, *order], key=lambda p: share([p]))  # stable: the target first among equals
-    else:
-        order = [cfg.task, *order]
+    price = (lambda p: share([p])) if share is not None else (lambda p: 0.0)  # (without shares: the listed order)
+    controls = sorted(cfg.controls, key=price)
+    # (sorted is stable: the target goes first on a tie)
+    order = [cfg.task, *controls] if target_first else sorted([cfg.task, *controls], key=price)
     evs: list[Evaluation] = []
     live = list(singles)
     for i, p in enumerate(order):

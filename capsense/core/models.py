@@ -15,7 +15,6 @@ fast; a local ``*.gguf`` file given as a model is converted and cached the same 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import json
 import os
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from capsense.core.content_hash import folder_hash
 from capsense.core.files import cache_dir
 from capsense.core.gguf import check_gguf_file, convert_gguf, ensure_gguf_folder, gguf_folder, is_converted, is_gguf_path
 from capsense.core.provenance import cpu_info
@@ -369,15 +369,3 @@ def model_fingerprint(name: str, revision: str | None = None) -> dict[str, Any]:
         except Exception:  # offline or private: the named revision is what we have
             pass
     return info
-
-
-def folder_hash(folder: Path) -> str:
-    """sha256 over the names and bytes of a model folder's config and weight files."""
-    h = hashlib.sha256()
-    for p in sorted(folder.iterdir()):
-        if p.suffix in (".safetensors", ".bin", ".json") and p.is_file() and not p.name.startswith("."):
-            h.update(p.name.encode())
-            with p.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()

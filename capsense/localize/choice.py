@@ -23,14 +23,14 @@ from capsense.localize.config import LocateConfig
 from capsense.localize.coverage import coverage
 from capsense.localize.designs import head_set_masks
 from capsense.localize.evaluator import MaskRunner
-from capsense.localize.fit import LocateResult, damage, put_last
+from capsense.localize.fit import LocateResult, damage, estimates_in_units, put_last
 from capsense.localize.head_sets import LazyControls, Singles
 from capsense.localize.methods import refine_budget
-from capsense.localize.pool import estimates_in_metric, screen_of
+from capsense.localize.pool import screen_of
 from capsense.localize.refine import Refinement, Widen, refine
 from capsense.localize.singles import controls_until_beyond
 from capsense.localize.store import REFINE_ROUND, Evaluation, join_probes
-from capsense.scoring.attribution import GRADIENT_METRICS
+from capsense.scoring import GRADIENT_METRICS
 
 
 def refine_ranking(run: MaskRunner, cfg: LocateConfig, n: int, base: Evaluation, ranking: Sequence[int],
@@ -71,7 +71,7 @@ def coverage_step(cfg: LocateConfig, result: LocateResult, evals: list[Evaluatio
                   log: Callable[[str], None]) -> None:
     """What the search did not measure alone, and a bound on how much target effect hides there
     (:mod:`capsense.localize.coverage`); read from the search's evaluations, before refine."""
-    est = (estimates_in_metric(result, cfg) or {}).get(cfg.task)
+    est = (estimates_in_units(cfg, result.estimates) or {}).get(cfg.task)
     rest = evals[1:]
     result.coverage = coverage([e.heads for e in rest], damage(rest, cfg.task, cfg, evals[0]) if rest else [],
                                layout.n_total, min(cfg.top_k, layout.n_total), est)

@@ -23,6 +23,7 @@ from capsense.localize.refine import Refinement
 from capsense.localize.screen import Screen
 from capsense.localize.solvers import HeadScores, make_solver, residualize, ridge_effects, standardize
 from capsense.localize.store import Evaluation
+from capsense.scoring import GRADIENT_METRICS
 
 
 @dataclass
@@ -83,7 +84,7 @@ def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective
     each head's relative damage: attribution's estimate), else as harmless: the rule measure-and-choose's
     prediction follows (:func:`capsense.localize.pool.single_effects`). So does a single not scored on the target
     (set aside before it: ``single_controls`` cheapest-first) where ``fill`` has the target (the caller gives it only in
-    the target's unit: :func:`fit_single_heads` leaves such singles out otherwise)."""
+    the target's unit, :func:`estimates_in_units`: :func:`fit_single_heads` leaves such singles out otherwise)."""
     y = task_scores(evals, cfg.task, cfg)
     if fill is not None and cfg.task in fill:
         y = filled_scores(evals, cfg.task, cfg, fill[cfg.task])
@@ -91,6 +92,17 @@ def fit_target(evals: Sequence[Evaluation], cfg: LocateConfig, n: int, selective
         C = np.column_stack([filled_scores(evals, c, cfg, (fill or {}).get(c)) for c in cfg.controls])
         y = residualize(y, C)
     return y
+
+
+def estimates_in_units(cfg: LocateConfig, estimates: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    """Attribution's ``estimates`` (per probe, each head's relative nll change; the target's ``choice_nll`` under that
+    metric) of the probes the run scores by what they estimate (:meth:`LocateConfig.metric_for` a gradient metric):
+    the only ones that may stand in for a damage the run did not measure. None without estimates. (The attribution's
+    methods refuse a metric without a gradient, so in a run that has estimates every probe qualifies today; the
+    rule is per probe so that a control scored by accuracy would never take an nll estimate for its damage.)"""
+    if estimates is None:
+        return None
+    return {t: v for t, v in estimates.items() if cfg.metric_for(t) in GRADIENT_METRICS}
 
 
 def filled_scores(evals: Sequence[Evaluation], task: str, cfg: LocateConfig, fill: np.ndarray | None) -> np.ndarray:

@@ -35,13 +35,13 @@ from capsense.core.files import atomic_write_json
 from capsense.errors import CapsenseError
 from capsense.localize.config import LocateConfig
 from capsense.localize.designs import head_set_masks
-from capsense.localize.fit import LocateResult, damage, fit_single_heads
+from capsense.localize.fit import LocateResult, damage, estimates_in_units, fit_single_heads
 from capsense.localize.methods import Found, Method, Search, no_knockout
 from capsense.localize.prior import PriorSettings, prior_guided
 from capsense.localize.singles import controls_until_beyond, screen_thresholds
 from capsense.localize.solvers import HeadScores
 from capsense.localize.store import Evaluation
-from capsense.scoring.attribution import (GRADIENT_METRICS, Attribution, attribute_probes, attribution_scorers,
+from capsense.scoring.attribution import (Attribution, attribute_probes, attribution_scorers,
                                           check_gradient_metric)
 from capsense.scoring.cost import ATTRIBUTION, FORWARD
 
@@ -246,9 +246,7 @@ def fit_prior_guided(evals: list[Evaluation], cfg: LocateConfig, n: int) -> Loca
     """Ranked by the heads measured alone; the estimates kept beside the measured effects (and, in the
     selective fit, standing in for the controls a set-aside single was not scored on)."""
     estimates = load_estimates(cfg)
-    fill = estimates if estimates is None or cfg.metric in GRADIENT_METRICS else {  # (the target's estimate is of its
-        c: v for c, v in estimates.items() if c != cfg.task}                       # nll: no stand-in for an accuracy)
-    result = fit_single_heads(evals, cfg, n, fill=fill)
+    result = fit_single_heads(evals, cfg, n, fill=estimates_in_units(cfg, estimates))
     measured = np.zeros(n, dtype=bool)
     for e in evals[1:]:
         if len(e.heads) == 1:

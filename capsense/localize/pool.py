@@ -44,27 +44,20 @@ import numpy as np
 from capsense.localize.config import LocateConfig
 from capsense.localize.designs import head_set_masks
 from capsense.localize.evaluator import MaskRunner
-from capsense.localize.fit import LocateResult, damage, put_last
+from capsense.localize.fit import LocateResult, damage, estimates_in_units, put_last
 from capsense.localize.head_sets import Singles
 from capsense.localize.refine import SWAPS_PER_ROUND, Widen, Widening
 from capsense.localize.screen import Screen, collateral_screen
 from capsense.localize.singles import controls_until_beyond, screen_settings, screen_thresholds
 from capsense.localize.store import POOL_ROUND, Evaluation
-from capsense.scoring.attribution import GRADIENT_METRICS
-
-
-def estimates_in_metric(result: LocateResult, cfg: LocateConfig) -> dict[str, np.ndarray] | None:
-    """Attribution's estimates where they are in the run's damage unit (relative nll, or relative
-    choice_nll on the target, which attribution then estimates: the run ranks by a gradient metric),
-    else None: an nll estimate says nothing of an accuracy drop's size."""
-    return result.estimates if cfg.metric in GRADIENT_METRICS else None
 
 
 def single_effects(result: LocateResult, cfg: LocateConfig, heads: Sequence[int]) -> Singles:
     """Per head its single-head damage on the target and every control, as the run knows it: measured
     (or a regression's effect) where there is one, else attribution's estimate when it is in the run's
-    unit (:func:`estimates_in_metric`), else none (the prediction then counts the head as harmless)."""
-    est = estimates_in_metric(result, cfg)
+    unit (:func:`~capsense.localize.fit.estimates_in_units`), else none (the prediction then counts the head as
+    harmless)."""
+    est = estimates_in_units(cfg, result.estimates)
 
     def value(effects: np.ndarray, task: str, h: int) -> float:
         v = float(effects[h])

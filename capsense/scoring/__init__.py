@@ -7,3 +7,7 @@ CHOICE_METRICS = ("choice_nll",)
 #: Built-in per-mask scores: nats/token of the reference continuation, exact-match / multiple-choice accuracy,
 #: and the multiple-choice scores (:data:`CHOICE_METRICS`).
 METRICS = ("nll", "acc", *CHOICE_METRICS)
+
+#: The scores the gradient attribution differentiates (its estimates are of their change): nats/token of the
+#: reference continuation, and a multiple-choice target's ``choice_nll``.
+GRADIENT_METRICS = ("nll", "choice_nll")

@@ -58,7 +58,7 @@ from capsense.core.ablation import check_ablation_mode, scale_heads
 from capsense.core.distributed import DistContext, split
 from capsense.core.replay import BlockReplay
 from capsense.errors import CapsenseError
-from capsense.scoring import CHOICE_METRICS
+from capsense.scoring import CHOICE_METRICS, GRADIENT_METRICS
 from capsense.scoring.logits import float32_head, output_logits, scored_hidden
 from capsense.scoring.probe import Probe, ProbeScorer, pad_right, per_request
 from capsense.scoring.shared_context import SharedContextScorer, shared_context_groups
@@ -66,7 +66,6 @@ from capsense.scoring.shared_context import SharedContextScorer, shared_context_
 if TYPE_CHECKING:
     from torch import nn
 
-GRADIENT_METRICS = ("nll", "choice_nll")
 
 #: Takes one batch of the attribution's forward, which is a clean forward (every multiplier is 1):
 #: log-likelihood probes ``(requests, recorded block inputs, final hidden states, per-request

@@ -275,3 +275,18 @@ def test_the_estimate_stands_in_for_a_missing_target_only_in_its_own_unit(tmp_pa
     result = fit_prior_guided([base, *evs], cfg, N)
     assert np.isnan(result.target_effect[3]) and np.isnan(result.target_effect[4])
     assert (result.scores.confidence[[3, 4]] == 1).all() == in_fit and (result.scores.confidence[[0, 1, 2, 5]] == 1).all()
+
+
+@pytest.mark.parametrize("metric, kept", [("nll", {"t", "c1", "c2"}), ("choice_nll", {"t", "c1", "c2"}), ("acc", set())])
+def test_estimates_stand_in_only_for_probes_scored_in_their_unit(tmp_path, metric, kept):
+    """One rule for every place an estimate stands in for a damage not measured (the selective fit, measure-and-choose's
+    singles, the coverage report): a probe's estimate qualifies where the run scores that probe by a gradient metric.
+    Under ``acc`` the controls are scored by accuracy too, so none does (before, the fit still took their nll
+    estimates for accuracy damages while measure-and-choose took none)."""
+    from capsense.localize.fit import estimates_in_units
+
+    cfg = _cfg(tmp_path, metric=metric)
+    est = {"t": np.zeros(N), "c1": np.ones(N), "c2": np.ones(N)}
+    assert cfg.task == "t" and set(cfg.controls) == {"c1", "c2"}
+    assert set(estimates_in_units(cfg, est)) == kept
+    assert estimates_in_units(cfg, None) is None

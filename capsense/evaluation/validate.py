@@ -186,8 +186,8 @@ def validate(
     lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
                  mean_reference=mean_reference)
     made, lm_batch = provenance(device, device_map=device_map), lm_eval_batch_size(batch_size, device, device_map)
-    store = open_conditions(out, log, model=model, ablation=ablation_identity(ablation, mean_reference), samples=samples,
-                            dtype=dtype, device=device, device_map=device_map, batch_size=lm_batch, versions=made["versions"])
+    store = open_conditions(out, log, model=model, ablation=ablation_identity(ablation, mean_reference), samples=samples, dtype=dtype,
+                            device=device, device_map=device_map, batch_size=lm_batch, versions=made["versions"], **_scoring(lm))
     randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log, store)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
@@ -195,7 +195,7 @@ def validate(
         "ablation": ablation, "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
         "random_sets": [str(h) for h in randoms], "samples": samples, "locate_controls": hf.meta.get("controls"),
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
-        "batch_size": batch_size, "lm_eval_batch_size": lm_batch,
+        "batch_size": batch_size, "lm_eval_batch_size": lm_batch, **_scoring(lm),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **made}  # the host record as locate's manifest has it
     note_strong_random_heads(info["verdict"], strong_heads_in(hf, randoms, top_k))
@@ -239,6 +239,13 @@ def note_strong_random_heads(verdict: dict[str, Any], found: list[dict[str, Any]
     verdict["line"] += ("; random sets holding the run's strongest single heads on the target: "
                         + "; ".join(f"random {f['random_set']} holds " + ", ".join(say(h) for h in f["heads"])
                                     for f in found))
+
+
+def _scoring(lm: Any) -> dict[str, str]:
+    """The store key's record of how ``lm`` scores log-likelihoods (capsense-masked's
+    :meth:`~capsense.evaluation.lm_eval_model.CapsenseMaskedLM.loglikelihood_path`); nothing for another model."""
+    path = getattr(lm, "loglikelihood_path", None)
+    return {"loglikelihood": path()} if callable(path) else {}
 
 
 def open_conditions(out: str | Path | None, log, **key: Any) -> Any:

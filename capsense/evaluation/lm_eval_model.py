@@ -128,13 +128,17 @@ class CapsenseMaskedLM(HFLM):
 
     def loglikelihood_path(self, batch_size: Any = None) -> str:
         """How log-likelihoods are scored at ``batch_size`` (default: the model's): ``continuations`` (the LM head only
-        at the continuations' positions, :mod:`capsense.evaluation.loglikelihood`) for a causal float32 model at a
-        fixed batch size, else ``hf`` (lm-eval's own path: ``full_logits``, reduced precision, a seq2seq model, an
-        automatic batch size). A validation folder records it: conditions scored one way are not resumed the other."""
+        at the continuations' positions, :mod:`capsense.evaluation.loglikelihood`) for a causal float32 model of an
+        architecture capsense knows (:data:`~capsense.core.arch.ARCHITECTURES`, whose logits after the head
+        :func:`~capsense.scoring.logits.output_logits` reproduces), unwrapped, at a fixed batch size; else ``hf``
+        (lm-eval's own path: ``full_logits``, reduced precision, a seq2seq model, another architecture or a PEFT
+        wrapper, an automatic batch size). A validation folder records it: conditions scored one way are not resumed the other."""
+        from capsense.core.arch import ARCHITECTURES, unwrap
         from capsense.core.precision import computes_in_float32
 
         size = self.batch_size if batch_size is None else batch_size
-        fast = (not self.full_logits and self.backend == "causal" and isinstance(size, int)
+        known = unwrap(self.model) is self.model and getattr(self.model.config, "model_type", None) in ARCHITECTURES
+        fast = (not self.full_logits and self.backend == "causal" and isinstance(size, int) and known
                 and getattr(self, "mixed_precision_dtype", None) is None and computes_in_float32(self.model))
         return "continuations" if fast else "hf"
 

@@ -67,12 +67,13 @@ def continuation_loglikelihoods(model, requests: Sequence[TokenRequest], max_len
             logp = _continuation_logprobs(model, hidden, spans)
         before = len(res)
         for (strings, ctx, cont), lp in zip(chunk, logp):
-            for strings, cont, lp in order.get_cache(req_str=strings, cxt_toks=ctx, cont_toks=cont, logits=lp):
-                tgt = torch.tensor(cont, dtype=torch.long, device=lp.device).unsqueeze(0)
-                greedy = (lp.argmax(dim=-1)[:, -tgt.shape[1]:] == tgt).all()
-                answer = (float(torch.gather(lp, 2, tgt.unsqueeze(-1)).squeeze(-1).sum()), bool(greedy))
+            # one request, or each of a one-token group sharing its row (lm-eval's cache), in the order it records
+            for req, tokens, scores in order.get_cache(req_str=strings, cxt_toks=ctx, cont_toks=cont, logits=lp):
+                tgt = torch.tensor(tokens, dtype=torch.long, device=scores.device).unsqueeze(0)
+                greedy = (scores.argmax(dim=-1)[:, -tgt.shape[1]:] == tgt).all()
+                answer = (float(torch.gather(scores, 2, tgt.unsqueeze(-1)).squeeze(-1).sum()), bool(greedy))
                 res.append(answer)
-                record(strings, answer)
+                record(req, answer)
         done(len(res) - before)
     return order.get_original(res)
 

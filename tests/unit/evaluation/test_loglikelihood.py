@@ -7,7 +7,7 @@ import torch
 
 from capsense.evaluation import loglikelihood
 from capsense.evaluation.loglikelihood import continuation_loglikelihoods
-from conftest import make_char_tokenizer, make_tiny_model
+from conftest import ARCHS, make_char_tokenizer, make_tiny_model
 
 
 def _requests() -> list:
@@ -31,7 +31,7 @@ def _reference(model, reqs, max_length: int) -> list[tuple[float, bool]]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("one_token_cache", [True, False])
 def test_each_request_scores_as_its_full_forward_does(arch, one_token_cache):
     model = make_tiny_model(arch)
@@ -93,9 +93,12 @@ def test_capsense_masked_takes_the_path_and_matches_hf_under_heads(folder, calls
     assert max(abs(a[0] - b[0]) for a, b in zip(got, plain)) > 1e-3  # the heads were ablated on this path
 
 
-def test_reduced_precision_and_auto_batches_keep_hfs_path(folder, calls):
+def test_reduced_precision_auto_batches_and_unknown_architectures_keep_hfs_path(folder, calls, monkeypatch):
     lm = _lm(folder, dtype="bfloat16")
     assert lm.loglikelihood_path() == "hf" and _lm(folder).loglikelihood_path("auto") == "hf"
+    other = _lm(folder)
+    monkeypatch.setattr(other.model.config, "model_type", "some_new_family")  # its logits may follow the head elsewise
+    assert other.loglikelihood_path() == "hf"
     lm._loglikelihood_tokens(_requests()[:3])
     assert calls == []
     with pytest.raises(Exception, match="full_logits must be true or false"):

@@ -18,7 +18,9 @@ matrix product over fewer rows rounds its last bits differently, so a sum can mo
 decimals the same, in 0.78x the time (``recipes/bench/bench_loglikelihood.py``; Gemma 3 270M: identical, 0.37x).
 ``full_logits=true`` (:class:`~capsense.evaluation.lm_eval_model.CapsenseMaskedLM`) keeps ``hf``'s own path.
 
-Only for a model that computes in float32 (:func:`~capsense.core.precision.computes_in_float32`): capsense's
+Only for a model of an architecture capsense knows (:data:`~capsense.core.arch.ARCHITECTURES`: the unit tests check
+every request against its full forward on all ten tiny ones) that computes in float32
+(:func:`~capsense.core.precision.computes_in_float32`): capsense's
 head (:func:`~capsense.scoring.logits.output_logits`) computes in float32, which is ``hf``'s precision there. A
 bfloat16 or float16 model keeps ``hf``'s own path, whose log-softmax runs in the model's dtype: capsense's float32
 head would score it more precisely than ``lm_eval --model hf`` does, by more than rounding.

@@ -2,9 +2,10 @@
 
 :func:`folder_hash` is sha256 over the names and bytes of a folder's config and weight files: what a run
 folder's identity and a model card name as the base weights. Reading every byte costs about a second per
-GB on this project's CPU machines (SmolLM2-135M's 0.54 GB float32 folder: 0.56 s; Gemma 3 270M's 1.1 GB:
-1.1 s), so an 8B model's 16 GB took tens of seconds and a 70B model's 140 GB minutes, on every ``locate``,
-``export`` and ``compress``, before any work, and longer on a network file system.
+GB on this project's CPU machines (``recipes/bench/bench_content_hash.py``: SmolLM2-135M's 0.54 GB float32
+folder in 0.52 s, Gemma 3 270M's 1.11 GB in 1.03 s, page cache warm), so an 8B model's 16 GB took about 15 s and
+a 70B model's 140 GB about 2 min, on every ``locate``, ``export`` and ``compress``, before any work, and longer
+from a cold or network disk.
 
 So the hash is kept in the capsense cache (:func:`~capsense.core.files.cache_dir`, ``hashes/``), keyed by
 the folder's resolved path, beside what :func:`os.stat` says of each hashed file: its name, size,

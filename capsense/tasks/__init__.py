@@ -11,7 +11,8 @@ import difflib
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from capsense.errors import UnknownTaskError
@@ -85,6 +86,28 @@ def quiet_lm_eval_hints() -> None:
     logger = logging.getLogger("lm_eval.api.task")
     if not any(isinstance(f, _DropCustomKwargsHint) for f in logger.filters):
         logger.addFilter(_DropCustomKwargsHint())
+
+
+@contextmanager
+def lm_eval_warnings_only() -> Iterator[None]:
+    """lm-eval's loggers at WARNING (or ``LMEVAL_LOG_LEVEL``) for capsense's own ``simple_evaluate`` calls, restored after.
+
+    Passing ``verbosity`` to ``simple_evaluate`` instead makes lm-eval add its own handler once per process, on
+    ``sys.stderr`` as it is at that first call. Where that stream is borrowed (a notebook cell's capture,
+    ``contextlib.redirect_stderr``, click's test runner), every lm-eval warning after it goes to that stream, not
+    to the process's handlers (lm-eval also stops propagation), and where the stream was closed it is a "--- Logging
+    error ---" traceback on the stderr of that moment. So capsense passes ``verbosity=None`` and sets the level
+    here: records go to the process's own handlers, or to Python's last-resort handler, which writes to
+    ``sys.stderr`` as it is when the record is emitted.
+    """
+    logger = logging.getLogger("lm_eval")
+    env = logging.getLevelName(os.environ.get("LMEVAL_LOG_LEVEL", "").upper() or "WARNING")
+    before = logger.level
+    logger.setLevel(env if isinstance(env, int) else logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def task_manager(include_path: Sequence[str] = (), tasks: Sequence[str] = (), metadata: dict | None = None):

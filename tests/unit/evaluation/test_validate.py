@@ -52,6 +52,35 @@ def test_validate_uses_held_out_documents_and_writes_the_table(located, tmp_path
     assert isinstance(data["verdict"]["random_strong_heads"], list)  # each random set's strongest heads, if any
 
 
+def test_lm_eval_warnings_after_a_validation_reach_the_stderr_of_their_moment(located, tmp_path, monkeypatch, caplog,
+                                                                              capsys):
+    """A validation run with a borrowed stderr (click's runner here; a notebook's capture, ``redirect_stderr``) leaves
+    no lm-eval handler on it: a later lm-eval warning is a record the process's handlers get, not text written to
+    the borrowed stream (or, once that is closed, a "--- Logging error ---" traceback). lm-eval's logging starts as
+    in a fresh process."""
+    import logging
+
+    import lm_eval.utils
+
+    model, tasks, run = located
+    lm_logger = logging.getLogger("lm_eval")
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
+    monkeypatch.setattr(lm_logger, "handlers", [])
+    monkeypatch.setattr(lm_logger, "propagate", True)
+    monkeypatch.setattr(lm_logger, "level", logging.NOTSET)
+    r = CliRunner().invoke(main, [
+        "validate", str(model), "--heads", str(run / "heads.json"), "--top-k", "2", "--tasks", TOY_TASK, "--random", "0",
+        "--limit", "4", "--include-path", str(tasks), "--no-progress", "--out", str(tmp_path / "val"),
+    ], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert lm_logger.handlers == [] and lm_logger.level == logging.NOTSET  # nothing left behind
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("lm_eval.api.task").warning("a later lm-eval warning")
+    assert "a later lm-eval warning" in caplog.text
+    assert "Logging error" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--top-k", "13", "--tasks", TOY_TASK], "--top-k 13 is more than the 12 heads"),
     (["--top-k", "2", "--tasks", "no_such_task_xyz"], "no_such_task_xyz"),

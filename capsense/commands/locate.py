@@ -103,10 +103,10 @@ from capsense.core.precision import AUTOCAST_DTYPES
 @click.option("--no-prefix-reuse", is_flag=True, help="Always run the full forward. Prefix reuse starts each knockout at its first ablated layer from the clean model's block inputs, kept in memory (layers x tokens x hidden size, for log-likelihood and multiple-choice probes alike); turn it off where they do not fit (on a GPU it turns itself off where they would take more than half the free memory). Multiple-choice contexts are still shared across choices.")
 @device_option()
 @device_map_option()
-@dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs and CPUs with native bf16, else float32), float32, bfloat16, float16.")
+@dtype_option("auto", auto=True, help="auto (bfloat16 on GPUs; on one CPU with native bf16 float32 weights searched under bfloat16 autocast, as --dtype float32 --autocast bfloat16; else float32), float32, bfloat16, float16.")
 @click.option("--autocast", type=click.Choice(list(AUTOCAST_DTYPES)), default=None,
               help="Run the search's matrix products in this dtype over float32 weights (torch.autocast; needs --dtype "
-                   "float32): about bfloat16's speed on a CPU with AMX, with norms, softmax and the residual stream in "
+                   "float32): about bfloat16's speed on a CPU with native bf16 (AMX, AVX-512 BF16), with norms, softmax and the residual stream in "
                    "float32. Measure-and-choose measures its sets without it.")
 @revision_option()
 @include_path_option()

@@ -53,6 +53,36 @@ from collections.abc import Iterator
 AUTOCAST_DTYPES = ("bfloat16",)
 
 
+def search_precision(dtype: str, autocast: str | None, device: str, device_map: object = None,
+                     recorded: tuple[str | None, str | None] | None = None) -> tuple[str, str | None]:
+    """The model's dtype and the search's autocast dtype of a locate run asked for ``dtype`` and ``autocast``.
+
+    ``auto`` on one CPU with native bf16 (AVX-512 BF16, AMX-BF16) is a float32 model whose search runs its
+    products in bfloat16 (since round 47; before, a bfloat16 model). Autocast rounds a subset of what a bfloat16
+    model rounds (the products' inputs, not the residual stream, norms or sums), and it was as fast or faster
+    on both CPU types measured: on AMX (rounds 38-39) a bfloat16 model's singles moved the main job's control
+    damages from float32's by 0.19-2.36 points on average (largest 10.0), changed its start and cost 32.6 FE and
+    243 s against float32's 17.25 FE and 183 s, where autocast's moved them 0.06-0.95 (largest 3.7) and kept the
+    set at 1.5x float32's speed; on AVX-512 BF16 (round 47) the main job with ``auto`` took 68.8 and 74.2 s at 9.09
+    FE as a bfloat16 model, 70.6 and 65.8 s at 8.39 FE under autocast (the last pair back to back), each the
+    float32 run's set. Measure-and-choose runs in float32 either way on one
+    CPU, so the float32 model's memory was already the run's peak. Elsewhere ``auto`` is unchanged
+    (:func:`capsense.core.models.resolve_dtype`): bfloat16 on accelerators and under a ``device_map`` (memory
+    first), float32 on CPUs without native bf16 (emulated bfloat16 ran 7.5x slower per mask there).
+
+    ``recorded``: the ``(dtype, autocast)`` a run folder being resumed recorded; an ``auto`` run keeps an earlier
+    release's bfloat16 model there, so its folder resumes as it ran.
+    """
+    from capsense.core.models import resolve_dtype
+
+    resolved = resolve_dtype(dtype, device)
+    if dtype != "auto" or autocast is not None or device_map or not device.startswith("cpu") or resolved != "bfloat16":
+        return resolved, autocast
+    if recorded == ("bfloat16", None):
+        return "bfloat16", None
+    return "float32", "bfloat16"
+
+
 #: Transformers' attention implementations whose kernel :func:`autocast` runs in float32 on a CPU. Eager
 #: attention (each model's own function, not in transformers' registry) computes as autocast says.
 FLOAT32_ATTENTION = ("sdpa",)

@@ -60,7 +60,7 @@ class LocateConfig:
     masks_per_forward: int | None = None  # None: automatic (1, with prefix reuse; from free memory on a GPU without it)
     device: str = "cpu"
     device_map: str | None = None  # spread the model over devices (capsense.core.placement): auto, or a map
-    dtype: str = "auto"
+    dtype: str = "auto"  # auto: capsense.core.precision.search_precision (one CPU with native bf16: float32 + autocast)
     include_path: list[str] = field(default_factory=list)
     revision: str | None = None
     top_k: int = 5  # heads in the set the run hands on (greedy's rounds, refine's set)

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from capsense.core.arch import HeadLayout
 from capsense.core.distributed import DistContext
 from capsense.core.heads import Head
-from capsense.core.precision import autocast, autocast_attention, precision_name
+from capsense.core.precision import autocast, autocast_attention, precision_name, search_precision
 from capsense.core.progress import Phase, RunProgress
 from capsense.localize.config import LocateConfig
 from capsense.errors import CapsenseError
@@ -40,7 +40,7 @@ from capsense.localize.choice import (
 )
 from capsense.localize.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
-from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder, join_probes
+from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder, join_probes, recorded_identity
 from capsense.scoring import CHOICE_METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
@@ -193,14 +193,14 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
 
     from capsense.core.arch import head_layout
     from capsense.core.distributed import context
-    from capsense.core.models import load_model, model_fingerprint, resolve_dtype
+    from capsense.core.models import load_model, model_fingerprint
 
     ctx = context()
     method = _checked_method(cfg)
     out = Path(cfg.out)
     ctx.on_main(lambda: check_free(out))  # a file, a foreign or a busy folder: refused before the slow load
     device = ctx.device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, "cuda" if cfg.device_map and torch.cuda.is_available() else device)
+    cfg, dtype = _run_precision(cfg, "cuda" if cfg.device_map and torch.cuda.is_available() else device, log if ctx.is_main else _quiet)
     t_load = time.perf_counter()
     model, tokenizer = load_model(cfg.model, dtype, device, revision=cfg.revision, device_map=cfg.device_map)
     layout = head_layout(model)
@@ -238,6 +238,20 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
         return result, ctx.on_main(lambda: _finish(store, cfg, result, layout))
     finally:
         lock.release()
+
+
+def _run_precision(cfg: LocateConfig, device: str, log: Callable[[str], None]) -> tuple[LocateConfig, str]:
+    """The run's settings with the search's precision resolved, and the model's dtype
+    (:func:`capsense.core.precision.search_precision`: ``auto`` on one CPU with native bf16 is a float32 model
+    searched under bfloat16 autocast; a folder an earlier release's ``auto`` wrote in bfloat16 resumes so)."""
+    recorded = recorded_identity(cfg.out)
+    dtype, searched = search_precision(cfg.dtype, cfg.autocast, device, cfg.device_map,
+                                       (recorded.get("dtype"), recorded.get("autocast")) if recorded else None)
+    if searched == cfg.autocast:
+        return cfg, dtype
+    log(f"dtype auto on this CPU (native bf16): a float32 model whose search runs its products in {searched} "
+        "(as --dtype float32 --autocast bfloat16), the sets measured in float32; --dtype bfloat16 loads a bfloat16 model")
+    return replace(cfg, dtype=dtype, autocast=searched), dtype
 
 
 def _checked_method(cfg: LocateConfig) -> Method:

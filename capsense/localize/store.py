@@ -205,6 +205,15 @@ def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: lis
     raise RunStoreError(f"`out` {str(p)!r} holds a different run ({shown}); {how}, or choose another `out`")
 
 
+def recorded_identity(path: str | os.PathLike) -> dict[str, Any]:
+    """The identity the run folder ``path`` records; {} where it holds none or an unreadable one (opening it says why)."""
+    try:
+        identity = json.loads((Path(path) / MANIFEST).read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return identity if isinstance(identity, dict) else {}
+
+
 def check_run_folder(path: str | os.PathLike) -> None:
     """Refuse, before anything is written, a path that is a file or a non-empty folder holding no run."""
     p = Path(path)

@@ -43,3 +43,22 @@ def test_provenance_records_versions_and_host_but_no_host_name(monkeypatch):
     name = socket.gethostname()
     assert len(name) < 6 or name not in json.dumps(rec)  # (a very short name could occur by chance)
     assert provenance.library_versions(["no-such-distribution-x"]) == {"python": rec["versions"]["python"]}
+
+
+def test_locate_searches_auto_under_autocast_on_one_cpu_with_native_bf16(monkeypatch):
+    """``auto`` for a locate run: a float32 model searched under bfloat16 autocast on one CPU with native bf16 (a
+    bfloat16 model before round 47), float32 without native bf16, a bfloat16 model on a GPU or under a device map;
+    a folder an earlier release's ``auto`` wrote in bfloat16 resumes as it ran; explicit settings pass through."""
+    from capsense.core.precision import search_precision
+
+    read = provenance.cpu_info
+    for text, expected in ((XEON, ("float32", None)), (SAPPHIRE, ("float32", "bfloat16")), (AMD, ("float32", "bfloat16"))):
+        monkeypatch.setattr(models, "cpu_info", lambda text=None, t=text: read(t))
+        assert search_precision("auto", None, "cpu") == expected, text
+    assert search_precision("auto", None, "cuda:0") == ("bfloat16", None)
+    assert search_precision("auto", None, "cpu", device_map="auto") == ("bfloat16", None)  # memory first
+    assert search_precision("auto", None, "cpu", recorded=("bfloat16", None)) == ("bfloat16", None)
+    assert search_precision("auto", None, "cpu", recorded=("float32", None)) == ("float32", "bfloat16")
+    assert search_precision("bfloat16", None, "cpu") == ("bfloat16", None)
+    assert search_precision("float32", None, "cpu") == ("float32", None)
+    assert search_precision("float32", "bfloat16", "cpu") == ("float32", "bfloat16")

@@ -103,7 +103,8 @@ def test_run_locates_then_validates_a_toy_recipe(tmp_path):
     assert f"{TOY_TASK}: top-2 = " in r.output and "| task | metric | base | ablated |" in r.output
     n_refine = json.loads((tmp_path / "out" / "locate" / "heads.json").read_text())["refine"]["n_evaluations"]
     assert 1 <= n_refine <= 4  # the predicted set first; more only when it breaks the tolerance
-    recast = json.loads((tmp_path / "out" / "locate" / "manifest.json").read_text())["identity"]["refine_dtype"] is not None
+    identity = json.loads((tmp_path / "out" / "locate" / "manifest.json").read_text())["identity"]
+    recast = identity["refine_dtype"] is not None or identity["autocast"] is not None  # the clean model again, in float32
     assert len((tmp_path / "out" / "locate" / "evaluations.jsonl").read_text().splitlines()) == 9 + recast + n_refine
     validation = json.loads((tmp_path / "out" / "validate" / "validation.json").read_text())
     assert validation["rows"] and (validation["batch_size"], validation["lm_eval_batch_size"]) == ("auto", 16)  # CPU

@@ -401,6 +401,33 @@ def test_autocast_search_measures_the_chosen_set_without_it(toy, tmp_path, kerne
     assert "no setting of this release computes autocast_attention as that one did" in " ".join(older.output.split())
 
 
+def test_auto_on_a_cpu_with_native_bf16_searches_a_float32_model_under_autocast(toy, tmp_path, monkeypatch):
+    """``--dtype auto`` (the default) on a CPU with native bf16 runs as ``--dtype float32 --autocast bfloat16`` and
+    says so; without native bf16 it is float32 alone. A folder written with a bfloat16 model (an earlier release's
+    ``auto`` there) resumes under ``auto`` with its bfloat16 model instead of being refused."""
+    import capsense.core.models as models
+    from capsense.core.provenance import cpu_info
+
+    native = "model name\t: AMD EPYC\nflags\t\t: avx512f avx512_bf16\n"
+    without = "model name\t: Intel(R) Xeon(R)\nflags\t\t: avx512f\n"
+    monkeypatch.setattr(models, "cpu_info", lambda text=None: cpu_info(native))
+    r = _locate(toy, tmp_path / "auto", "--top-m", "4")
+    assert r.exit_code == 0 and "dtype auto on this CPU (native bf16): a float32 model" in " ".join(r.output.split()), r.output
+    manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
+    assert (manifest["identity"]["dtype"], manifest["identity"]["autocast"]) == ("float32", "bfloat16")
+    older = _locate(toy, tmp_path / "older", "--top-m", "4", "--dtype", "bfloat16")
+    assert older.exit_code == 0, older.output
+    again = _locate(toy, tmp_path / "older", "--top-m", "4")
+    assert again.exit_code == 0 and "masks already evaluated" in again.output, again.output
+    assert "dtype auto on this CPU" not in again.output
+    assert json.loads((tmp_path / "older" / "manifest.json").read_text())["identity"]["dtype"] == "bfloat16"
+    monkeypatch.setattr(models, "cpu_info", lambda text=None: cpu_info(without))
+    r = _locate(toy, tmp_path / "plain", "--top-m", "4")
+    assert r.exit_code == 0 and "dtype auto on this CPU" not in r.output
+    manifest = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    assert (manifest["identity"]["dtype"], manifest["identity"]["autocast"]) == ("float32", None)
+
+
 def test_autocast_needs_a_float32_model(toy, tmp_path):
     for dtype in ("auto", "bfloat16"):
         r = CliRunner().invoke(main, ["locate", str(toy[0]), "--task", TOY_TASK, "--include-path", str(toy[1]),

@@ -99,8 +99,10 @@ def test_selective_mode_measures_and_chooses_the_top_k_set(toy, tmp_path):
     hf = load_heads_file(out / "heads.json")
     ref = hf.meta["refine"]
     lines = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
-    # dtype auto is bfloat16 on CPUs with native bf16: the clean model is then measured again in float32 first
-    recast = json.loads((out / "manifest.json").read_text())["identity"]["refine_dtype"] is not None
+    # dtype auto on a CPU with native bf16 searches under bfloat16 autocast (a bfloat16 model before round 47): the
+    # clean model is then measured again in float32 first
+    identity = json.loads((out / "manifest.json").read_text())["identity"]
+    recast = identity["refine_dtype"] is not None or identity["autocast"] is not None  # the clean model again, in float32
     assert len(lines) == 17 + recast + ref["n_evaluations"] and 1 <= ref["n_evaluations"] <= 10
     assert hf.meta["n_evaluations"] == len(lines)
     extra = lines[17 + recast:]
@@ -262,7 +264,8 @@ def test_sigkill_then_rerun_gives_the_same_heads_json(toy, tmp_path):
     assert "already evaluated" in rerun.stderr
     n_refine = load_heads_file(full / "heads.json").meta["refine"]["n_evaluations"]
     assert 1 <= n_refine <= 24
-    recast = json.loads((full / "manifest.json").read_text())["identity"]["refine_dtype"] is not None  # clean model again
+    identity = json.loads((full / "manifest.json").read_text())["identity"]
+    recast = identity["refine_dtype"] is not None or identity["autocast"] is not None  # the clean model again, in float32
     assert len(evals.read_text().splitlines()) == masks + 1 + recast + n_refine
     assert json.loads((killed / "heads.json").read_text()) == json.loads((full / "heads.json").read_text())
 

@@ -95,7 +95,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """``auto``: bfloat16 on accelerators and on CPUs with native bf16 (AVX-512 BF16, AMX), else float32."""
+    """``auto``: bfloat16 on accelerators and on CPUs with native bf16 (AVX-512 BF16, AMX), else float32.
+
+    ``capsense locate`` reads it through :func:`capsense.core.precision.search_precision`: on one CPU with native
+    bf16 its ``auto`` is a float32 model searched under bfloat16 autocast."""
     if dtype != "auto":
         return dtype
     if not device.startswith("cpu"):

@@ -65,7 +65,10 @@ def search_precision(dtype: str, autocast: str | None, device: str, device_map: 
     243 s against float32's 17.25 FE and 183 s, where autocast's moved them 0.06-0.95 (largest 3.7) and kept the
     set at 1.5x float32's speed; on AVX-512 BF16 (round 47) the main job with ``auto`` took 68.8 and 74.2 s at 9.09
     FE as a bfloat16 model, 70.6 and 65.8 s at 8.39 FE under autocast (the last pair back to back), each the
-    float32 run's set. Measure-and-choose runs in float32 either way on one
+    float32 run's set; on SmolLM2 arithmetic autocast kept float32's start, 94 s and 19.6 FE against 165 s and 30.6.
+    Not always the better outcome: on Gemma 3 induction, a saturated target with no set within tolerance in any
+    precision, the bfloat16 model's search happened to hand on the less damaging set, faster, although autocast's
+    singles were the closer to float32's on 9 of 11 probes. Measure-and-choose runs in float32 either way on one
     CPU, so the float32 model's memory was already the run's peak. Elsewhere ``auto`` is unchanged
     (:func:`capsense.core.models.resolve_dtype`): bfloat16 on accelerators and under a ``device_map`` (memory
     first), float32 on CPUs without native bf16 (emulated bfloat16 ran 7.5x slower per mask there).

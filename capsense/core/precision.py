@@ -59,8 +59,8 @@ def search_precision(dtype: str, autocast: str | None, device: str, device_map: 
 
     ``auto`` on one CPU with native bf16 (AVX-512 BF16, AMX-BF16) is a float32 model whose search runs its
     products in bfloat16 (since round 47; before, a bfloat16 model). Autocast rounds a subset of what a bfloat16
-    model rounds (the products' inputs, not the residual stream, norms or sums), and it was as fast or faster
-    on both CPU types measured: on AMX (rounds 38-39) a bfloat16 model's singles moved the main job's control
+    model rounds (the products' inputs, not the residual stream, norms or sums), and on the main job it was as fast
+    or faster on both CPU types measured: on AMX (rounds 38-39) a bfloat16 model's singles moved the main job's control
     damages from float32's by 0.19-2.36 points on average (largest 10.0), changed its start and cost 32.6 FE and
     243 s against float32's 17.25 FE and 183 s, where autocast's moved them 0.06-0.95 (largest 3.7) and kept the
     set at 1.5x float32's speed; on AVX-512 BF16 (round 47) the main job with ``auto`` took 68.8 and 74.2 s at 9.09

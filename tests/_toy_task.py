@@ -13,6 +13,7 @@ TOY_CONTROL = "toy_count"
 TOY_GEN = "toy_copy_gen"  # the copy task as generation (exact_match, char_code)
 TOY_GEN_FN = "toy_copy_gen_fn"  # the same with a metric function reporting len@chars
 TOY_MC = "toy_next"  # multiple choice: the letter after a run of letters, four choices
+TOY_ROLLING = "toy_text"  # perplexity (loglikelihood_rolling): runs of words, some longer than the tiny model's 128
 
 
 def _write_task(folder: Path, name: str, docs: list[dict], body: str) -> None:
@@ -26,7 +27,7 @@ def _write_task(folder: Path, name: str, docs: list[dict], body: str) -> None:
 
 def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
     """Two log-likelihood tasks (copy a letter string: target; continue a count: control), a
-    multiple-choice one (the next letter) and the copy task as generation."""
+    multiple-choice one (the next letter), a perplexity one (runs of words) and the copy task as generation."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     copy_docs, count_docs = [], []
@@ -52,6 +53,14 @@ def write_toy_tasks(folder: Path, n_docs: int = 40) -> Path:
         'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\n'
         'doc_to_target: "{{gold}}"\ntarget_delimiter: ""\n'
         "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "off"]
+    text_docs = [{"text": " ".join(rng.choice(words) for _ in range(rng.choice([3, 8, 30, 60])))} for _ in range(n_docs)]
+    (folder / f"{TOY_ROLLING}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in text_docs))
+    (folder / f"{TOY_ROLLING}.yaml").write_text(
+        f"task: {TOY_ROLLING}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / f'{TOY_ROLLING}.jsonl'}\n"
+        'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n"
     )
     _write_task(folder, TOY_GEN, copy_docs, (
         "output_type: generate_until\n"

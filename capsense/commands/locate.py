@@ -22,14 +22,16 @@ from capsense.core.precision import AUTOCAST_DTYPES
               help="Control tasks and suites, comma-separated: rank heads that hurt the target but not these, and set "
                    "aside heads that hurt any of them. 'default' is the broad control suite (factual recall, names, "
                    "numbers and dates, code lines, dialogue, prose, multiple choice); add tasks "
-                   "(default,capsense_arithmetic), drop some (-capsense_dates); 'none' for no controls.")
+                   "(default,capsense_arithmetic), drop some (-capsense_dates); 'none' for no controls. A perplexity "
+                   "task (loglikelihood_rolling, wikitext's kind) is scored by its whole text's nats/token.")
 @click.option("--control-limit", type=int, help="Documents per control task (default: --limit).")
 @click.option("--screen", type=float, default=3.0, show_default=True,
               help="Collateral screen: a head whose damage to a control exceeds this many robust noises (and "
                    "--tolerance / --top-k) is not handed on; 0 turns it off.")
 @click.option("--metric", default="nll", show_default=True,
-              help="nll (nats/token of the reference continuation; for multiple choice the gold choice's), acc "
-                   "(greedy exact match / multiple-choice accuracy), choice_nll (a multiple-choice target: nats per "
+              help="nll (nats/token of the reference continuation; for multiple choice the gold choice's; for a "
+                   "perplexity task its whole text's), acc (greedy exact match / multiple-choice accuracy; none for "
+                   "a perplexity task), choice_nll (a multiple-choice target: nats per "
                    "document of the gold choice among its document's choices, the loss acc decides by; the "
                    "controls use nll), or one of the target task's own lm-eval metrics (e.g. exact_match, "
                    "exact_match,flexible-extract, pass@1): then the target is run through lm-eval under each mask "

@@ -256,7 +256,7 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
                     pass
             texts.append(line)
         return texts[:n], {"source": str(path), "kind": "file", "n": min(n, len(texts))}
-    from capsense.scoring.probe import load_task
+    from capsense.scoring.requests import load_task
     from capsense.errors import CapsenseError
 
     task = CAPABILITIES.get(source, source)

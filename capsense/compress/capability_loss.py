@@ -23,7 +23,7 @@ from capsense.scoring.probe import KeepsRequestScores, Probe, ProbeScorer
 
 def capability_probe(capability: str, tokenizer, n: int, use: str = "probe") -> Probe:
     """A probe of ``capability`` over the ``n`` documents ``use`` reads (first for probes, last for calibration)."""
-    from capsense.scoring.probe import load_task
+    from capsense.scoring.requests import load_task
 
     task = task_of(capability)
     n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)

@@ -125,7 +125,7 @@ def evaluate_head_sets(
     """
     manager = task_manager(include_path, tasks, metadata={"tokenizer": lm.tokenizer})
     lm.quiet_requests = progress is not None
-    from capsense.scoring.probe import quiet_request_building
+    from capsense.scoring.requests import quiet_request_building
 
     with quiet_request_building(progress is not None):
         results, direction = _run_conditions(lm, head_sets, tasks, manager, progress, display_names, store, limit=limit,

@@ -144,10 +144,14 @@ class CapsenseMaskedLM(HFLM):
 
     def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False, override_bs: int | None = None) -> Any:
         """``hf``'s log-likelihoods, on the path :meth:`loglikelihood_path` names: ``hf``'s batches and scores to float32
-        rounding in 0.78x the time on SmolLM2's validation suite (``recipes/bench/bench_loglikelihood.py``), or ``hf``'s own."""
+        rounding in 0.78x the time on SmolLM2's validation suite (``recipes/bench/bench_loglikelihood.py``), or ``hf``'s own.
+        ``override_bs`` comes from ``hf``'s ``loglikelihood_rolling`` alone, once per batch of a perplexity task's windows,
+        with ``disable_tqdm`` False whatever its caller asked: no bar is drawn there (it drew one per 16 windows under
+        ``--no-progress``)."""
         from capsense.evaluation.loglikelihood import continuation_loglikelihoods
 
         size = override_bs if override_bs is not None else self.batch_size
+        disable_tqdm = disable_tqdm or self.quiet_requests or override_bs is not None
         if self.loglikelihood_path(size) == "hf":
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         from tqdm import tqdm

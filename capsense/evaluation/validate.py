@@ -67,7 +67,7 @@ def held_out_samples(
     limit: int | None, seed: int,
 ) -> dict[str, list[int]]:
     """Per task, ``limit`` documents the locate run did not score."""
-    from capsense.scoring.probe import load_task
+    from capsense.scoring.requests import load_task
 
     samples = {}
     for t in tasks:

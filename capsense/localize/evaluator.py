@@ -15,7 +15,7 @@ from capsense.errors import CapsenseError, RunStoreError
 from capsense.localize.config import LocateConfig
 from capsense.localize.store import Evaluation, RunStore
 from capsense.scoring import METRICS
-from capsense.scoring.probe import load_task
+from capsense.scoring.requests import load_task
 
 #: Scores of one mask: task -> metric -> value.
 MaskScores = dict[str, dict[str, float]]

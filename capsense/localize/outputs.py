@@ -187,6 +187,14 @@ def _time_line(timing: dict) -> list[str]:
     return [f"- wall time of this attempt: {', '.join(parts)}{checks}"]
 
 
+def _clean_line(base: dict[str, dict], probes: dict[str, dict]) -> str:
+    """The clean model's scores per task; no accuracy for a perplexity task's (its windows of text have no answer)."""
+    def scores(t: str, v: dict) -> str:
+        return f"{t} nll {v['nll']:.3f}" + ("" if "rolling_window" in probes.get(t, {}) else f", acc {v['acc']:.3f}")
+
+    return "Clean model: " + "; ".join(scores(t, v) for t, v in base.items())
+
+
 def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], manifest: dict) -> str:
     """A short human-readable summary of the run."""
     lines = [
@@ -207,7 +215,7 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         *_precision_line(cfg, result, manifest.get("args", {})),
         *_time_line(manifest.get("timing", {})),
         "",
-        "Clean model: " + "; ".join(f"{t} nll {v['nll']:.3f}, acc {v['acc']:.3f}" for t, v in result.base.items()),
+        _clean_line(result.base, manifest.get("probes", {})),
         "",
         "## Top heads",
         "",

@@ -44,7 +44,8 @@ from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_ru
 from capsense.scoring import CHOICE_METRICS
 from capsense.scoring.attribution import check_gradient_metric
 from capsense.scoring.cost import ATTRIBUTION
-from capsense.scoring.probe import build_probe, check_choice_metric
+from capsense.scoring.probe import build_probe, model_max_length
+from capsense.scoring.requests import check_accuracy_metric, check_choice_metric
 
 def random_mask_size(cfg: LocateConfig, method: Method, layout: HeadLayout) -> int:
     """Heads per random mask (1 for methods without random masks)."""
@@ -207,7 +208,8 @@ def locate(cfg: LocateConfig, log: Callable[[str], None] = print,
     n = layout.n_total
     check_processes(ctx.world, method.n_evaluations(cfg, n) - 1)
     k = random_mask_size(cfg, method, layout)
-    probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path) for t in cfg.tasks}
+    probes = {t: build_probe(t, tokenizer, cfg.limit_for(t), cfg.seed, cfg.include_path, window=model_max_length(model))
+              for t in cfg.tasks}
     if (note := metric_note(cfg, probes[cfg.task])) is not None and ctx.is_main:
         log(note)
     placed = {"device": device, "processes": ctx.world, "autocast_attention": autocast_attention(model, cfg.autocast),
@@ -264,10 +266,13 @@ def _checked_method(cfg: LocateConfig) -> Method:
     method = get_method(cfg)
     if method.attribution:
         check_gradient_metric(cfg.metric)
-    if cfg.metric in CHOICE_METRICS:
+    if cfg.metric in CHOICE_METRICS or cfg.metric == "acc":
         from capsense.tasks.common import tokenizer_from_metadata
 
-        check_choice_metric(cfg.metric, cfg.task, cfg.include_path, tokenizer_from_metadata({"pretrained": cfg.model}))
+        tokenizer = tokenizer_from_metadata({"pretrained": cfg.model})
+        check_choice_metric(cfg.metric, cfg.task, cfg.include_path, tokenizer)
+        if cfg.metric == "acc":  # (the controls too: metric_for scores them by acc)
+            check_accuracy_metric(cfg.tasks, cfg.include_path, tokenizer)
     return method
 
 

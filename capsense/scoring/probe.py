@@ -1,11 +1,14 @@
 """Capability probes: (context, continuation) requests tokenized once, scored under knockouts.
 
 A :class:`Probe` holds the requests of a task, built from an lm-eval task (its own
-requests: log-likelihood or multiple choice; for a generation task, its reference answers:
-:func:`build_probe`) or from (context, continuation) pairs. :class:`ProbeScorer` scores it under many
+requests: log-likelihood, multiple choice, or a perplexity task's windows of running text; for a
+generation task, its reference answers: :func:`build_probe`; the tokenization is
+:mod:`capsense.scoring.requests`) or from (context, continuation) pairs. :class:`ProbeScorer` scores it under many
 knockout masks: per mask, ``nll`` (nats/token of the reference continuation,
 token-weighted over documents; for multiple choice the gold choice's) and ``acc`` (greedy exact
-match of the continuation, or multiple-choice accuracy); a multiple-choice probe adds
+match of the continuation, or multiple-choice accuracy; for a perplexity task the share of its windows of
+text predicted wholly greedily, which means little: a run refuses ``acc`` as its metric and its report omits it);
+a multiple-choice probe adds
 ``choice_nll`` (nats per document of the gold choice under the softmax over its document's
 choices: what ``acc`` decides by, as a smooth loss). Logits are computed only at the scored positions.
 
@@ -20,7 +23,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -31,6 +33,8 @@ from capsense.scoring.logits import scored_hidden, token_scores
 from capsense.core.ablation import HeadAblator
 from capsense.core.arch import head_layout
 from capsense.core.placement import input_device
+from capsense.scoring.requests import (ROLLING, ROLLING_WINDOW, encode_pair, gold_index, load_task, quiet_request_building,
+                                       rolling_requests, sample_doc_ids)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -82,24 +86,25 @@ class Probe:
     @classmethod
     def from_task(cls, task: str, tokenizer, limit: int | None = None, seed: int = 0,
                   include_path: Sequence[str | os.PathLike] = (), exclude: Sequence[int] = (),
-                  doc_ids: Sequence[int] | None = None) -> Probe:
+                  doc_ids: Sequence[int] | None = None, window: int = ROLLING_WINDOW) -> Probe:
         """Build a probe from an lm-eval task's own requests.
 
         ``limit`` samples that many documents with ``seed`` (deterministic), skipping
-        ``exclude``; ``doc_ids`` picks documents explicitly.
+        ``exclude``; ``doc_ids`` picks documents explicitly; ``window``: a perplexity task's
+        (:func:`~capsense.scoring.requests.rolling_requests`).
         """
         task_obj = load_task(task, include_path, tokenizer)
         n_total = len(task_obj.eval_docs)
         if doc_ids is None:
             doc_ids = sample_doc_ids(task, n_total, limit, seed, exclude)
-        return cls.from_loaded_task(task, task_obj, list(doc_ids), tokenizer)
+        return cls.from_loaded_task(task, task_obj, list(doc_ids), tokenizer, window)
 
     @classmethod
-    def from_loaded_task(cls, name: str, task_obj, doc_ids: list[int], tokenizer) -> Probe:
+    def from_loaded_task(cls, name: str, task_obj, doc_ids: list[int], tokenizer, window: int = ROLLING_WINDOW) -> Probe:
         """A probe of the documents ``doc_ids`` of an already loaded lm-eval task."""
         with quiet_request_building():
             task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
-        return cls.from_instances(name, task_obj, list(doc_ids), tokenizer, len(task_obj.eval_docs))
+        return cls.from_instances(name, task_obj, list(doc_ids), tokenizer, len(task_obj.eval_docs), window)
 
     @classmethod
     def from_reference_answers(
@@ -125,15 +130,19 @@ class Probe:
         return probe
 
     @classmethod
-    def from_instances(cls, name: str, task_obj, doc_ids: list[int], tokenizer, n_total: int) -> Probe:
+    def from_instances(cls, name: str, task_obj, doc_ids: list[int], tokenizer, n_total: int,
+                       window: int = ROLLING_WINDOW) -> Probe:
+        """The probe of lm-eval's requests: one per log-likelihood request or choice, and one per window of
+        ``window`` tokens of a perplexity task's document (one window for a document that fits)."""
         instances = task_obj.instances
         kinds = {inst.request_type for inst in instances}
         if not instances:
             raise CapsenseError(f"task {name!r} built no requests")
-        if kinds - {"loglikelihood"}:
+        rolling = kinds == {ROLLING}
+        if kinds - {"loglikelihood"} and not rolling:
             raise CapsenseError(
-                f"task {name!r} has {sorted(kinds)} requests; probes score log-likelihood and "
-                "multiple-choice tasks (for generation tasks, use a log-likelihood variant of "
+                f"task {name!r} has {sorted(kinds)} requests; probes score log-likelihood, multiple-choice "
+                f"and perplexity ({ROLLING}) tasks (for generation tasks, use a log-likelihood variant of "
                 "the reference answer)"
             )
         position = {d: i for i, d in enumerate(doc_ids)}
@@ -145,15 +154,15 @@ class Probe:
         multiple = task_obj.OUTPUT_TYPE == "multiple_choice"
         ctx, cont, doc_of, choice_of = [], [], [], []
         for inst in instances:
-            c, t = encode_pair(tokenizer, *inst.args[:2])
-            ctx.append(c)
-            cont.append(t)
-            doc_of.append(position[inst.doc_id])
-            choice_of.append(inst.idx)
+            for c, t in rolling_requests(tokenizer, inst.args[0], window) if rolling else [encode_pair(tokenizer, *inst.args[:2])]:
+                ctx.append(c)
+                cont.append(t)
+                doc_of.append(position[inst.doc_id])
+                choice_of.append(inst.idx)
         gold = None
         if multiple:
             docs = task_obj.eval_docs
-            gold = np.array([_gold_index(task_obj, docs[d]) for d in doc_ids])
+            gold = np.array([gold_index(task_obj, docs[d]) for d in doc_ids])
         return cls(
             name=name,
             kind="multiple_choice" if multiple else "loglikelihood",
@@ -163,77 +172,29 @@ class Probe:
             doc_ids=doc_ids,
             gold=gold,
             choice_of=np.array(choice_of) if multiple else None,
-            meta={"n_task_docs": n_total},
+            meta={"n_task_docs": n_total, **({"rolling_window": window} if rolling else {})},
         )
-
-
-def sample_doc_ids(task: str, n_docs: int, limit: int | None, seed: int, exclude: Sequence[int] = ()) -> list[int]:
-    """``limit`` document ids (all with None) in a ``seed``-determined order, skipping ``exclude``."""
-    excluded = set(int(i) for i in exclude)
-    order = [int(i) for i in np.random.default_rng(seed).permutation(n_docs) if int(i) not in excluded]
-    if not order:
-        raise CapsenseError(f"task {task!r}: no documents left after excluding {len(excluded)}")
-    return order[:limit] if limit else order
 
 
 def build_probe(
     task: str, tokenizer, limit: int | None, seed: int, include_path: Sequence[str | os.PathLike] = (),
-    exclude: Sequence[int] = (),
+    exclude: Sequence[int] = (), window: int = ROLLING_WINDOW,
 ) -> Probe:
     """A probe for any lm-eval task: its own requests, or for a generation task
     (``output_type: generate_until``, GSM8K-style) the reference answer's nats/token, a fast
-    proxy for the task's own generated metric (see :meth:`Probe.from_reference_answers`)."""
+    proxy for the task's own generated metric (see :meth:`Probe.from_reference_answers`).
+    ``window``: a perplexity task's documents are cut into requests of at most this many tokens, as lm-eval cuts
+    them at the model's length (:func:`model_max_length`, which a locate run passes)."""
     task_obj = load_task(task, include_path, tokenizer)
     if task_obj.OUTPUT_TYPE == "generate_until":
         return Probe.from_reference_answers(task, task_obj, tokenizer, limit, seed, exclude)
     doc_ids = sample_doc_ids(task, len(task_obj.eval_docs), limit, seed, exclude)
-    return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer)
+    return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer, window)
 
 
-def check_choice_metric(metric: str, task: str, include_path: Sequence[str | os.PathLike] = (), tokenizer=None) -> None:
-    """Refuse a multiple-choice score (:data:`~capsense.scoring.CHOICE_METRICS`) for a task without choices; loads
-    the task (with ``tokenizer``: capsense's tasks count tokens), not the model, so a run refuses before its load."""
-    from capsense.scoring import CHOICE_METRICS
-
-    if metric in CHOICE_METRICS and (kind := load_task(task, include_path, tokenizer).OUTPUT_TYPE) != "multiple_choice":
-        raise CapsenseError(f"metric {metric!r} compares each document's choices, and {task!r} is a {kind} task, "
-                            f"without choices: use nll or acc, or a multiple-choice target")
-
-
-def _gold_index(task_obj, doc) -> int:
-    target = task_obj.doc_to_target(doc)
-    if isinstance(target, str):
-        return task_obj.doc_to_choice(doc).index(target)
-    if isinstance(target, list):
-        return int(target[0])
-    return int(target)
-
-
-def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokenizer=None):
-    """An lm-eval task object by name; capsense's ``lm_eval_tasks`` are always included."""
-    from lm_eval.tasks import get_task_dict
-
-    from capsense.tasks import task_manager
-
-    metadata = {"tokenizer": tokenizer} if tokenizer is not None else None
-    manager = task_manager(include_path, [task], metadata=metadata)
-    obj = get_task_dict([task], manager)[task]
-    if isinstance(obj, dict):
-        raise CapsenseError(f"{task!r} is a group of tasks; name one task")
-    return obj
-
-
-def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """Token ids of (context, continuation) split the way lm-eval's HFLM splits them."""
-    n = len(context) - len(context.rstrip())
-    if n:
-        context, continuation = context[:-n], context[-n:] + continuation
-    if not context:
-        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        return [prefix], tokenizer.encode(continuation)
-    whole = tokenizer.encode(context + continuation)
-    ctx = tokenizer.encode(context)
-    return whole[: len(ctx)], whole[len(ctx) :]
+def model_max_length(model: nn.Module) -> int:
+    """The longest sequence a probe's request may be for ``model`` (its ``max_position_embeddings``, else 4096)."""
+    return int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
 
 
 class ProbeScorer:
@@ -259,7 +220,7 @@ class ProbeScorer:
         self.batch_size = int(batch_size)
         self.masks_per_forward = max(1, int(masks_per_forward))
         self.device = input_device(model)
-        self.max_length = max_length or int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+        self.max_length = max_length or model_max_length(model)
         self.pad_id = 0
         seqs = [(c + t)[-(self.max_length + 1) :][:-1] for c, t in zip(probe.context_ids, probe.continuation_ids)]
         self._inputs = seqs
@@ -378,19 +339,3 @@ def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
         att[i, : len(s)] = 1
     return ids, att
-
-
-@contextmanager
-def quiet_request_building(active: bool = True) -> Iterator[None]:
-    """lm-eval draws a bar per task while building requests (no switch to turn it off); hide it under ours."""
-    import lm_eval.api.task as task_module
-
-    if not active:
-        yield
-        return
-    original = task_module.tqdm
-    task_module.tqdm = partial(original, disable=True)
-    try:
-        yield
-    finally:
-        task_module.tqdm = original

@@ -21,3 +21,7 @@ def test_both_user_tasks_load_with_their_documents(tmp_path):
     assert plural.kind == "multiple_choice" and len(plural.doc_ids) == 24 and plural.n_requests == 96
     capitals = build_probe("user_capitals", tok, 12, 0, [str(folder)])
     assert len(capitals.doc_ids) == 12 and capitals.n_requests == 12
+    mod.write_text_task(folder)
+    text = build_probe("user_text", tok, None, 0, [str(folder)])  # a perplexity task: each paragraph one window
+    assert text.kind == "loglikelihood" and len(text.doc_ids) == 40 == text.n_requests
+    assert sorted(len(t) for t in text.continuation_ids) == sorted(len(tok.encode(a)) for a in mod.ARTICLES)

@@ -9,7 +9,8 @@ import torch
 
 from capsense.errors import CapsenseError
 from capsense.scoring.attribution import AttributionScorer, attribute_probes, attribution_scorers, check_gradient_metric
-from capsense.scoring.probe import KeepsRequestScores, ProbeScorer, check_choice_metric
+from capsense.scoring.probe import KeepsRequestScores, ProbeScorer
+from capsense.scoring.requests import check_choice_metric
 from capsense.scoring.shared_context import SharedContextScorer
 from conftest import N_HEADS, N_LAYERS, choice_probe, loglik_probe, make_tiny_model
 from test_attribution import _assert_gradient, one_head

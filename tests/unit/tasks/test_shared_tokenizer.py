@@ -2,7 +2,7 @@
 
 import copy
 
-from capsense.scoring.probe import load_task
+from capsense.scoring.requests import load_task
 from capsense.tasks.common import SharedTokenizer, continuation_tokens, tokenizer_from_metadata
 from conftest import make_char_tokenizer
 

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from capsense.scoring.probe import Probe, ProbeScorer, encode_pair
+from capsense.scoring.probe import Probe, ProbeScorer
+from capsense.scoring.requests import encode_pair
 from capsense.tasks import arithmetic, choice, code, induction, prose, sequence, tasks_dir
 from capsense.tasks.common import continuation_tokens, nats_per_token, process_choice, process_loglikelihood
 from conftest import make_char_tokenizer, make_tiny_model

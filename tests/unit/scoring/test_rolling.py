@@ -89,3 +89,18 @@ def test_accuracy_is_refused_for_a_run_with_a_perplexity_task(toy, tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code != 0 and "is a perplexity task" in result.output
     assert not (tmp_path / "acc").exists()  # refused before anything was written
+
+
+def test_the_parity_bench_reports_both_paths_agreeing(toy, monkeypatch, capsys):
+    """recipes/bench/rolling_parity.py, run on the tiny model: both paths, every document within float32 rounding."""
+    from conftest import load_bench_script
+
+    model_dir, tasks = toy
+    bench = load_bench_script("rolling_parity")
+    monkeypatch.setattr("sys.argv", ["rolling_parity.py", "--model", str(model_dir), "--task", TOY_ROLLING,
+                                     "--include-path", str(tasks), "--limit", "8"])
+    bench.main()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "largest per-document" in ln]
+    assert len(lines) == 2 and "hf path" in lines[0] and "capsense path" in lines[1]
+    assert all(float(re.search(r"\|difference\| (\S+) nats", ln).group(1)) < 1e-4 for ln in lines)
+    assert all("8 documents" in ln and "windows at 128 tokens" in ln for ln in lines)

@@ -138,3 +138,15 @@ def letters(**metadata):
 
 def translation(**metadata):
     return to_dataset(_translation.make_docs(), metadata)
+
+
+# -- round 48: ordinary text scored whole (a perplexity task), in the held-out suite --
+from capsense.tasks import text as _text  # noqa: E402
+
+__all__ += ["text"]
+
+
+def text(**metadata):
+    import datasets
+
+    return {"test": datasets.Dataset.from_list(_text.make_docs())}  # (lm-eval counts the words and bytes itself)

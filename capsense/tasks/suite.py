@@ -12,8 +12,9 @@ default, with two suites of short probe sets built offline in code:
   added in round 16 after a set that spared every other control cut held-out word problems by 54.5%).
 * ``held-out`` (:data:`HELD_OUT`): never scored by the search; ``capsense validate`` evaluates the
   chosen set on it, so the verdict rests on controls the choice could not fit: everyday
-  knowledge, few-shot QA, list continuation, math word problems, and (round 17) words translated
-  into French and Spanish, subject-verb agreement and the first letters of words. The default suite
+  knowledge, few-shot QA, list continuation, math word problems, (round 17) words translated
+  into French and Spanish, subject-verb agreement and the first letters of words, and (round 48) ordinary
+  paragraphs scored whole, a perplexity task (:mod:`capsense.tasks.text`). The default suite
   grew in round 16 with questions in words written after this suite had caught a head (L16H0) the
   search missed, so this suite grew too, with families neither suite had, chosen by coverage, the
   clean model's signal and cost, not by which heads they catch (comparisons of two everyday things
@@ -38,7 +39,7 @@ SCREEN: tuple[str, ...] = (
 )
 HELD_OUT: tuple[str, ...] = (
     "capsense_recall", "capsense_qa", "capsense_sequence", "capsense_math_problems",
-    "capsense_translation", "capsense_agreement", "capsense_letters",
+    "capsense_translation", "capsense_agreement", "capsense_letters", "capsense_text",
 )
 SUITES: dict[str, tuple[str, ...]] = {"default": SCREEN, "held-out": HELD_OUT}
 #: Suite tasks built on another task's capability: a suite leaves them out when that task is the

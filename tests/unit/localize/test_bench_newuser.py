@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from capsense.tasks.text import PARAGRAPHS
 from conftest import load_bench_script, make_char_tokenizer
 
 
@@ -24,4 +25,4 @@ def test_both_user_tasks_load_with_their_documents(tmp_path):
     mod.write_text_task(folder)
     text = build_probe("user_text", tok, None, 0, [str(folder)])  # a perplexity task: each paragraph one window
     assert text.kind == "loglikelihood" and len(text.doc_ids) == 40 == text.n_requests
-    assert sorted(len(t) for t in text.continuation_ids) == sorted(len(tok.encode(a)) for a in mod.ARTICLES)
+    assert sorted(len(t) for t in text.continuation_ids) == sorted(len(tok.encode(a)) for a in PARAGRAPHS)

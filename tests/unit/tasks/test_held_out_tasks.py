@@ -1,11 +1,11 @@
-"""The held-out suite's round-17 tasks: built offline and deterministically, well formed, loaded by lm-eval."""
+"""The held-out suite's round-17 and round-48 tasks: built offline and deterministically, well formed, loaded by lm-eval."""
 
 from __future__ import annotations
 
 import pytest
 
 from capsense.scoring.probe import build_probe
-from capsense.tasks import agreement, letters, translation
+from capsense.tasks import agreement, letters, text, translation
 from conftest import make_char_tokenizer
 
 
@@ -53,7 +53,7 @@ def test_letters_ask_each_word_once_after_a_solved_other_word():
 
 @pytest.mark.parametrize("task,module,kind", [
     ("capsense_translation", translation, "loglikelihood"), ("capsense_letters", letters, "loglikelihood"),
-    ("capsense_agreement", agreement, "multiple_choice"),
+    ("capsense_agreement", agreement, "multiple_choice"), ("capsense_text", text, "loglikelihood"),
 ])
 def test_lm_eval_loads_the_yaml_into_a_probe(task, module, kind):
     docs = module.make_docs()
@@ -63,3 +63,13 @@ def test_lm_eval_loads_the_yaml_into_a_probe(task, module, kind):
     assert probe.n_requests == per_doc * len(docs)
     if kind == "multiple_choice":
         assert [int(probe.gold[i]) for i in range(probe.n_docs)] == [docs[d]["gold"] for d in probe.doc_ids]
+
+
+def test_ordinary_text_is_forty_distinct_paragraphs_scored_whole():
+    docs = text.make_docs()
+    assert docs == text.make_docs() and len(docs) == 40 and [d["id"] for d in docs] == list(range(40))
+    assert len({d["text"] for d in docs}) == 40 and all(d["text"].endswith(".") for d in docs)
+    tok = make_char_tokenizer()
+    probe = build_probe("capsense_text", tok, limit=None, seed=0)  # a perplexity task: the whole paragraph predicted
+    by_doc = {probe.doc_ids[i]: c for i, c in zip(probe.doc_of, probe.continuation_ids)}
+    assert all(by_doc[d["id"]] == tok.encode(d["text"]) for d in docs) and probe.meta["rolling_window"] == 2048

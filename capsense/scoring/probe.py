@@ -159,6 +159,8 @@ class Probe:
                 cont.append(t)
                 doc_of.append(position[inst.doc_id])
                 choice_of.append(inst.idx)
+        if not ctx:  # (a perplexity task whose documents are empty strings: no token to predict)
+            raise CapsenseError(f"task {name!r}: its documents have no text to score")
         gold = None
         if multiple:
             docs = task_obj.eval_docs

@@ -104,3 +104,13 @@ def test_the_parity_bench_reports_both_paths_agreeing(toy, monkeypatch, capsys):
     assert len(lines) == 2 and "hf path" in lines[0] and "capsense path" in lines[1]
     assert all(float(re.search(r"\|difference\| (\S+) nats", ln).group(1)) < 1e-4 for ln in lines)
     assert all("8 documents" in ln and "windows at 128 tokens" in ln for ln in lines)
+
+
+def test_a_perplexity_task_without_text_is_refused(tmp_path):
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
+    (tmp_path / "blank.yaml").write_text(
+        f"task: blank_text\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'blank.jsonl'}\n"
+        'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: bits_per_byte\n")
+    with pytest.raises(CapsenseError, match="'blank_text': its documents have no text to score"):
+        build_probe("blank_text", make_char_tokenizer(), None, 0, [str(tmp_path)])

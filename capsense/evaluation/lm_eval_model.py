@@ -151,7 +151,7 @@ class CapsenseMaskedLM(HFLM):
         from capsense.evaluation.loglikelihood import continuation_loglikelihoods
 
         size = override_bs if override_bs is not None else self.batch_size
-        disable_tqdm = disable_tqdm or self.quiet_requests or override_bs is not None
+        disable_tqdm = disable_tqdm or override_bs is not None  # (quiet_requests: loglikelihood and the rolling one passed it)
         if self.loglikelihood_path(size) == "hf":
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         from tqdm import tqdm

@@ -6,34 +6,38 @@ import json
 
 import click
 
-from capsense.commands.options import batch_size_option, dtype_option, out_option
+from capsense.commands.options import batch_size_option, dtype_option, include_path_option, out_option
 from capsense.commands.output import echo_written
 
 
 @click.command("measure")
 @click.argument("model")
 @click.option("--capabilities", default="math,code,qa", show_default=True,
-              help="Comma-separated: math, code, qa, arithmetic, addition, induction, prose, antonyms.")
+              help="Comma-separated: math, code, qa, arithmetic, addition, induction, prose, antonyms, text, or lm-eval "
+                   "task names (capsense's, --include-path's, lm-eval's own); perplexity tasks score whole texts.")
 @click.option("--probes", type=int, default=64, show_default=True, help="Probe documents per capability (the first N).")
 @batch_size_option()
 @dtype_option()
 @click.option("--reference", default=None, help="Also measure this model and report dL = L(MODEL) - L(reference).")
 @click.option("--per-doc", is_flag=True, help="Include per-document nats and token counts in the JSON.")
+@include_path_option()
 @out_option("Write the JSON here (atomically).", required=False, file=True)
-def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, out):
+def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, include_path, out):
     """Measure MODEL's loss (nats/token of reference completions, prompt masked) per capability."""
     from capsense.compress.capabilities import check_measure
 
-    check_measure(model, reference, probes, out, capabilities)  # before any heavy import
+    check_measure(model, reference, probes, out, capabilities, include_path)  # before any heavy import
     from capsense.compress.capability_loss import measure_models
     from capsense.core.files import atomic_write_text
 
-    doc = measure_models(model, capabilities, probes, batch_size, dtype, reference, per_doc)
+    doc = measure_models(model, capabilities, probes, batch_size, dtype, reference, per_doc, include_path)
     result = doc["capabilities"]
     text = json.dumps(doc, indent=2) + "\n"
     for c, v in result.items():
         extra = f"  dL {v['dL']:+.4f}" if "dL" in v else ""
-        click.echo(f"{c:12s} {v['nll']:.4f} nats/token  acc {v['acc']:.3f}  ({v['n_docs']} docs, {v['n_tokens']} tokens){extra}", err=bool(not out))
+        acc = "" if v["acc"] is None else f"  acc {v['acc']:.3f}"
+        click.echo(f"{c:12s} {v['nll']:.4f} nats/token{acc}  ({v['n_docs']} docs, {v['n_tokens']} tokens){extra}",
+                   err=bool(not out))
     if out:
         echo_written([atomic_write_text(out, text)])
     else:

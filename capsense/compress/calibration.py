@@ -230,6 +230,12 @@ def accumulate_stats(targets: Sequence[Target], forwards: Iterable[Callable[[], 
 
 
 def _doc_text(task_obj, doc: dict[str, Any]) -> str:
+    """A document's whole text: a perplexity task's is its target (what lm-eval's rolling requests score);
+    otherwise prompt, delimiter and reference answer (a multiple-choice task's gold choice)."""
+    from capsense.scoring.requests import ROLLING
+
+    if task_obj.OUTPUT_TYPE == ROLLING:
+        return str(task_obj.doc_to_target(doc))
     if "context" in doc and "continuation" in doc:
         return doc["context"] + doc["continuation"]
     text = task_obj.doc_to_text(doc)
@@ -239,8 +245,9 @@ def _doc_text(task_obj, doc: dict[str, Any]) -> str:
     return f"{text}{task_obj.config.target_delimiter}{target}"
 
 
-def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, Any]]:
-    """Up to ``n`` texts from one source, and a record of where they came from."""
+def _source_texts(source: str, n: int, tokenizer, include_path: Sequence[str] = ()) -> tuple[list[str], dict[str, Any]]:
+    """Up to ``n`` texts from one source, and a record of where they came from (``include_path``: folders of
+    task YAMLs a task source may come from)."""
     path = Path(source)
     if path.is_file():
         texts = []
@@ -261,10 +268,10 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
 
     task = CAPABILITIES.get(source, source)
     if looks_like_task(source):
-        if misspelt_task_message(source):
-            raise CapsenseError(misspelt_task_message(source))
+        if misspelt_task_message(source, include_path):
+            raise CapsenseError(misspelt_task_message(source, include_path))
         try:
-            task_obj = load_task(task, tokenizer=tokenizer)
+            task_obj = load_task(task, include_path, tokenizer)
         except CapsenseError as e:
             if source in CAPABILITIES or os.sep in source or close_capability(source):
                 raise CapsenseError(f"{e}{close_capability(source)}") from None
@@ -275,7 +282,7 @@ def _source_texts(source: str, n: int, tokenizer) -> tuple[list[str], dict[str, 
     return [source], {"source": source[:80], "kind": "text"}
 
 
-def kept_calibration(keep: Sequence[str], spec: str = DEFAULT_CALIBRATION) -> str:
+def kept_calibration(keep: Sequence[str], spec: str = DEFAULT_CALIBRATION, include_path: Sequence[str] = ()) -> str:
     """The calibration of an error-compensating solver (GPTQ, SparseGPT) guided to ``keep``:
     ``spec`` plus each kept capability once more, so a kept capability takes two shares of the
     samples (its last documents; probes take the first, so they stay held out).
@@ -291,14 +298,15 @@ def kept_calibration(keep: Sequence[str], spec: str = DEFAULT_CALIBRATION) -> st
     """
     from capsense.compress.capabilities import parse_capabilities
 
-    return ",".join([spec, *parse_capabilities(list(keep))])
+    return ",".join([spec, *parse_capabilities(list(keep), include_path)])
 
 
 def calibration_samples(
-    spec: str, tokenizer, n_samples: int = 64, max_tokens: int = 512
+    spec: str, tokenizer, n_samples: int = 64, max_tokens: int = 512, include_path: Sequence[str] = ()
 ) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """Token id lists for ``spec`` (comma-separated sources share ``n_samples``; a source named k
-    times takes k shares, its distinct documents) and their provenance."""
+    times takes k shares, its distinct documents) and their provenance; a task source may come from the
+    ``include_path`` folders."""
     if n_samples < 1:
         raise CapsenseError(f"`calibration_samples` must be at least 1, got {n_samples}")
     named = [s.strip() for s in spec.split(",") if s.strip()] if not Path(spec).is_file() else [spec]
@@ -313,7 +321,7 @@ def calibration_samples(
     for source, n in per.items():
         if n == 0:
             continue
-        texts, rec = _source_texts(source, n, tokenizer)
+        texts, rec = _source_texts(source, n, tokenizer, include_path)
         ids = [tokenizer.encode(t)[:max_tokens] for t in texts]
         ids = [i for i in ids if len(i) > 1]
         if not ids:

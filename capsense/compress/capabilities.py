@@ -1,6 +1,10 @@
-"""Capabilities: short names for capsense's offline lm-eval tasks, and which documents each use reads.
+"""Capabilities: the lm-eval tasks a compression keeps or measures, and which documents each use reads.
 
-A capability (``math``, ``code``, ...) is one task of capsense; its documents serve two uses
+A capability is one lm-eval task: a short name of capsense's offline tasks (``math``, ``code``, ``text``, ...),
+or a task's own name: any of capsense's, one an ``include_path`` folder declares (a user's task), or one of
+lm-eval's (``wikitext``, where its data can be reached). Log-likelihood, multiple-choice and perplexity tasks
+(``loglikelihood_rolling``: nats per token of whole texts, cut into windows of the model's length as lm-eval
+cuts them) all give a loss in nats/token. Its documents serve two uses
 that must never overlap: *probes* (:mod:`.capability_loss`) measure the capability on the
 task's **first** documents, and *calibration* (:mod:`.calibration`: Wanda/ASVD/SVD-LLM
 statistics, the Fisher sensitivity, measured sensitivity's allocation documents, distillation
@@ -10,10 +14,12 @@ text) reads its **last** ones. :func:`document_ids` is the one place that split 
 from __future__ import annotations
 
 import difflib
+import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, UnknownTaskError
 
 CAPABILITIES: dict[str, str] = {
     "math": "capsense_math_problems",
@@ -24,23 +30,51 @@ CAPABILITIES: dict[str, str] = {
     "induction": "capsense_induction",
     "prose": "capsense_prose",
     "antonyms": "capsense_antonyms",
+    "text": "capsense_text",
 }
 DEFAULT_CAPABILITIES = ("math", "code", "qa")
 USES = ("probe", "calibration")
 
 
-def parse_capabilities(spec: str | Sequence[str]) -> list[str]:
-    """``"math,code,qa"`` -> validated list; names are aliases above or ``capsense_*`` task names."""
+def parse_capabilities(spec: str | Sequence[str], include_path: Sequence[str | os.PathLike] = ()) -> list[str]:
+    """``"math,code,qa"`` -> the validated list, each once, in order.
+
+    A name is a short name above or an lm-eval task: capsense's or an ``include_path`` folder's (checked
+    from their YAMLs, no lm-eval import) or lm-eval's own, which only lm-eval's task index confirms (it is
+    built, some seconds, only when such a name is given). A misspelt ``capsense_`` task or short name, a
+    tag (a group of tasks, not one loss) and a name no index holds are errors naming what is valid.
+    """
+    from capsense.tasks import check_task_names, local_task_names
+
     items = [c.strip() for c in (spec.split(",") if isinstance(spec, str) else spec) if c.strip()]
     if not items:
-        raise CapsenseError(f"no capability given: choose from {', '.join(CAPABILITIES)}")
-    task_names = set(CAPABILITIES.values())
-    bad = [c for c in items if c not in CAPABILITIES and c not in task_names]
-    if bad:
-        raise CapsenseError(
-            f"unknown capability {', '.join(repr(b) for b in bad)}: valid capabilities are {', '.join(CAPABILITIES)}"
-        )
+        raise CapsenseError(f"no capability given: choose from {', '.join(CAPABILITIES)} or name an lm-eval task")
+    short = f"the short names are {', '.join(CAPABILITIES)}"
+    paths = [str(p) for p in include_path]
+    tasks = local_task_names(paths, tags=False)
+    tags = local_task_names(paths) - tasks
+    for c in items:
+        if c in tags:
+            raise CapsenseError(f"capability {c!r} is a tag (a group of tasks), not one task: name its tasks; {short}")
+        if c not in CAPABILITIES and c not in tasks and close_capability(c):
+            raise CapsenseError(f"unknown capability {c!r}{close_capability(c)}: {short}, or an lm-eval task's name")
+    unconfirmed = tuple(c for c in items if c not in CAPABILITIES and c not in tasks)
+    if unconfirmed:
+        try:
+            check_task_names(unconfirmed, paths)  # a misspelt capsense_ task: at once
+            _confirm_by_lm_eval(tuple(paths), unconfirmed)
+        except UnknownTaskError as e:
+            raise CapsenseError(f"unknown capability: {e}; {short}") from None
     return list(dict.fromkeys(items))
+
+
+@functools.lru_cache(maxsize=16)
+def _confirm_by_lm_eval(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> None:
+    """Names lm-eval's own index holds (UnknownTaskError otherwise); once per process and names: a run
+    parses its capabilities at several steps, and the index takes seconds to build."""
+    from capsense.tasks import task_manager
+
+    task_manager(list(include_path), list(tasks))
 
 
 def task_of(capability: str) -> str:
@@ -71,35 +105,36 @@ def close_capability(source: str) -> str:
     return f" (did you mean {close[0]}?)" if close and source not in CAPABILITIES else ""
 
 
-def misspelt_task_message(source: str) -> str:
+def misspelt_task_message(source: str, include_path: Sequence[str | os.PathLike] = ()) -> str:
     """The error for a one-word calibration source that is a misspelt capsense task (``capsense_mathh``),
     ``""`` for anything else; cheap (capsense's task YAMLs, no lm-eval import). Without it the typo
     was read as literal calibration text."""
     from capsense.tasks import check_task_names
-    from capsense.errors import UnknownTaskError
 
     if Path(source).is_file() or not looks_like_task(source) or source in CAPABILITIES:
         return ""
     try:
-        check_task_names([source])
+        check_task_names([source], [str(p) for p in include_path])
     except UnknownTaskError as e:
         return f"calibration source {source!r}: {e}"
     return ""
 
 
-def check_calibration_spec(spec: str) -> None:
+def check_calibration_spec(spec: str, include_path: Sequence[str | os.PathLike] = ()) -> None:
     """Every comma-separated source of a ``calibration`` spec spelt right, before a model loads."""
     if Path(spec).is_file():
         return
     for source in (s.strip() for s in spec.split(",")):
-        if source and misspelt_task_message(source):
-            raise CapsenseError(misspelt_task_message(source))
+        if source and misspelt_task_message(source, include_path):
+            raise CapsenseError(misspelt_task_message(source, include_path))
 
 
 def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,
-                  capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES) -> None:
+                  capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES,
+                  include_path: Sequence[str | os.PathLike] = ()) -> None:
     """Refuse a measurement request before torch loads: ``probes`` below 1, an ``out`` file that
-    cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability."""
+    cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability
+    (``include_path``: folders of task YAMLs that may declare it)."""
     from capsense.core.files import check_output_file
     from capsense.core.models import check_model
 
@@ -109,4 +144,4 @@ def check_measure(model: str, reference: str | None, probes: int, out: str | Pat
     for name in (model, reference):
         if name:
             check_model(name)
-    parse_capabilities(capabilities)
+    parse_capabilities(capabilities, include_path)

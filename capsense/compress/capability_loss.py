@@ -19,23 +19,32 @@ from torch import nn
 from capsense.compress.capabilities import document_ids, parse_capabilities, task_of
 from capsense.errors import CapsenseError
 from capsense.scoring.probe import KeepsRequestScores, Probe, ProbeScorer
+from capsense.scoring.requests import ROLLING_WINDOW
 
 
-def capability_probe(capability: str, tokenizer, n: int, use: str = "probe") -> Probe:
-    """A probe of ``capability`` over the ``n`` documents ``use`` reads (first for probes, last for calibration)."""
+def capability_probe(capability: str, tokenizer, n: int, use: str = "probe", include_path: Sequence[str] = (),
+                     window: int = ROLLING_WINDOW) -> Probe:
+    """A probe of ``capability`` over the ``n`` documents ``use`` reads (first for probes, last for calibration).
+
+    ``include_path``: folders of task YAMLs (a user's task); ``window``: a perplexity task's texts are cut into
+    requests of at most this many tokens, as lm-eval cuts them at the model's length (pass
+    :func:`~capsense.scoring.probe.model_max_length` of the model that scores it)."""
     from capsense.scoring.requests import load_task
 
     task = task_of(capability)
-    n_docs = len(load_task(task, tokenizer=tokenizer).eval_docs)
+    task_obj = load_task(task, include_path, tokenizer)
     # ascending doc ids: lm-eval numbers the selected documents in that order
-    return Probe.from_task(task, tokenizer, doc_ids=document_ids(n_docs, n, use))
+    return Probe.from_loaded_task(task, task_obj, document_ids(len(task_obj.eval_docs), n, use), tokenizer, window)
 
 
-def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64) -> dict[str, Probe]:
-    """The fixed probe set of each capability: the first ``n_probes`` documents of its task."""
+def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64, include_path: Sequence[str] = (),
+                 window: int = ROLLING_WINDOW) -> dict[str, Probe]:
+    """The fixed probe set of each capability: the first ``n_probes`` documents of its task
+    (``include_path``, ``window``: :func:`capability_probe`'s)."""
     if n_probes < 1:
         raise CapsenseError(f"`probes` must be at least 1, got {n_probes}")
-    return {cap: capability_probe(cap, tokenizer, n_probes) for cap in parse_capabilities(capabilities)}
+    return {cap: capability_probe(cap, tokenizer, n_probes, "probe", include_path, window)
+            for cap in parse_capabilities(capabilities, include_path)}
 
 
 class _KeepingScorer(KeepsRequestScores, ProbeScorer):
@@ -44,12 +53,13 @@ class _KeepingScorer(KeepsRequestScores, ProbeScorer):
 
 @dataclass
 class CapabilityLoss:
-    """One capability's measurement: loss, accuracy and per-document nats and token counts."""
+    """One capability's measurement: loss, accuracy and per-document nats and token counts. ``acc`` is None
+    for a perplexity task: there is no answer to match (:mod:`capsense.scoring.probe`)."""
 
     capability: str
     task: str
     nll: float
-    acc: float
+    acc: float | None
     n_docs: int
     n_tokens: int
     doc_nats: list[float]
@@ -99,7 +109,8 @@ def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None,
     np.add.at(doc_nats, probe.doc_of[keep], -logprob[keep])
     np.add.at(doc_tok, probe.doc_of[keep], tokens[keep])
     return CapabilityLoss(
-        capability=capability or probe.name, task=probe.name, nll=float(res["nll"][0]), acc=float(res["acc"][0]),
+        capability=capability or probe.name, task=probe.name, nll=float(res["nll"][0]),
+        acc=None if "rolling_window" in probe.meta else float(res["acc"][0]),
         n_docs=probe.n_docs, n_tokens=int(doc_tok.sum()), doc_nats=doc_nats.tolist(), doc_tokens=doc_tok.tolist(),
     )
 
@@ -128,27 +139,30 @@ def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, Capabi
 
 
 def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int = 64, batch_size: int = 16,
-                   dtype: str = "float32", reference: str | None = None, per_doc: bool = False) -> dict[str, Any]:
+                   dtype: str = "float32", reference: str | None = None, per_doc: bool = False,
+                   include_path: Sequence[str] = ()) -> dict[str, Any]:
     """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
     measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}, "versions", "host"}``.
 
     With ``reference`` (another model, loaded after ``model`` is freed), each capability also
     gets ``nll0`` (the reference's loss) and ``dL = nll - nll0``, and the document names it.
-    ``per_doc`` adds per-document nats and token counts.
+    ``per_doc`` adds per-document nats and token counts; ``include_path``: folders of task YAMLs that
+    declare capabilities (a user's tasks). A perplexity task's texts are cut at each model's length.
     """
     from capsense.core.models import load_model
     from capsense.core.provenance import provenance
+    from capsense.scoring.probe import model_max_length
 
-    caps = parse_capabilities(capabilities)
+    caps = parse_capabilities(capabilities, include_path)
     m, tok = load_model(model, dtype=dtype)
-    measured = measure(m, build_probes(tok, caps, n_probes), batch_size)
+    measured = measure(m, build_probes(tok, caps, n_probes, include_path, model_max_length(m)), batch_size)
     result = {c: v.to_dict(per_doc) for c, v in measured.items()}
     doc: dict[str, Any] = {"model": model, "probes": n_probes, "dtype": dtype, "capabilities": result,
                            **provenance(next(m.parameters()).device)}
     if reference:
         del m
         r, rtok = load_model(reference, dtype=dtype)
-        ref = measure(r, build_probes(rtok, caps, n_probes), batch_size)
+        ref = measure(r, build_probes(rtok, caps, n_probes, include_path, model_max_length(r)), batch_size)
         doc["reference"] = reference
         for c, change in loss_change(measured, ref).items():
             result[c].update({k: change[k] for k in ("nll0", "acc0", "dL")})

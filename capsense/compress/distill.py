@@ -308,8 +308,9 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
 def capability_evaluator(teacher: nn.Module, tokenizer, capabilities, n_probes: int = 32, batch_size: int = 16):
     """``evaluate(student) -> {capability: dL}``, dL against the teacher on the first ``n_probes`` documents."""
     from capsense.compress.capability_loss import build_probes, measure
+    from capsense.scoring.probe import model_max_length
 
-    probes = build_probes(tokenizer, capabilities, n_probes)
+    probes = build_probes(tokenizer, capabilities, n_probes, window=model_max_length(teacher))
     base = {c: m.nll for c, m in measure(teacher, probes, batch_size).items()}
 
     def evaluate(student: nn.Module) -> dict[str, float]:

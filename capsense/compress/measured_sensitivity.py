@@ -134,11 +134,13 @@ def _undominated(pool: Sequence[Setting], sample: Sequence[torch.Tensor], bits) 
         bits(o) <= bits(s) and err[o] < err[s] for o in err if o != s)]
 
 
-def allocation_probes(tokenizer, keep: Sequence[str], n: int) -> dict:
-    """Each kept capability's last ``n`` documents as a probe (disjoint from the first-document probes)."""
+def allocation_probes(model: nn.Module, tokenizer, keep: Sequence[str], n: int) -> dict:
+    """Each kept capability's last ``n`` documents as a probe (disjoint from the first-document probes), a
+    perplexity task's texts cut at ``model``'s length."""
     from capsense.compress.capability_loss import capability_probe
+    from capsense.scoring.probe import model_max_length
 
-    return {cap: capability_probe(cap, tokenizer, n, "calibration") for cap in keep}
+    return {cap: capability_probe(cap, tokenizer, n, "calibration", window=model_max_length(model)) for cap in keep}
 
 
 def probe_loss(model: nn.Module, probes: Mapping[str, object]) -> float:
@@ -237,7 +239,7 @@ def measured_allocation(
     units = units_of(targets, unit)
     sample = [] if base.calibrated else [t.get() for t in targets[:: max(1, len(targets) // 8)]]
     ladder_ = ladder(base, levels, n_levels, sample)
-    probes = allocation_probes(tokenizer, keep, samples)
+    probes = allocation_probes(model, tokenizer, keep, samples)
     original = snapshot(targets)
     log(f"measured sensitivity: {len(units)} units x {len(ladder_) - 1} levels x {rounds} round(s) "
         f"({', '.join(s.label for s in ladder_)}) on {samples} documents of {', '.join(keep)}")

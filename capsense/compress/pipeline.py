@@ -201,9 +201,10 @@ class _KeptLoss:
 
     def __init__(self, model, tokenizer, keep, probes: int, dtype: str, log) -> None:
         from capsense.compress.capability_loss import build_probes, measure
+        from capsense.scoring.probe import model_max_length
 
         self.probes, self.dtype = probes, dtype
-        self.sets = build_probes(tokenizer, keep, probes)
+        self.sets = build_probes(tokenizer, keep, probes, window=model_max_length(model))
         log(f"measuring {', '.join(keep)} on {probes} probe documents each, before and after compressing")
         self.before = measure(model, self.sets)
 

@@ -79,13 +79,14 @@ def compress_better(
     "margin_se", "paired": {challenger: ...}, "chosen", "reason"}``.
     """
     from capsense.compress.capability_loss import capability_probe, measure
+    from capsense.scoring.probe import model_max_length
 
     if len(candidates) < 1 or len({n for n, _ in candidates}) != len(candidates):
         raise BudgetError(f"candidates need distinct names, at least one; got {[n for n, _ in candidates]}")
     if n_docs < 1:
         raise BudgetError(f"`n_docs` (calibration documents measured per kept capability) must be >= 1, got {n_docs}")
     log = log or (lambda _m: None)
-    sets = {cap: capability_probe(cap, tokenizer, n_docs, use="calibration") for cap in keep}
+    sets = {cap: capability_probe(cap, tokenizer, n_docs, "calibration", window=model_max_length(model)) for cap in keep}
     before = measure(model, sets)
     targets = find_targets(model, candidates[0][1].targets)
     with Spill("original") as original, Spill("chosen") as chosen_weights:

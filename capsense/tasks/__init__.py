@@ -23,6 +23,7 @@ PREFIX = "capsense_"
 #: it reads 0 for every model and head set; validation tables leave it out.
 WITHOUT_ACCURACY = frozenset({"capsense_prose"})
 _TASK_LINE = re.compile(r"^(?:task|tag):\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
+_TASK_ONLY_LINE = re.compile(r"^task:\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
 
 
 def tasks_dir() -> Path:
@@ -34,13 +35,15 @@ def tasks_dir() -> Path:
     raise FileNotFoundError("capsense's lm_eval_tasks folder is missing from this installation")
 
 
-def local_task_names(include_path: Sequence[str] = ()) -> set[str]:
-    """Task and tag names declared in capsense's task YAMLs and the ``include_path`` folders (no lm-eval import)."""
+def local_task_names(include_path: Sequence[str] = (), tags: bool = True) -> set[str]:
+    """Task and (with ``tags``) tag names declared in capsense's task YAMLs and the ``include_path`` folders
+    (no lm-eval import)."""
     names: set[str] = set()
+    pattern = _TASK_LINE if tags else _TASK_ONLY_LINE
     for folder in [tasks_dir(), *map(Path, include_path)]:
         for f in sorted(folder.rglob("*.yaml")) + sorted(folder.rglob("*.yml")):
             try:
-                names.update(_TASK_LINE.findall(f.read_text(errors="replace")))
+                names.update(pattern.findall(f.read_text(errors="replace")))
             except OSError:
                 continue
     return names

@@ -253,6 +253,7 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     from capsense.compress.engine import mean_stable_rank, plan
     from capsense.compress.calibration import calibration_samples, collect_stats
     from capsense.compress.capability_loss import build_probes
+    from capsense.scoring.probe import model_max_length
     from capsense.compress.targets import find_targets
 
     if model_and_tokenizer is None:
@@ -267,7 +268,7 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     targets = find_targets(model, sorted({k for s in spec.settings for k in parse_kinds(s["targets"])}))
     n_params = model_param_count(model)
     sess = _Session(
-        spec, model, build_probes(tokenizer, spec.capabilities, spec.probes), targets,
+        spec, model, build_probes(tokenizer, spec.capabilities, spec.probes, window=model_max_length(model)), targets,
         snapshot(targets),
         {"model": spec.model, "n_params": n_params, "log_params": math.log(n_params), "train_tokens": spec.train_tokens},
         {r["capability"]: r for r in existing if r["key"].startswith("dense|")},

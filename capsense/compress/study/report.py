@@ -210,7 +210,7 @@ def write_report(
     lines = [f"# {title}", ""]
     if base:
         lines += ["Reference loss L0 (nats/token) and accuracy: " + ", ".join(
-            f"{r['capability']} {r['nll']:.3f} / {r['acc']:.2f}" for r in base) + f" ({base[0].get('n_docs', '?')} probes each).", ""]
+            f"{r['capability']} {r['nll']:.3f} / {'-' if r['acc'] is None else format(r['acc'], '.2f')}" for r in base) + f" ({base[0].get('n_docs', '?')} probes each).", ""]
     lines += ["## Measured dL (nats/token) per setting", "", grid_table(records), "", "## Fits", "", fits_markdown(fits)]
     if p1:
         lines += [f"![pruning fits]({p1.name})", ""]

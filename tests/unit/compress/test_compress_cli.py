@@ -184,8 +184,9 @@ def test_measure(tmp_path, tiny_model_dir):
     assert set(data["capabilities"]) == {"qa", "math"}
     assert data["capabilities"]["qa"]["n_docs"] == 3 and data["capabilities"]["qa"]["nll"] > 0
     assert data["versions"]["torch"] == torch.__version__ and data["host"]["device"] == "cpu"  # what made the numbers
-    r = run("measure", tiny_model_dir, "--capabilities", "qa,poetry")
-    assert r.exit_code == 1 and "unknown capability 'poetry': valid capabilities are math, code, qa" in r.output
+    r = run("measure", tiny_model_dir, "--capabilities", "qa,capsense_poetry")
+    assert r.exit_code == 1 and "unknown capability: unknown task 'capsense_poetry'" in r.output
+    assert "the short names are math, code, qa" in r.output
 
 
 def test_grid_appends_and_resumes(tmp_path, tiny_model_dir, calib_file):

@@ -146,13 +146,13 @@ def test_budget_file_reproduces_the_allocation(guided_case, tmp_path):
 
 
 def test_bad_guided_input_is_one_message_and_writes_nothing(tmp_path, tiny_model_dir):
-    with pytest.raises(CapsenseError, match="valid capabilities are"):
-        Guide(["poetry"])
+    with pytest.raises(CapsenseError, match="unknown capability: unknown task 'capsense_poetry'.*the short names are"):
+        Guide(["capsense_poetry"])
     tiny = tiny_model_dir
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "poetry",
+    r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "mathh",
                                   "--out", str(out)])
-    assert r.exit_code == 1 and "valid capabilities are" in r.output and not out.exists()
+    assert r.exit_code == 1 and "(did you mean math?)" in r.output and not out.exists()
     # every head protected whole at 16 bits cannot fit in half the dense model
     heads = "+".join(f"L{layer}H{h}" for layer in range(3) for h in range(4))
     r = CliRunner().invoke(main, ["compress", str(tiny), "--method", "magnitude", "--density", "0.5", "--keep", "math",

@@ -25,8 +25,8 @@ def test_check_measure_refuses_before_loading(tmp_path, tiny_model_dir):
         check_measure(str(tiny_model_dir), None, 0)
     with pytest.raises(CapsenseError, match="`out` .* is a folder"):
         check_measure(str(tiny_model_dir), None, 3, tmp_path)
-    with pytest.raises(CapsenseError, match="unknown capability 'poetry'"):
-        check_measure(str(tiny_model_dir), None, 3, None, "qa,poetry")
+    with pytest.raises(CapsenseError, match="unknown capability 'prosse' .did you mean prose.."):
+        check_measure(str(tiny_model_dir), None, 3, None, "qa,prosse")
 
 
 def test_measure_models_against_itself_has_zero_dL(tiny_model_dir):

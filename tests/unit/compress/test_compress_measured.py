@@ -203,7 +203,7 @@ def test_replaying_the_blocks_before_a_unit_gives_the_same_costs(arch):
     levels = [QuantSetting("rtn", 2, 0), base, QuantSetting("rtn", 4, 32)]
     for t in targets:
         t.set(base.apply(t.name, orig[t.name], None, None, 16).weight)
-    probes = allocation_probes(tok, ["math", "code"], 3)
+    probes = allocation_probes(model, tok, ["math", "code"], 3)
     units = units_of(targets, "kind")
     plain = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes))
     replayed = measure_costs(units, levels, base, orig, {}, {}, lambda: probe_loss(model, probes), replay=BlockReplay(model))

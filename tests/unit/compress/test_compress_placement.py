@@ -179,7 +179,7 @@ def test_measured_sensitivity_under_accelerate_hooks_keeps_them_and_equals_the_p
         orig = {t.name: t.get().clone() for t in targets}
         for t in targets:
             t.set(base.apply(t.name, orig[t.name], None, None, 16).weight)
-        probes = allocation_probes(tok, ["math"], 3)
+        probes = allocation_probes(model, tok, ["math"], 3)
         costs.append(measure_costs(units_of(targets, "kind"), [base, *levels], base, orig, {}, {},
                                    lambda model=model: probe_loss(model, probes), replay=BlockReplay(model)))
     assert costs[0] == costs[1] and any(c.cost != 0 for cs in costs[0][1].values() for c in cs)

@@ -41,12 +41,15 @@ def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, fresh, cap
     placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
     check_model(student)
     check_model(teacher)
-    from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, load_models, run_distill
+    from capsense.compress.distill import (
+        DistillConfig, capability_evaluator, check_distill_held_out, epoch_fits, load_models, run_distill,
+    )
     from capsense.compress.capabilities import parse_capabilities
 
     caps = parse_capabilities(capabilities)
     cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
                         epochs=epochs, lr=lr, fresh=fresh)
+    check_distill_held_out(cfg, caps, probes)
     s_model, t_model, tok = load_models(cfg, placed)
     evaluate = capability_evaluator(t_model, tok, caps, probes)
     records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok))

@@ -27,7 +27,7 @@ from torch import nn
 
 from capsense.errors import CapsenseError
 from capsense.compress.capabilities import (
-    CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message,
+    CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message, task_of,
 )
 from capsense.compress.targets import Target
 from capsense.core.memory import return_freed_memory
@@ -301,6 +301,26 @@ def kept_calibration(keep: Sequence[str], spec: str = DEFAULT_CALIBRATION, inclu
     return ",".join([spec, *parse_capabilities(list(keep), include_path)])
 
 
+def source_shares(spec: str, n_samples: int) -> dict[str, int]:
+    """How many of ``n_samples`` texts each source of ``spec`` gives (:func:`calibration_samples`' split): the
+    comma-separated sources share them evenly, a source named k times takes k shares."""
+    named = [s.strip() for s in spec.split(",") if s.strip()] if not Path(spec).is_file() else [spec]
+    if not named:
+        raise CapsenseError("empty `calibration`: give a task, a file or text")
+    shares = [n_samples // len(named) + (i < n_samples % len(named)) for i in range(len(named))]
+    per: dict[str, int] = {}
+    for source, n in zip(named, shares):
+        per[source] = per.get(source, 0) + n
+    return per
+
+
+def calibration_documents(capabilities: Sequence[str], spec: str, n_samples: int) -> dict[str, int]:
+    """How many of each capability's last documents ``spec``'s ``n_samples`` texts read (0: none), for
+    :func:`~capsense.compress.capabilities.check_held_out`."""
+    shares = source_shares(spec, n_samples)
+    return {cap: sum(n for s, n in shares.items() if task_of(s) == task_of(cap)) for cap in capabilities}
+
+
 def calibration_samples(
     spec: str, tokenizer, n_samples: int = 64, max_tokens: int = 512, include_path: Sequence[str] = ()
 ) -> tuple[list[list[int]], list[dict[str, Any]]]:
@@ -309,13 +329,7 @@ def calibration_samples(
     ``include_path`` folders."""
     if n_samples < 1:
         raise CapsenseError(f"`calibration_samples` must be at least 1, got {n_samples}")
-    named = [s.strip() for s in spec.split(",") if s.strip()] if not Path(spec).is_file() else [spec]
-    if not named:
-        raise CapsenseError("empty `calibration`: give a task, a file or text")
-    shares = [n_samples // len(named) + (i < n_samples % len(named)) for i in range(len(named))]
-    per: dict[str, int] = {}
-    for source, n in zip(named, shares):
-        per[source] = per.get(source, 0) + n
+    per = source_shares(spec, n_samples)
     samples: list[list[int]] = []
     info = []
     for source, n in per.items():

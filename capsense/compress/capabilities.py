@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from capsense.errors import CapsenseError, UnknownTaskError
@@ -92,6 +92,28 @@ def document_ids(n_docs: int, n: int, use: str) -> list[int]:
         raise ValueError(f"use must be one of {USES}, got {use!r}")  # a programming error, not user input
     n = max(min(n, n_docs), 0)
     return list(range(n)) if use == "probe" else list(range(n_docs - n, n_docs))
+
+
+def check_held_out(uses: Mapping[str, tuple[int, int]], fix: str, include_path: Sequence[str | os.PathLike] = ()) -> None:
+    """Refuse a run in which a capability's probe documents (its first ``n_probe``: what the run reports it by) and its
+    calibration documents (its last ``n_calibration``: what the run fits or chooses on) would share documents.
+
+    ``uses``: capability -> (n_probe, n_calibration); ``fix``: which of the run's parameters to lower. A task of few
+    documents (capsense_text's 40, a user's) read by the defaults (32 probes, 64 calibration texts) gave a dL on
+    documents the run had fitted to, reported as held out, without a word; only a task of fewer documents than the
+    two together does, so the check loads each such task (no model)."""
+    from capsense.scoring.requests import load_task
+
+    for cap, (first, last) in uses.items():
+        if first < 1 or last < 1:
+            continue
+        n_docs = len(load_task(task_of(cap), include_path).eval_docs)
+        shared = min(first, n_docs) + min(last, n_docs) - n_docs
+        if shared > 0:
+            raise CapsenseError(
+                f"capability {cap!r} has {n_docs} documents: its first {first} measure it and its last {last} "
+                f"calibrate the run, so {shared} would do both and its measurement would not be held out; ask for "
+                f"at most {n_docs} together: {fix}")
 
 
 def looks_like_task(source: str) -> bool:

@@ -56,13 +56,28 @@ class DistillConfig:
         if self.gen_tokens < 0 or not self.lr > 0:
             raise CapsenseError(f"gen_tokens must be >= 0 and lr > 0, got {self.gen_tokens} and {self.lr}")
 
+    @property
+    def unique_texts(self) -> int:
+        """The distinct texts the run reads from ``sources``: ``n_texts``, or with ``fresh`` that many per epoch."""
+        return self.n_texts * (self.epochs if self.fresh else 1)
+
+
+def check_distill_held_out(cfg: DistillConfig, capabilities: Sequence[str], n_probes: int) -> None:
+    """The capabilities' probes (first ``n_probes`` documents) apart from the training texts ``cfg.sources`` take
+    from their last documents (:func:`~capsense.compress.capabilities.check_held_out`), before any model loads."""
+    from capsense.compress.calibration import calibration_documents
+    from capsense.compress.capabilities import check_held_out
+
+    check_held_out({c: (n_probes, n) for c, n in calibration_documents(capabilities, cfg.sources, cfg.unique_texts).items()},
+                   "lower `probes` or `texts`, or train on other sources")
+
 
 @torch.no_grad()
 def build_corpus(teacher: nn.Module, tokenizer, cfg: DistillConfig) -> list[list[int]]:
     """Token sequences of at most ``seq_len``: task texts, each followed by the teacher's greedy continuation."""
     from capsense.compress.calibration import calibration_samples
 
-    wanted = cfg.n_texts * (cfg.epochs if cfg.fresh else 1)
+    wanted = cfg.unique_texts
     samples, _ = calibration_samples(cfg.sources, tokenizer, wanted, max_tokens=cfg.seq_len - cfg.gen_tokens)
     if len(samples) < wanted:  # a source ran out of documents: fewer unique texts than the run claims
         raise CapsenseError(f"`sources` {cfg.sources!r} give {len(samples)} texts, not the {wanted} asked "

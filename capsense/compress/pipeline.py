@@ -108,6 +108,8 @@ def compress_checkpoint(
     check_moe_config(model_name, budget.targets)  # MLP targets on a mixture-of-experts model
     if sequential:
         check_sequential(budget, guide, sequential_propagate)  # before the model loads
+    if guide is not None and probes > 0:
+        _check_kept_held_out(guide, probes, calibration, calibration_samples_n)
     model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
@@ -121,6 +123,18 @@ def compress_checkpoint(
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
     _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured)
     return result
+
+
+def _check_kept_held_out(guide, probes: int, calibration: str, n_samples: int) -> None:
+    """Each kept capability's probes (its first ``probes`` documents) apart from every last document the run reads
+    of it: the Fisher's and measured sensitivity's ``guide.samples``, the uniform check's ``guide.check_docs``, its
+    share of ``calibration`` (counted whether or not the run's options read them: a bound, not a count)."""
+    from capsense.compress.calibration import calibration_documents
+    from capsense.compress.capabilities import check_held_out
+
+    calibrated = calibration_documents(guide.keep, calibration, n_samples)
+    check_held_out({cap: (probes, max(guide.samples, guide.check_docs or 0, calibrated[cap])) for cap in guide.keep},
+                   "lower `calibration_samples` (the kept capabilities' calibration texts) or `check_docs`")
 
 
 def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: str, n_samples: int, guide, probes: int,

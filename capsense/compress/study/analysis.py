@@ -146,7 +146,8 @@ def _used(fit, X: np.ndarray) -> np.ndarray | None:
 
 def lowrank_evaluation(records: Sequence[Mapping[str, Any]], metric: str = "dL") -> dict[str, Any]:
     """Stable-rank predictor with leave-one-out Pearson r, per capability and target set and pooled."""
-    rows = [r for r in records if r.get("family") == "lowrank" and "stable_rank" in r]
+    rows = [r for r in records if r.get("family") == "lowrank" and "stable_rank" in r
+            and (metric == "dL" or r.get("dacc") is not None)]  # (a perplexity capability has no accuracy)
     out: dict[str, Any] = {"metric": metric, "groups": {}}
     if not rows:
         return out

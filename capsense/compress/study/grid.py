@@ -241,7 +241,7 @@ class _Session:
             "seconds": round(time.time() - t1 + seconds, 2),
         }
         rec["dL"] = rec["nll"] - rec["nll0"]
-        rec["dacc"] = rec["acc"] - rec["acc0"]
+        rec["dacc"] = None if rec["acc"] is None else rec["acc"] - rec["acc0"]  # (a perplexity task: no accuracy)
         if dense:
             self.baseline[c] = rec
         return rec
@@ -251,7 +251,8 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     """Load the model, validate every setting against it, build probes, calibrate what needs it."""
     from capsense.compress.accounting import model_param_count
     from capsense.compress.engine import mean_stable_rank, plan
-    from capsense.compress.calibration import calibration_samples, collect_stats
+    from capsense.compress.calibration import calibration_documents, calibration_samples, collect_stats
+    from capsense.compress.capabilities import check_held_out
     from capsense.compress.capability_loss import build_probes
     from capsense.scoring.probe import model_max_length
     from capsense.compress.targets import find_targets
@@ -275,6 +276,9 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     )
     pending_settings = [_setting(s) for s, _ in pending if s["method"] != "none"]
     if any(x.calibrated for x in pending_settings):
+        check_held_out({c: (spec.probes, n) for c, n in calibration_documents(
+            spec.capabilities, spec.calibration, spec.calibration_samples).items()},
+            "lower `probes` or `calibration_samples`, or calibrate on other sources")
         samples, sess.calib_info = calibration_samples(spec.calibration, tokenizer, spec.calibration_samples)
         log(f"calibrating on {spec.calibration} ({len(samples)} samples)")
         sess.stats = collect_stats(model, targets, samples, gram=any(x.needs_gram for x in pending_settings))

@@ -80,3 +80,47 @@ def test_a_perplexity_task_calibrates_on_its_texts_as_lm_eval_scores_them(toy):
     assert samples == [tok.encode(docs[i]["text"])[:512] for i in info[0]["doc_ids"]]
     with pytest.raises(CapsenseError, match="did you mean capsense_text"):
         calibration_samples("capsense_textt", tok, 3)
+
+
+def test_a_capability_s_probes_and_calibration_documents_must_not_meet():
+    """40 paragraphs: 32 probes and 8 calibration texts are apart, 9 share one; the calibration's share of each
+    source counts (two sources split 18 texts 9 and 9), and so does an alias of the same task."""
+    from capsense.compress.calibration import calibration_documents
+    from capsense.compress.capabilities import check_held_out
+    from capsense.compress.distill import DistillConfig, check_distill_held_out
+
+    check_held_out({"text": (32, 8), "math": (64, 64)}, "fix")
+    with pytest.raises(CapsenseError, match="'text' has 40 documents: its first 32 measure it and its last 9 calibrate the "
+                                            "run, so 1 would do both.*at most 40 together: lower it"):
+        check_held_out({"text": (32, 9)}, "lower it")
+    assert calibration_documents(["text", "math", "code"], "capsense_text,prose", 18) == {"text": 9, "math": 0, "code": 0}
+    assert calibration_documents(["text"], "text,text,prose", 5) == {"text": 4}
+    with pytest.raises(CapsenseError, match="lower `probes` or `texts`"):
+        check_distill_held_out(DistillConfig("s", "t", sources="text,prose", n_texts=20), ["text", "math"], 32)
+    check_distill_held_out(DistillConfig("s", "t", sources="text,prose", n_texts=16), ["text", "math"], 32)
+
+
+def test_a_guided_compression_whose_probes_meet_its_calibration_is_refused_before_the_model_loads(tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "rtn", "--bits", "4", "--keep", "text",
+                                  "--calibration-samples", "16", "--out", str(out)])
+    assert r.exit_code == 1 and "'text' has 40 documents: its first 32 measure it and its last 16" in r.output, r.output
+    assert "lower --calibration-samples" in r.output and not out.exists()  # (the CLI names its flags)
+
+
+def test_a_grid_calibrating_on_a_capability_it_measures_keeps_its_probes_apart(tmp_path, tiny_model_dir):
+    """Wanda calibrates: 32 probes of text and text's share (20 of 40 texts) of the calibration meet; magnitude and SVD
+    read no calibration, so the same grid runs, and its records and fits carry no accuracy for a perplexity task."""
+    args = ["grid", str(tiny_model_dir), "--densities", "0.5", "--capabilities", "text", "--probes", "32",
+            "--calibration", "text,prose", "--calibration-samples", "40", "--no-progress"]
+    r = CliRunner().invoke(main, [*args, "--methods", "wanda", "--out", str(tmp_path / "g.jsonl")])
+    assert r.exit_code == 1 and "'text' has 40 documents: its first 32 measure it and its last 20" in r.output, r.output
+    assert "lower --probes or --calibration-samples" in r.output
+    grid = tmp_path / "m.jsonl"
+    r = CliRunner().invoke(main, [*args, "--methods", "magnitude,svd", "--ratios", "0.8,0.6,0.4", "--out", str(grid)])
+    assert r.exit_code == 0, r.output
+    records = [json.loads(x) for x in grid.read_text().splitlines()]
+    assert len(records) == 5 and all(x["acc"] is None and x["dacc"] is None and x["nll"] > 0 for x in records)
+    r = CliRunner().invoke(main, ["fit", str(grid), "--report", str(tmp_path / "report")])  # no accuracy to fit or print
+    assert r.exit_code == 0, r.output
+    assert "text " in (tmp_path / "report" / "report.md").read_text()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, dtype_option, old_name, out_option, overwrite_option, registry_option,
-    with_old_name,
+    device_map_from, device_map_option, dtype_option, include_path_option, old_name, out_option, overwrite_option,
+    registry_option, with_old_name,
 )
 from capsense.commands.output import echo_written, log
 
@@ -44,7 +44,8 @@ from capsense.commands.output import echo_written, log
 @dtype_option(help="Dtype to load and compress in.")
 @dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed, "
               "or bfloat16 for the unpacked tensors of a compressed-tensors checkpoint).")
-@click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code): a guided allocation at the size of "
+@click.option("--keep", default=None, help="Capabilities to keep (e.g. math,code; text; any lm-eval task, a user's with "
+              "--include-path): a guided allocation at the size of "
               "the uniform setting (or --budget-size), their most important whole heads protected. The Fisher diagonals "
               "and the original and chosen weights wait in a temporary folder ($TMPDIR; 4 bytes per target weight per "
               "capability, plus two copies of the target weights), not in memory; refused before any pass when its disk has not "
@@ -96,12 +97,13 @@ from capsense.commands.output import echo_written, log
               "compressed the same way (Gemma 3 3 bits keep math: the propagation halves uniform's math dL); with "
               "sparsegpt on Gemma 3 it raised the kept math dL (recipes/results/RESULTS-compress.md, rounds 20-23).")
 @device_map_option()
+@include_path_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
              pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device_map,
-             parallelize, out, overwrite):
+             parallelize, include_path, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -118,7 +120,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
 
     budget_file = with_old_name("budget_file", budget_file, "--budget-file")
     placed = check_request(model, out, overwrite, device_map_from(device_map, parallelize), method, budget_file,
-                           calibration, solve_on)  # before any heavy import
+                           calibration, solve_on, include_path)  # before any heavy import
     from capsense.compress.request import compress_request
 
     setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
@@ -128,7 +130,8 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
         check_uniform=check_uniform, fisher_groups=fisher_groups, check_docs=check_docs, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
-        device_map=placed, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate, log=log,
+        device_map=placed, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate,
+        include_path=list(include_path), log=log,
     )
     s = result.summary
     click.echo(

@@ -108,7 +108,8 @@ def check_held_out(uses: Mapping[str, tuple[int, int]], fix: str, include_path: 
         if first < 1 or last < 1:
             continue
         n_docs = len(load_task(task_of(cap), include_path).eval_docs)
-        shared = min(first, n_docs) + min(last, n_docs) - n_docs
+        first, last = min(first, n_docs), min(last, n_docs)
+        shared = first + last - n_docs
         if shared > 0:
             raise CapsenseError(
                 f"capability {cap!r} has {n_docs} documents: its first {first} measure it and its last {last} "

@@ -97,9 +97,10 @@ class Guide:
     check_uniform: bool = True  # ship uniform (or the other pricing) when it measures better (capsense.compress.select)
     check_docs: int | None = None  # documents per kept capability that check measures; None: ``samples`` (the Fisher's)
     fisher_groups: int = 1  # the Fisher summed over this many runs of decoder layers in turn (memory / n, passes x n)
+    include_path: Sequence[str] = ()  # folders of task YAMLs that declare kept capabilities (a user's tasks)
 
     def __post_init__(self) -> None:
-        self.keep = parse_capabilities(self.keep)
+        self.keep = parse_capabilities(self.keep, self.include_path)
         SENSITIVITIES.check(self.sensitivity)
         if self.protect_top_k is not None and self.protect_top_k < 0:
             raise BudgetError(f"protect_top_k must be >= 0, got {self.protect_top_k}")
@@ -127,19 +128,17 @@ class Allocation:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | None,
-            groups: int = 1, texts: Sequence[Sequence[int]] | None = None) -> Mapping[str, torch.Tensor]:
-    """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts, summed over ``groups`` runs
-    of decoder layers in turn (a pass over the texts each; the same sums) and moved to disk as soon as a
-    run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time).
-    ``texts``: those texts already tokenized (:func:`fisher_texts`); None tokenizes them here."""
+def _fisher(model, targets, source: str, n: int, log, cache: dict | None, groups: int,
+            samples: Sequence[Sequence[int]]) -> Mapping[str, torch.Tensor]:
+    """The Fisher diagonal of ``source``'s loss on its ``n`` calibration texts ``samples`` (:func:`fisher_texts`),
+    summed over ``groups`` runs of decoder layers in turn (a pass over the texts each; the same sums) and moved to
+    disk as soon as a run is summed (:func:`~capsense.compress.spill.spill_fisher`: read back one matrix at a time)."""
     from capsense.compress.sensitivity import fisher_diagonal
     from capsense.compress.spill import Spill, layer_groups, spill_fisher
 
     key = (source, n, tuple(t.name for t in targets))
     if cache is not None and key in cache:
         return cache[key]
-    samples = texts if texts is not None else _fisher_texts(tokenizer, source, n)
     parts = layer_groups(targets, groups)
     log(f"sensitivity: {len(samples) * len(parts)} backward passes on {source}")
     fisher = Spill(f"fisher-{source}")
@@ -150,21 +149,17 @@ def _fisher(model, tokenizer, targets, source: str, n: int, log, cache: dict | N
     return fisher
 
 
-def _fisher_texts(tokenizer, source: str, n: int) -> list[list[int]]:
-    """The token ids of ``source``'s ``n`` calibration texts a Fisher pass reads, each cut at
-    :data:`~capsense.compress.sensitivity.FISHER_MAX_TOKENS`."""
-    from capsense.compress.calibration import calibration_samples
-    from capsense.compress.sensitivity import FISHER_MAX_TOKENS
-
-    return calibration_samples(source, tokenizer, n, max_tokens=FISHER_MAX_TOKENS)[0]
-
-
 def fisher_texts(tokenizer, guide: Guide, base: Setting) -> dict[str, list[list[int]]]:
     """The token ids of the texts a run guided by ``guide`` at ``base`` runs its Fisher passes over, by source
     (:func:`fisher_sources`; empty: it sums no Fisher). Built once per run (:mod:`.pipeline`): the memory check
     counts the longest (:func:`fisher_tokens`), then the passes read them (``texts`` of :func:`plan_guided`);
-    round 19 tokenized them for each."""
-    return {source: _fisher_texts(tokenizer, source, guide.samples) for source in fisher_sources(guide, base)}
+    round 19 tokenized them for each. Each source's ``guide.samples`` texts, cut at
+    :data:`~capsense.compress.sensitivity.FISHER_MAX_TOKENS`."""
+    from capsense.compress.calibration import calibration_samples
+    from capsense.compress.sensitivity import FISHER_MAX_TOKENS
+
+    return {source: calibration_samples(source, tokenizer, guide.samples, max_tokens=FISHER_MAX_TOKENS,
+                                        include_path=guide.include_path)[0] for source in fisher_sources(guide, base)}
 
 
 def fisher_tokens(texts: Mapping[str, Sequence[Sequence[int]]]) -> int:
@@ -273,15 +268,16 @@ def plan_guided(model: nn.Module, tokenizer, base_budget: Budget, guide: Guide, 
     """Everything :func:`guided_budget` fixes before pricing a matrix (the Fisher diagonals of
     :func:`fisher_sources` are computed here: backward passes through the whole model); no calibration
     statistics are read. ``texts``: the run's Fisher texts, built once (:func:`fisher_texts`); None
-    tokenizes each source's here."""
+    builds them here."""
     base = guided_setting(base_budget)
     if guide.pricing is not None and guide.sensitivity == "measured":
         raise BudgetError("`pricing` applies to a Fisher, generic or flat sensitivity, not measured (which measures the loss)")
     pricing, price = level_pricer(base.method, guide.pricing)
     targets = find_targets(model, base_budget.targets)
     goal = target_bits(model, base, targets, guide.size_ratio)
-    fishers = {s: _fisher(model, tokenizer, targets, s, guide.samples, log, fisher_cache, guide.fisher_groups,
-                          texts[s] if texts is not None else None) for s in fisher_sources(guide, base)}
+    texts = texts if texts is not None else fisher_texts(tokenizer, guide, base)
+    fishers = {s: _fisher(model, targets, s, guide.samples, log, fisher_cache, guide.fisher_groups, texts[s])
+               for s in fisher_sources(guide, base)}
     heads = _protected_heads(model, targets, guide, _top_k(guide, base), fishers)
     budget = Budget(default=base.to_dict(), targets=base_budget.targets, protect_heads=heads, whole_heads=heads is not None)
     fisher = _sensitivity(targets, guide, fishers, fisher_cache)
@@ -391,9 +387,7 @@ def _measured(model, tokenizer, budget: Budget, base: Setting, targets, goal: in
               log, packed: bool = False) -> Allocation:
     overrides, info = measured_allocation(
         model, tokenizer, guide.keep, base, targets, goal, _storable(_levels(base, False, guide.spread), targets, packed),
-        prot, stats,
-        guide.unit, guide.n_levels, guide.samples, log, rounds=guide.rounds,
-    )
+        prot, stats, guide.unit, guide.n_levels, guide.samples, log, rounds=guide.rounds, include_path=guide.include_path)
     budget.overrides = overrides
     info = {"keep": guide.keep, "sensitivity": "measured", "uniform": base.to_dict(), "spread": list(guide.spread),
             "protected_heads": str(heads) if heads is not None else None, "target_bits": goal, **info}

@@ -134,13 +134,13 @@ def _undominated(pool: Sequence[Setting], sample: Sequence[torch.Tensor], bits) 
         bits(o) <= bits(s) and err[o] < err[s] for o in err if o != s)]
 
 
-def allocation_probes(model: nn.Module, tokenizer, keep: Sequence[str], n: int) -> dict:
+def allocation_probes(model: nn.Module, tokenizer, keep: Sequence[str], n: int, include_path: Sequence[str] = ()) -> dict:
     """Each kept capability's last ``n`` documents as a probe (disjoint from the first-document probes), a
-    perplexity task's texts cut at ``model``'s length."""
+    perplexity task's texts cut at ``model``'s length (``include_path``: folders of task YAMLs)."""
     from capsense.compress.capability_loss import capability_probe
     from capsense.scoring.probe import model_max_length
 
-    return {cap: capability_probe(cap, tokenizer, n, "calibration", window=model_max_length(model)) for cap in keep}
+    return {cap: capability_probe(cap, tokenizer, n, "calibration", include_path, model_max_length(model)) for cap in keep}
 
 
 def probe_loss(model: nn.Module, probes: Mapping[str, object]) -> float:
@@ -222,7 +222,7 @@ def measured_allocation(
     model: nn.Module, tokenizer, keep: Sequence[str], base: Setting, targets: Sequence[Target], goal: int,
     levels: Sequence[Setting], prot: Mapping[str, object], stats, unit: str = "kind", n_levels: int = 6,
     samples: int = 32, log: Callable[[str], None] | None = None, progress: bool = True, replay: bool = True,
-    rounds: int = 1,
+    rounds: int = 1, include_path: Sequence[str] = (),
 ) -> tuple[list[Override], dict]:
     """Per-unit overrides of ``base`` at most ``goal`` bits, least measured loss of ``keep``; and what chose them.
 
@@ -230,7 +230,8 @@ def measured_allocation(
     ``prot``: each target's protection; ``replay``: reuse the outputs of the blocks before each
     unit (:class:`~capsense.core.replay.BlockReplay`: blocks before a unit's layer hold the uniform
     weights while it is measured, so they hand on their recorded outputs; on SmolLM2 this halves the time); ``rounds`` > 1 measures again around the previous round's allocation
-    and allocates from those costs (interactions the first round's uniform context misses).
+    and allocates from those costs (interactions the first round's uniform context misses). ``include_path``:
+    folders of task YAMLs declaring kept capabilities.
     The model's weights are the same on return.
     """
     from tqdm.auto import tqdm
@@ -239,7 +240,7 @@ def measured_allocation(
     units = units_of(targets, unit)
     sample = [] if base.calibrated else [t.get() for t in targets[:: max(1, len(targets) // 8)]]
     ladder_ = ladder(base, levels, n_levels, sample)
-    probes = allocation_probes(model, tokenizer, keep, samples)
+    probes = allocation_probes(model, tokenizer, keep, samples, include_path)
     original = snapshot(targets)
     log(f"measured sensitivity: {len(units)} units x {len(ladder_) - 1} levels x {rounds} round(s) "
         f"({', '.join(s.label for s in ladder_)}) on {samples} documents of {', '.join(keep)}")

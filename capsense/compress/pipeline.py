@@ -19,7 +19,7 @@ refused before the slow part and before anything is written.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ def compress_checkpoint(
     probes: int = 32,
     sequential: bool = False,
     sequential_propagate: str = DEFAULT_PROPAGATE,
+    include_path: Sequence[str] = (),
 ) -> CompressionResult:
     """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
@@ -96,33 +97,43 @@ def compress_checkpoint(
     ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer on the
     outputs of the original layers (``sequential_propagate`` "original", the default: the one-pass result) or the
     compressed ones; guided (:mod:`.guided_sequential`), each candidate so, its levels priced on the original ones.
-    """
-    from capsense.core.files import check_output_dir
+    ``include_path``: task YAML folders ``calibration`` may name tasks of (``guide`` carries its own, for ``keep``)."""
     from capsense.core.models import load_model
     from capsense.core.placement import check_weights_in_memory
 
     log = log or (lambda _m: None)
-    check_output_dir(out, overwrite)  # fail before the slow part
-    fmt = resolve_format(fmt, budget)
-    check_calibration_given(budget, calibration, calibration_samples_n)
-    check_moe_config(model_name, budget.targets)  # MLP targets on a mixture-of-experts model
-    if sequential:
-        check_sequential(budget, guide, sequential_propagate)  # before the model loads
-    if guide is not None and probes > 0:
-        _check_kept_held_out(guide, probes, calibration, calibration_samples_n)
+    fmt = _check_before_load(model_name, budget, out, overwrite, fmt, calibration, calibration_samples_n, guide, probes,
+                             sequential_propagate if sequential else None)
     model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
     _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
     result, budget, allocation, measured = _compress_sequential(
         model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, guide, probes, dtype, log, fmt,
-    ) if sequential else _compress_one_pass(
-        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt)
+        include_path) if sequential else _compress_one_pass(
+        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt, include_path)
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
     _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured)
     return result
+
+
+def _check_before_load(model_name: str, budget: Budget, out, overwrite: bool, fmt: str, calibration: str, n_samples: int,
+                       guide, probes: int, sequential_propagate: str | None) -> str:
+    """What :func:`compress_checkpoint` refuses before the model loads (``sequential_propagate`` None: one pass);
+    the format ``fmt`` resolves to."""
+    from capsense.core.files import check_output_dir
+
+    check_output_dir(out, overwrite)  # fail before the slow part
+    fmt = resolve_format(fmt, budget)
+    check_calibration_given(budget, calibration, n_samples)
+    check_moe_config(model_name, budget.targets)  # MLP targets on a mixture-of-experts model
+    if sequential_propagate is not None:
+        check_sequential(budget, guide, sequential_propagate)
+    if guide is not None and probes > 0:
+        _check_kept_held_out(guide, probes, calibration, n_samples)
+    return fmt
 
 
 def _check_kept_held_out(guide, probes: int, calibration: str, n_samples: int) -> None:
@@ -134,16 +145,16 @@ def _check_kept_held_out(guide, probes: int, calibration: str, n_samples: int) -
 
     calibrated = calibration_documents(guide.keep, calibration, n_samples)
     check_held_out({cap: (probes, max(guide.samples, guide.check_docs or 0, calibrated[cap])) for cap in guide.keep},
-                   "lower `calibration_samples` (the kept capabilities' calibration texts) or `check_docs`")
+                   "lower `calibration_samples` (the kept capabilities' calibration texts) or `check_docs`", guide.include_path)
 
 
 def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: str, n_samples: int, guide, probes: int,
-                       dtype: str, log: Callable[[str], None], fmt: str):
+                       dtype: str, log: Callable[[str], None], fmt: str, include_path: Sequence[str] = ()):
     """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL).
-    ``planned``: ``budget``'s plan, made once by the caller."""
+    ``planned``: ``budget``'s plan, made once by the caller; ``include_path``: task YAML folders ``calibration`` names."""
     needed, _ = needs_calibration(planned)
     # built once: the guided memory check counts the Gram matrices from them, then calibration runs on them
-    samples = calibration_samples(calibration, tokenizer, n_samples) if needed else ([], [])
+    samples = calibration_samples(calibration, tokenizer, n_samples, include_path=include_path) if needed else ([], [])
     texts = None
     if guide is not None:  # before the calibration and the Fisher passes: what the run holds, what it spills
         from capsense.compress.guided import fisher_texts
@@ -157,7 +168,7 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
         log(f"calibrating on {calibration} ({n_samples} samples)")
         stats, calib_info = calibrate(model, tokenizer, budget, samples=samples)
     allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt, texts) if guide is not None else []
-    kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if guide is not None and probes > 0 else None
+    kept = _KeptLoss(model, tokenizer, guide, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
     result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log)
     result.calibration = calib_info
@@ -165,10 +176,10 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
 
 
 def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_samples: int, propagate: str, guide,
-                         probes: int, dtype: str, log: Callable[[str], None], fmt: str):
+                         probes: int, dtype: str, log: Callable[[str], None], fmt: str, include_path: Sequence[str] = ()):
     """Calibrate and compress one decoder layer at a time (:mod:`.sequential`; guided:
     :mod:`.guided_sequential`): (result, budget shipped, allocation, measured dL), as :func:`_compress_one_pass`."""
-    samples, calib_info = calibration_samples(calibration, tokenizer, n_samples)
+    samples, calib_info = calibration_samples(calibration, tokenizer, n_samples, include_path=include_path)
     log(f"calibrating and compressing one layer at a time on {calibration} ({n_samples} samples): "
         f"{setting_label(budget.default)}")
     if guide is None:
@@ -184,7 +195,7 @@ def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_s
     check_guided_disk(model, budget, guide)
     allocations = guided_candidates_sequential(model, tokenizer, budget, samples, guide, log, packed, texts)
     _check_allocations(model, allocations, fmt)
-    kept = _KeptLoss(model, tokenizer, guide.keep, probes, dtype, log) if probes > 0 else None
+    kept = _KeptLoss(model, tokenizer, guide, probes, dtype, log) if probes > 0 else None
     result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, None, guide, log,
                                                  compress=lambda b: compress_sequential(model, b, samples, propagate, log=log))
     result.calibration = calib_info
@@ -213,13 +224,13 @@ def _check_allocations(model, allocations, fmt: str) -> None:
 class _KeptLoss:
     """The kept capabilities' loss on their probes, measured before compressing; :meth:`after` gives the dL."""
 
-    def __init__(self, model, tokenizer, keep, probes: int, dtype: str, log) -> None:
+    def __init__(self, model, tokenizer, guide, probes: int, dtype: str, log) -> None:
         from capsense.compress.capability_loss import build_probes, measure
         from capsense.scoring.probe import model_max_length
 
         self.probes, self.dtype = probes, dtype
-        self.sets = build_probes(tokenizer, keep, probes, window=model_max_length(model))
-        log(f"measuring {', '.join(keep)} on {probes} probe documents each, before and after compressing")
+        self.sets = build_probes(tokenizer, guide.keep, probes, guide.include_path, model_max_length(model))
+        log(f"measuring {', '.join(guide.keep)} on {probes} probe documents each, before and after compressing")
         self.before = measure(model, self.sets)
 
     def after(self, model) -> dict[str, Any]:

@@ -21,12 +21,13 @@ SETTING_PARAMETERS = ("method", "density", "scope", "bits", "group_size", "damp"
 
 
 def check_request(model: str, out: str | Path, overwrite: bool, device_map: str | dict[str, Any] | None,
-                  method: str | None, budget_file: str | Path | None, calibration: str | None, solve_on: str | None = None):
+                  method: str | None, budget_file: str | Path | None, calibration: str | None, solve_on: str | None = None,
+                  include_path: Sequence[str] = ()):
     """Refuse bad input before any heavy import; return the checked device map.
 
     ``out`` must be writable (or ``overwrite``), every device the map names must exist,
     ``model`` must name a model, ``method`` or ``budget_file`` must be given, a
-    misspelt task in ``calibration`` is an error, not literal calibration text, and ``solve_on`` ``layer``
+    misspelt task in ``calibration`` (capsense's, or ``include_path``'s) is an error, not literal calibration text, and ``solve_on`` ``layer``
     without a device map (every layer on the CPU, where it would change nothing) is an error.
     """
     from capsense.compress.capabilities import check_calibration_spec
@@ -40,23 +41,29 @@ def check_request(model: str, out: str | Path, overwrite: bool, device_map: str 
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
     if calibration:
-        check_calibration_spec(calibration)
+        check_calibration_spec(calibration, include_path)
     if solve_on == "layer" and placed is None:
         raise CapsenseError("`solve_on` layer solves GPTQ/SparseGPT on each layer's device; without a device map every "
                             "layer is on the CPU, where it changes nothing: give a device map (layers on GPUs) or leave it out")
     return placed
 
 
-def _check_guide_options(keep: str | None, **options: Any) -> None:
-    """Options that shape a guided allocation, given without ``keep``: one error naming them."""
-    stray = [name for name, value in options.items() if value is not None]
+def _check_options(setting: Mapping[str, Any], sequential: bool, sequential_propagate: str | None, keep: str | None,
+                   **guide_options: Any) -> None:
+    """Options that do not apply, one error each: ``guide_options`` (they shape a guided allocation) without ``keep``,
+    ``sequential_propagate`` without ``sequential``; and a ``setting`` key no method takes."""
+    stray = [name for name, value in guide_options.items() if value is not None]
     if stray and not keep:
         raise CapsenseError(f"{', '.join(f'`{n}`' for n in stray)} shape(s) a guided allocation: give `keep` "
                             "(the capabilities to keep) or leave them out")
+    if sequential_propagate is not None and not sequential:
+        raise CapsenseError("`sequential_propagate` says how `sequential` calibrates: give both or leave it out")
+    if unknown := set(setting) - set(SETTING_PARAMETERS):
+        raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
 
 
 def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform,
-           fisher_groups=None, check_docs=None):
+           fisher_groups=None, check_docs=None, include_path: Sequence[str] = ()):
     """The :class:`~capsense.compress.guided.Guide` of a request that keeps ``keep``; ``check_uniform`` None is on
     at the uniform setting's size, and asked for with ``budget_size`` (another size) an error, as is ``check_docs``
     (the check's documents) where no check runs."""
@@ -72,7 +79,7 @@ def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_siz
                             "leave one out")
     return Guide(keep.split(","), sensitivity=sensitivity, protect_top_k=protect_top_k, heads=protect_heads,
                  size_ratio=budget_size, samples=samples, pricing=pricing, check_uniform=check_uniform is not False,
-                 fisher_groups=fisher_groups or 1, check_docs=check_docs)
+                 fisher_groups=fisher_groups or 1, check_docs=check_docs, include_path=tuple(include_path))
 
 
 def default_calibration(budget, guide) -> str:
@@ -83,7 +90,7 @@ def default_calibration(budget, guide) -> str:
 
     base = parse_setting(budget.default)
     if guide is not None and base is not None and base.compensating:
-        return kept_calibration(guide.keep)
+        return kept_calibration(guide.keep, include_path=guide.include_path)
     return DEFAULT_CALIBRATION
 
 
@@ -110,40 +117,38 @@ def compress_request(
     fmt: str = "auto",
     sequential: bool = False,
     sequential_propagate: str | None = None,
+    include_path: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
 ):
     """Compress ``model`` as asked and write the checkpoint to ``out``; the
     :class:`~capsense.compress.engine.CompressionResult` (its ``budget`` names the targets).
 
-    ``setting``: values of :data:`SETTING_PARAMETERS` (None = not given). With ``budget_file`` they override its
-    default setting (a different ``method`` starts from that method's defaults); without, they are the one setting
-    of every ``targets`` matrix. ``keep`` (comma-separated capabilities) asks for a guided allocation at the uniform
-    setting's size (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept capability
-    (or ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT allocation prices its levels,
-    ``check_uniform`` (None: on) whether the uniform setting is shipped when it measures better on calibration
-    documents (``check_docs`` per kept capability; None: ``calibration_samples``), ``fisher_groups`` over how many
-    runs of layers the Fisher is summed in turn (None: 1) (:class:`~capsense.compress.guided.Guide`); given without
-    ``keep`` they are an error, not ignored. ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided by
-    ``keep``, those plus the kept capabilities' last documents (:func:`~capsense.compress.calibration.kept_calibration`).
-    ``sequential``: one decoder layer at a time (:mod:`capsense.compress.sequential`, ``sequential_propagate``).
-    """
+    ``setting``: values of :data:`SETTING_PARAMETERS` (None: not given). With ``budget_file`` they override its default
+    setting (a different ``method`` starts from that method's defaults); without, they are the one setting of every
+    ``targets`` matrix. ``keep`` (comma-separated capabilities) asks for a guided allocation at the uniform setting's
+    size (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept capability (or
+    ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT allocation prices its levels,
+    ``check_uniform`` (None: on) whether the uniform setting is shipped when it measures better on calibration documents
+    (``check_docs`` per kept capability; None: ``calibration_samples``), ``fisher_groups`` over how many runs of layers
+    the Fisher is summed in turn (None: 1) (:class:`~capsense.compress.guided.Guide`); given without ``keep`` they are
+    an error, not ignored. ``calibration`` None is the default sources, and for an error-compensating method (GPTQ,
+    SparseGPT) guided by ``keep``, those plus the kept capabilities' last documents
+    (:func:`~capsense.compress.calibration.kept_calibration`). ``sequential``: one decoder layer at a time
+    (:mod:`capsense.compress.sequential`, ``sequential_propagate``); ``include_path``: task YAML folders whose tasks
+    ``keep`` and ``calibration`` may name."""
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.sequential import DEFAULT_PROPAGATE
 
-    _check_guide_options(keep, protect_heads=protect_heads, protect_top_k=protect_top_k, budget_size=budget_size,
-                         pricing=pricing, check_uniform=check_uniform, fisher_groups=fisher_groups,
-                         check_docs=check_docs, sensitivity=None if sensitivity == "kept" else sensitivity)
-    if sequential_propagate is not None and not sequential:
-        raise CapsenseError("`sequential_propagate` says how `sequential` calibrates: give both or leave it out")
-    unknown = set(setting) - set(SETTING_PARAMETERS)
-    if unknown:
-        raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
+    _check_options(setting, sequential, sequential_propagate, keep, protect_heads=protect_heads,
+                   protect_top_k=protect_top_k, budget_size=budget_size, pricing=pricing, check_uniform=check_uniform,
+                   fisher_groups=fisher_groups, check_docs=check_docs, sensitivity=None if sensitivity == "kept" else sensitivity)
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
-                   check_uniform, fisher_groups, check_docs) if keep else None
+                   check_uniform, fisher_groups, check_docs, include_path) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE)
+        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential,
+        sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path)

@@ -67,10 +67,11 @@ class Selection:
 def compress_better(
     model: nn.Module, tokenizer, candidates: Sequence[tuple[str, Budget]], stats, keep: Sequence[str], n_docs: int,
     log: Callable[[str], None] | None = None, compress: Callable[[Budget], CompressionResult] | None = None,
+    include_path: Sequence[str] = (),
 ) -> Selection:
     """Compress ``model`` with each of ``candidates`` (name, budget) from its current weights (``compress``:
     how a budget compresses the model in place; default :func:`compress_model` with ``stats``), measure
-    ``keep``'s loss on their last ``n_docs`` documents (calibration documents, not the probes) and leave
+    ``keep``'s (declared in ``include_path``'s task YAMLs or known to lm-eval) loss on their last ``n_docs`` documents (calibration documents, not the probes) and leave
     the chosen one in the model: the first candidate (the allocation) unless another's summed dL is lower
     by more than ``MARGIN_SE`` standard errors (:func:`paired_vs_allocation`; 0: lower at all); of
     those, the lowest summed dL.
@@ -86,7 +87,8 @@ def compress_better(
     if n_docs < 1:
         raise BudgetError(f"`n_docs` (calibration documents measured per kept capability) must be >= 1, got {n_docs}")
     log = log or (lambda _m: None)
-    sets = {cap: capability_probe(cap, tokenizer, n_docs, "calibration", window=model_max_length(model)) for cap in keep}
+    sets = {cap: capability_probe(cap, tokenizer, n_docs, "calibration", include_path, model_max_length(model))
+            for cap in keep}
     before = measure(model, sets)
     targets = find_targets(model, candidates[0][1].targets)
     with Spill("original") as original, Spill("chosen") as chosen_weights:
@@ -237,7 +239,7 @@ def compress_guided(model: nn.Module, tokenizer, uniform: Budget, allocations, s
     log(f"compressing with {', '.join(n for n, _ in allocations)} and uniform; the lowest dL on calibration "
         "documents ships")
     sel = compress_better(model, tokenizer, [(n, a.budget) for n, a in allocations] + [("uniform", uniform)], stats,
-                          guide.keep, guide.check_docs or guide.samples, log, compress)
+                          guide.keep, guide.check_docs or guide.samples, log, compress, guide.include_path)
     allocation = dict(allocations).get(sel.chosen, allocations[0][1])
     allocation.info["selection"] = sel.record
     return sel.result, sel.budget, allocation

@@ -124,3 +124,26 @@ def test_a_grid_calibrating_on_a_capability_it_measures_keeps_its_probes_apart(t
     r = CliRunner().invoke(main, ["fit", str(grid), "--report", str(tmp_path / "report")])  # no accuracy to fit or print
     assert r.exit_code == 0, r.output
     assert "text " in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_compress_keeps_a_user_s_perplexity_task_and_states_its_measured_dl(toy, tmp_path):
+    """``capsense compress --keep toy_text --include-path``: GPTQ calibrates on the default mix plus the kept task's
+    last texts, the Fisher reads them, the checkpoint's dL is what ``capsense measure`` gives on the written model,
+    and no folder of this machine is recorded."""
+    model_dir, tasks = toy
+    out, ckpt_m = tmp_path / "out", tmp_path / "ckpt.json"
+    r = CliRunner().invoke(main, ["compress", str(model_dir), "--method", "gptq", "--bits", "3", "--group-size", "32",
+                                  "--keep", TOY_ROLLING, "--calibration-samples", "8", "--save-dtype", "float32",
+                                  "--include-path", str(tasks), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    text = (out / "capsense.json").read_text()
+    meta = json.loads(text)
+    kept = meta["measured"]["capabilities"][TOY_ROLLING]
+    assert kept["acc"] is None and kept["dL"] == pytest.approx(kept["nll"] - kept["nll0"]) and kept["dL"] != 0
+    calibrated = next(c for c in meta["calibration"] if c["source"] == TOY_ROLLING)
+    assert calibrated["kind"] == "task" and calibrated["doc_ids"] == [39]  # 8 texts over five sources: the last 1 is its share
+    assert str(tasks) not in text
+    r = CliRunner().invoke(main, ["measure", str(out), "--capabilities", TOY_ROLLING, "--probes", "32",
+                                  "--include-path", str(tasks), "--out", str(ckpt_m)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(ckpt_m.read_text())["capabilities"][TOY_ROLLING]["nll"] == pytest.approx(kept["nll"], abs=1e-4)

@@ -120,7 +120,7 @@ def test_cli_fresh_arm_and_too_few_texts(tmp_path, tiny_model_dir):
                                   "--out", str(student)])
     assert r.exit_code == 0, r.output
     args = ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "2", "--gen-tokens", "2",
-            "--seq-len", "24", "--capabilities", "qa", "--probes", "2", "--fresh"]
+            "--seq-len", "24", "--capabilities", "addition", "--probes", "2", "--fresh"]  # (no source: held out whatever --texts)
     r = CliRunner().invoke(main, [*args, "--texts", "3", "--out", str(tmp_path / "fresh")])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "fresh" / "capsense.json").read_text())["distill"]
@@ -129,3 +129,5 @@ def test_cli_fresh_arm_and_too_few_texts(tmp_path, tiny_model_dir):
     r = CliRunner().invoke(main, [*args, "--texts", "5000", "--out", str(tmp_path / "big")])  # the tasks hold fewer
     assert r.exit_code == 1 and "Error:" in r.output and "not the 10000 asked" in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "big").exists() and not (tmp_path / "big.partial").exists()
+    r = CliRunner().invoke(main, [*args[:-4], "qa", "--probes", "2", "--texts", "5000", "--out", str(tmp_path / "qa")])
+    assert r.exit_code == 1 and "'qa' has 135 documents: its first 2 measure it and its last 135" in r.output, r.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import device_map_from, device_map_option, out_option, overwrite_option
+from capsense.commands.options import device_map_from, device_map_option, include_path_option, out_option, overwrite_option
 from capsense.commands.output import echo_written
 
 
@@ -20,13 +20,15 @@ from capsense.commands.output import echo_written
               help="Every epoch reads --texts texts no earlier epoch read (epochs x texts in all, one pass): the "
                    "fresh arm of a data-reuse comparison (recipes/bench/distill_reuse.py).")
 @click.option("--capabilities", default="math,code,qa,arithmetic,induction", show_default=True,
-              help="Capabilities whose dL (vs the teacher, first --probes documents) is measured after each epoch.")
+              help="Capabilities whose dL (vs the teacher, first --probes documents) is measured after each epoch "
+                   "(any lm-eval task, a user's with --include-path).")
 @click.option("--probes", type=int, default=32, show_default=True)
 @device_map_option()
+@include_path_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
 def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes, device_map,
-            parallelize, out, overwrite):
+            parallelize, include_path, out, overwrite):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
@@ -46,12 +48,12 @@ def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, fresh, cap
     )
     from capsense.compress.capabilities import parse_capabilities
 
-    caps = parse_capabilities(capabilities)
+    caps = parse_capabilities(capabilities, include_path)
     cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
                         epochs=epochs, lr=lr, fresh=fresh)
-    check_distill_held_out(cfg, caps, probes)
+    check_distill_held_out(cfg, caps, probes, include_path)
     s_model, t_model, tok = load_models(cfg, placed)
-    evaluate = capability_evaluator(t_model, tok, caps, probes)
+    evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)
     records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok))
     for r in records:
         click.echo(f"epoch {r['epoch']}: " + "  ".join(f"{c} {v:+.4f}" for c, v in r["dL"].items()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import dtype_option, no_progress_option, out_option
+from capsense.commands.options import dtype_option, include_path_option, no_progress_option, out_option
 from capsense.commands.output import log
 
 
@@ -28,15 +28,17 @@ def _floats(text: str | None) -> list[float]:
 @click.option("--group-size", type=int, default=128, show_default=True)
 @click.option("--ratios", default=None, help="Low-rank parameter ratios, e.g. 0.9,0.8,0.7,0.6.")
 @click.option("--targets", default=None, help="attn, mlp or attn,mlp (default both).")
-@click.option("--capabilities", default=None, help="Comma-separated capabilities (default math,code,qa).")
+@click.option("--capabilities", default=None, help="Comma-separated capabilities (default math,code,qa; any lm-eval task, "
+              "a user's with --include-path).")
 @click.option("--probes", type=int, default=None, help="Probe documents per capability (default 64).")
 @dtype_option(None, help="Dtype to load and compress in (default: the spec's, else float32).")
 @click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa).")
 @click.option("--calibration-samples", type=int, default=None)
+@include_path_option()
 @out_option("JSONL file (appended; resumed).", file=True)
 @no_progress_option()
 def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, targets, capabilities, probes, dtype,
-         calibration, calibration_samples, out, quiet):
+         calibration, calibration_samples, include_path, out, quiet):
     """Measure every (method, setting) x capability of a grid; one JSONL line per measurement.
 
     Re-running the same command skips the measurements the file already holds.
@@ -53,7 +55,8 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     names = [x.strip() for x in (methods or "").split(",") if x.strip()]
     values = {"densities": _floats(densities) or None, "bits": _floats(bits_list) or None, "ratios": _floats(ratios) or None}
     spec = grid_spec(spec_file, names, values, group_size, model=model, capabilities=capabilities, probes=probes,
-                     dtype=dtype, calibration=calibration, calibration_samples=calibration_samples, targets=targets)
+                     dtype=dtype, calibration=calibration, calibration_samples=calibration_samples, targets=targets,
+                     include_path=list(include_path) or None)
     records = run_grid(spec, out, progress=not quiet, log=log)
     click.echo(grid_table(records))
     click.echo(f"{len(records)} measurements in {out}")

@@ -62,14 +62,16 @@ class DistillConfig:
         return self.n_texts * (self.epochs if self.fresh else 1)
 
 
-def check_distill_held_out(cfg: DistillConfig, capabilities: Sequence[str], n_probes: int) -> None:
+def check_distill_held_out(cfg: DistillConfig, capabilities: Sequence[str], n_probes: int,
+                           include_path: Sequence[str] = ()) -> None:
     """The capabilities' probes (first ``n_probes`` documents) apart from the training texts ``cfg.sources`` take
-    from their last documents (:func:`~capsense.compress.capabilities.check_held_out`), before any model loads."""
+    from their last documents (:func:`~capsense.compress.capabilities.check_held_out`), before any model loads
+    (``include_path``: folders of task YAMLs declaring the capabilities)."""
     from capsense.compress.calibration import calibration_documents
     from capsense.compress.capabilities import check_held_out
 
     check_held_out({c: (n_probes, n) for c, n in calibration_documents(capabilities, cfg.sources, cfg.unique_texts).items()},
-                   "lower `probes` or `texts`, or train on other sources")
+                   "lower `probes` or `texts`, or train on other sources", include_path)
 
 
 @torch.no_grad()
@@ -320,12 +322,14 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
     shutil.rmtree(work, ignore_errors=True)
 
 
-def capability_evaluator(teacher: nn.Module, tokenizer, capabilities, n_probes: int = 32, batch_size: int = 16):
-    """``evaluate(student) -> {capability: dL}``, dL against the teacher on the first ``n_probes`` documents."""
+def capability_evaluator(teacher: nn.Module, tokenizer, capabilities, n_probes: int = 32, batch_size: int = 16,
+                         include_path: Sequence[str] = ()):
+    """``evaluate(student) -> {capability: dL}``, dL against the teacher on the first ``n_probes`` documents
+    (``include_path``: folders of task YAMLs declaring the capabilities)."""
     from capsense.compress.capability_loss import build_probes, measure
     from capsense.scoring.probe import model_max_length
 
-    probes = build_probes(tokenizer, capabilities, n_probes, window=model_max_length(teacher))
+    probes = build_probes(tokenizer, capabilities, n_probes, include_path, model_max_length(teacher))
     base = {c: m.nll for c, m in measure(teacher, probes, batch_size).items()}
 
     def evaluate(student: nn.Module) -> dict[str, float]:

@@ -43,6 +43,7 @@ class GridSpec:
     batch_size: int = 16
     train_tokens: float | None = None  # training tokens of the model state, for the fit's features
     settings: list[dict[str, Any]] = field(default_factory=list)  # normalized, each with "targets"
+    include_path: list[str] = field(default_factory=list)  # task YAML folders of capabilities and calibration (a user's)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a grid file to be resumed."""
@@ -134,7 +135,9 @@ def spec_from_dict(data: Mapping[str, Any]) -> GridSpec:
             kw["train_tokens"] = float(kw["train_tokens"])  # YAML reads 2.0e12 (no exponent sign) as a string
         except (TypeError, ValueError):
             raise CapsenseError(f"train_tokens must be a number, got {kw['train_tokens']!r}") from None
-    return GridSpec(capabilities=parse_capabilities(caps), settings=settings, **kw)
+    if isinstance(kw.get("include_path"), str):
+        kw["include_path"] = [kw["include_path"]]
+    return GridSpec(capabilities=parse_capabilities(caps, kw.get("include_path") or ()), settings=settings, **kw)
 
 
 def grid_spec(spec_file: str | Path | None = None, methods: Sequence[str] = (),
@@ -143,7 +146,7 @@ def grid_spec(spec_file: str | Path | None = None, methods: Sequence[str] = (),
     """The grid a caller asks for (``capsense grid``).
 
     With ``spec_file``, the file's grid, its fields replaced by the non-None ``fields`` (model,
-    capabilities, probes, dtype, calibration, calibration_samples, targets) and its settings by
+    capabilities, probes, dtype, calibration, calibration_samples, targets, include_path) and its settings by
     ``methods`` spanning ``values`` (keyed densities/bits/ratios) when those are given; without,
     ``fields`` and ``methods`` x ``values`` alone.
     """
@@ -269,7 +272,8 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     targets = find_targets(model, sorted({k for s in spec.settings for k in parse_kinds(s["targets"])}))
     n_params = model_param_count(model)
     sess = _Session(
-        spec, model, build_probes(tokenizer, spec.capabilities, spec.probes, window=model_max_length(model)), targets,
+        spec, model, build_probes(tokenizer, spec.capabilities, spec.probes, spec.include_path, model_max_length(model)),
+        targets,
         snapshot(targets),
         {"model": spec.model, "n_params": n_params, "log_params": math.log(n_params), "train_tokens": spec.train_tokens},
         {r["capability"]: r for r in existing if r["key"].startswith("dense|")},
@@ -278,8 +282,9 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
     if any(x.calibrated for x in pending_settings):
         check_held_out({c: (spec.probes, n) for c, n in calibration_documents(
             spec.capabilities, spec.calibration, spec.calibration_samples).items()},
-            "lower `probes` or `calibration_samples`, or calibrate on other sources")
-        samples, sess.calib_info = calibration_samples(spec.calibration, tokenizer, spec.calibration_samples)
+            "lower `probes` or `calibration_samples`, or calibrate on other sources", spec.include_path)
+        samples, sess.calib_info = calibration_samples(spec.calibration, tokenizer, spec.calibration_samples,
+                                                       include_path=spec.include_path)
         log(f"calibrating on {spec.calibration} ({len(samples)} samples)")
         sess.stats = collect_stats(model, targets, samples, gram=any(x.needs_gram for x in pending_settings))
     # Stable ranks come from the original weights alone, once per target set.

@@ -147,3 +147,32 @@ def test_compress_keeps_a_user_s_perplexity_task_and_states_its_measured_dl(toy,
                                   "--include-path", str(tasks), "--out", str(ckpt_m)])
     assert r.exit_code == 0, r.output
     assert json.loads(ckpt_m.read_text())["capabilities"][TOY_ROLLING]["nll"] == pytest.approx(kept["nll"], abs=1e-4)
+
+
+def test_grid_and_distill_measure_a_user_s_task_from_its_folder(toy, tmp_path):
+    """``capsense grid`` and ``capsense distill`` take ``--include-path`` for their capabilities (and the grid for its
+    calibration): a user's perplexity task is measured in both, and no folder of this machine is recorded."""
+    model_dir, tasks = toy
+    grid = tmp_path / "g.jsonl"
+    r = CliRunner().invoke(main, ["grid", str(model_dir), "--methods", "wanda", "--densities", "0.5", "--capabilities",
+                                  f"{TOY_ROLLING},{TOY_MC}", "--probes", "8", "--calibration", TOY_ROLLING,
+                                  "--calibration-samples", "4", "--include-path", str(tasks), "--out", str(grid),
+                                  "--no-progress"])
+    assert r.exit_code == 0, r.output
+    records = [json.loads(x) for x in grid.read_text().splitlines()]
+    assert {(x["capability"], x["label"]) for x in records} == {(c, m) for c in (TOY_ROLLING, TOY_MC)
+                                                                for m in ("dense", "wanda@d0.5")}
+    wanda = next(x for x in records if x["capability"] == TOY_ROLLING and x["label"] != "dense")
+    assert wanda["calibration"][0]["source"] == TOY_ROLLING and wanda["dL"] != 0 and wanda["acc"] is None
+    assert str(tasks) not in grid.read_text()
+    student = tmp_path / "student"
+    r = CliRunner().invoke(main, ["compress", str(model_dir), "--method", "magnitude", "--density", "0.5", "--out", str(student)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["distill", str(student), "--teacher", str(model_dir), "--epochs", "1", "--texts", "3",
+                                  "--gen-tokens", "2", "--seq-len", "24", "--capabilities", TOY_ROLLING, "--probes", "4",
+                                  "--include-path", str(tasks), "--out", str(tmp_path / "distilled")])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "distilled" / "capsense.json").read_text()
+    epochs = json.loads(text)["distill"]["epochs"]
+    assert [set(e["dL"]) for e in epochs] == [{TOY_ROLLING}] * 2 and epochs[0]["dL"][TOY_ROLLING] != 0
+    assert str(tasks) not in text

@@ -34,7 +34,8 @@ def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, 
     result = doc["capabilities"]
     text = json.dumps(doc, indent=2) + "\n"
     for c, v in result.items():
-        extra = f"  dL {v['dL']:+.4f}" if "dL" in v else ""
+        se = f" (se {v['dL_se']:.4f})" if v.get("dL_se") is not None else ""
+        extra = f"  dL {v['dL']:+.4f}{se}" if "dL" in v else ""
         acc = "" if v["acc"] is None else f"  acc {v['acc']:.3f}"
         click.echo(f"{c:12s} {v['nll']:.4f} nats/token{acc}  ({v['n_docs']} docs, {v['n_tokens']} tokens){extra}",
                    err=bool(not out))

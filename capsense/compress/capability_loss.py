@@ -128,12 +128,16 @@ def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16)
 
 
 def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, CapabilityLoss]) -> dict[str, dict[str, Any]]:
-    """Per capability: ``after``'s measurement with ``nll0`` (``before``'s loss) and ``dL = nll - nll0``."""
+    """Per capability: ``after``'s measurement with ``nll0`` (``before``'s loss), ``dL = nll - nll0`` and ``dL_se``, its
+    standard error over documents (:func:`paired_difference`; None with one document, or where the two tokenized the
+    documents differently: models of two tokenizers)."""
     out = {}
     for cap, a in after.items():
+        b = before[cap]
         d = a.to_dict()
-        d["nll0"], d["acc0"] = before[cap].nll, before[cap].acc
+        d["nll0"], d["acc0"] = b.nll, b.acc
         d["dL"] = d["nll"] - d["nll0"]
+        d["dL_se"] = paired_difference(b, a)[1] if b.task == a.task and list(b.doc_tokens) == list(a.doc_tokens) else None
         out[cap] = d
     return out
 
@@ -145,7 +149,8 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
     measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}, "versions", "host"}``.
 
     With ``reference`` (another model, loaded after ``model`` is freed), each capability also
-    gets ``nll0`` (the reference's loss) and ``dL = nll - nll0``, and the document names it.
+    gets ``nll0`` (the reference's loss), ``dL = nll - nll0`` and its standard error ``dL_se`` (:func:`loss_change`),
+    and the document names it.
     ``per_doc`` adds per-document nats and token counts; ``include_path``: folders of task YAMLs that
     declare capabilities (a user's tasks). A perplexity task's texts are cut at each model's length.
     """
@@ -165,5 +170,5 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
         ref = measure(r, build_probes(rtok, caps, n_probes, include_path, model_max_length(r)), batch_size)
         doc["reference"] = reference
         for c, change in loss_change(measured, ref).items():
-            result[c].update({k: change[k] for k in ("nll0", "acc0", "dL")})
+            result[c].update({k: change[k] for k in ("nll0", "acc0", "dL", "dL_se")})
     return doc

@@ -176,3 +176,22 @@ def test_grid_and_distill_measure_a_user_s_task_from_its_folder(toy, tmp_path):
     epochs = json.loads(text)["distill"]["epochs"]
     assert [set(e["dL"]) for e in epochs] == [{TOY_ROLLING}] * 2 and epochs[0]["dL"][TOY_ROLLING] != 0
     assert str(tasks) not in text
+
+
+def test_a_loss_change_states_its_standard_error_over_the_shared_documents():
+    """Equal token counts: the sample standard deviation of the per-document differences in nats per token over
+    sqrt(n); None where the two measured different tokens (two tokenizers) or one document."""
+    import numpy as np
+
+    from capsense.compress.capability_loss import CapabilityLoss, loss_change
+
+    def loss(nats, tokens):
+        return CapabilityLoss("math", "capsense_math_problems", sum(nats) / sum(tokens), 0.5, len(nats), sum(tokens),
+                              list(nats), list(tokens))
+
+    before, after = loss([10.0, 12.0, 9.0, 11.0], [5] * 4), loss([12.0, 12.5, 10.0, 14.0], [5] * 4)
+    change = loss_change({"math": after}, {"math": before})["math"]
+    per_doc = (np.array(after.doc_nats) - np.array(before.doc_nats)) / 5
+    assert change["dL"] == pytest.approx(per_doc.mean()) and change["dL_se"] == pytest.approx(per_doc.std(ddof=1) / 2)
+    assert loss_change({"math": loss([12.0] * 4, [6] * 4)}, {"math": before})["math"]["dL_se"] is None
+    assert loss_change({"math": loss([12.0], [5])}, {"math": loss([10.0], [5])})["math"]["dL_se"] is None

@@ -264,6 +264,7 @@ def test_grid_fit_select_measure_take_gptq_and_sparsegpt(tmp_path, tiny_model_di
     assert r.exit_code == 0, r.output
     qa = json.loads((tmp_path / "m.json").read_text())["capabilities"]["qa"]
     assert qa["nll"] > 0 and qa["dL"] == pytest.approx(qa["nll"] - qa["nll0"])
+    assert qa["dL_se"] > 0 and f"dL {qa['dL']:+.4f} (se {qa['dL_se']:.4f})" in r.output
 
 
 @pytest.mark.parametrize("propagate", ["original", "compressed"])

@@ -113,8 +113,8 @@ def check_held_out(uses: Mapping[str, tuple[int, int]], fix: str, include_path: 
         if shared > 0:
             raise CapsenseError(
                 f"capability {cap!r} has {n_docs} documents: its first {first} measure it and its last {last} "
-                f"calibrate the run, so {shared} would do both and its measurement would not be held out; ask for "
-                f"at most {n_docs} together: {fix}")
+                f"calibrate the run, so {shared} would do both and its measurement would not be held out; beside "
+                f"{first} probe documents it can calibrate on at most {n_docs - first}: {fix}")
 
 
 def looks_like_task(source: str) -> bool:

@@ -91,7 +91,7 @@ def test_a_capability_s_probes_and_calibration_documents_must_not_meet():
 
     check_held_out({"text": (32, 8), "math": (64, 64)}, "fix")
     with pytest.raises(CapsenseError, match="'text' has 40 documents: its first 32 measure it and its last 9 calibrate the "
-                                            "run, so 1 would do both.*at most 40 together: lower it"):
+                                            "run, so 1 would do both.*beside 32 probe documents it can calibrate on at most 8: lower it"):
         check_held_out({"text": (32, 9)}, "lower it")
     assert calibration_documents(["text", "math", "code"], "capsense_text,prose", 18) == {"text": 9, "math": 0, "code": 0}
     assert calibration_documents(["text"], "text,text,prose", 5) == {"text": 4}

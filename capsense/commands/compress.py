@@ -50,6 +50,10 @@ from capsense.commands.output import echo_written, log
               "and the original and chosen weights wait in a temporary folder ($TMPDIR; 4 bytes per target weight per "
               "capability, plus two copies of the target weights), not in memory; refused before any pass when its disk has not "
               "the room.")
+@click.option("--probes", type=click.IntRange(min=0), default=None,
+              help="With --keep: the kept capabilities' first N documents, measured before and after compressing and "
+              "stated in capsense.json and the card (default 32; 0: none). A task of few documents leaves the rest "
+              "for calibration: probes and calibration documents never meet.")
 @click.option("--protect-heads", default=None, help="With --keep: heads to protect (heads file or L3H1+L5H0) instead "
               "of the gradient's choice.")
 @click.option("--protect-top-k", type=int, default=None,
@@ -101,7 +105,7 @@ from capsense.commands.output import echo_written, log
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
-             calibration, calibration_samples, dtype, save_dtype, keep, protect_heads, protect_top_k, sensitivity,
+             calibration, calibration_samples, dtype, save_dtype, keep, probes, protect_heads, protect_top_k, sensitivity,
              pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device_map,
              parallelize, include_path, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
@@ -126,7 +130,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
     setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
                "damp": damp, "act_order": act_order, "solve_on": solve_on, "ratio": ratio, "alpha": alpha}
     result = compress_request(
-        model, out, setting, targets=targets, budget_file=budget_file, keep=keep, sensitivity=sensitivity,
+        model, out, setting, targets=targets, budget_file=budget_file, keep=keep, probes=probes, sensitivity=sensitivity,
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
         check_uniform=check_uniform, fisher_groups=fisher_groups, check_docs=check_docs, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,

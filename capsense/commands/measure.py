@@ -23,7 +23,7 @@ from capsense.commands.output import echo_written
 @include_path_option()
 @out_option("Write the JSON here (atomically).", required=False, file=True)
 def measure(model, capabilities, probes, batch_size, dtype, reference, per_doc, include_path, out):
-    """Measure MODEL's loss (nats/token of reference completions, prompt masked) per capability."""
+    """Measure MODEL's loss per capability: nats/token of reference completions (prompt masked), or of whole texts."""
     from capsense.compress.capabilities import check_measure
 
     check_measure(model, reference, probes, out, capabilities, include_path)  # before any heavy import

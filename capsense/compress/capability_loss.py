@@ -1,6 +1,7 @@
-"""Per-capability loss: nats/token of reference completions, prompt masked, on fixed probe sets.
+"""Per-capability loss: nats/token of reference completions, prompt masked (of a perplexity task: its whole texts),
+on fixed probe sets.
 
-Each capability (:mod:`.capabilities`) is an offline lm-eval task of capsense; its probe set is
+Each capability (:mod:`.capabilities`) is an lm-eval task (capsense's offline ones by short name); its probe set is
 the task's first ``n_probes`` documents (fixed, so every measurement of every model state sees
 the same documents; calibration takes documents from the other end:
 :func:`~capsense.compress.capabilities.document_ids`). The loss is the token-weighted cross-entropy of the reference continuation given the prompt, in nats/token, scored by

@@ -106,7 +106,7 @@ def compress_request(
     protect_top_k: int | None = None,
     protect_heads: str | None = None,
     budget_size: float | None = None,
-    pricing: str | None = None,
+    pricing: str | None = None, probes: int | None = None,
     check_uniform: bool | None = None, fisher_groups: int | None = None, check_docs: int | None = None,
     calibration: str | None = None,
     calibration_samples: int = 64,
@@ -123,16 +123,17 @@ def compress_request(
     """Compress ``model`` as asked and write the checkpoint to ``out``; the
     :class:`~capsense.compress.engine.CompressionResult` (its ``budget`` names the targets).
 
-    ``setting``: values of :data:`SETTING_PARAMETERS` (None: not given). With ``budget_file`` they override its default
+    ``setting``: values of :data:`SETTING_PARAMETERS` (None: unset). With ``budget_file`` they override its default
     setting (a different ``method`` starts from that method's defaults); without, they are the one setting of every
     ``targets`` matrix. ``keep`` (comma-separated capabilities) asks for a guided allocation at the uniform setting's
     size (or ``budget_size``), priced by ``sensitivity``, with ``protect_top_k`` heads per kept capability (or
     ``protect_heads``) kept whole; ``pricing`` says how a guided GPTQ or SparseGPT allocation prices its levels,
     ``check_uniform`` (None: on) whether the uniform setting is shipped when it measures better on calibration documents
     (``check_docs`` per kept capability; None: ``calibration_samples``), ``fisher_groups`` over how many runs of layers
-    the Fisher is summed in turn (None: 1) (:class:`~capsense.compress.guided.Guide`); given without ``keep`` they are
-    an error, not ignored. ``calibration`` None is the default sources, and for an error-compensating method (GPTQ,
-    SparseGPT) guided by ``keep``, those plus the kept capabilities' last documents
+    the Fisher is summed in turn (None: 1) (:class:`~capsense.compress.guided.Guide`), ``probes`` the kept capabilities'
+    first documents measured before and after (None: 32, 0: none); given without ``keep`` they are an error, not
+    ignored. ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided
+    by ``keep``, those plus the kept capabilities' last documents
     (:func:`~capsense.compress.calibration.kept_calibration`). ``sequential``: one decoder layer at a time
     (:mod:`capsense.compress.sequential`, ``sequential_propagate``); ``include_path``: task YAML folders whose tasks
     ``keep`` and ``calibration`` may name."""
@@ -142,7 +143,8 @@ def compress_request(
 
     _check_options(setting, sequential, sequential_propagate, keep, protect_heads=protect_heads,
                    protect_top_k=protect_top_k, budget_size=budget_size, pricing=pricing, check_uniform=check_uniform,
-                   fisher_groups=fisher_groups, check_docs=check_docs, sensitivity=None if sensitivity == "kept" else sensitivity)
+                   fisher_groups=fisher_groups, check_docs=check_docs, probes=probes,
+                   sensitivity=None if sensitivity == "kept" else sensitivity)
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
@@ -150,5 +152,5 @@ def compress_request(
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential,
+        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
         sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path)

@@ -195,3 +195,19 @@ def test_a_loss_change_states_its_standard_error_over_the_shared_documents():
     assert change["dL"] == pytest.approx(per_doc.mean()) and change["dL_se"] == pytest.approx(per_doc.std(ddof=1) / 2)
     assert loss_change({"math": loss([12.0] * 4, [6] * 4)}, {"math": before})["math"]["dL_se"] is None
     assert loss_change({"math": loss([12.0], [5])}, {"math": loss([10.0], [5])})["math"]["dL_se"] is None
+
+
+def test_fewer_probes_leave_a_small_task_more_calibration_documents(tmp_path, tiny_model_dir):
+    """``--probes 8``: capsense_text's 40 paragraphs take 32 calibration texts beside 8 probes (the default 32 probes
+    leave 8); the record says 8 probes. Without ``--keep`` there is nothing to probe: an error, nothing written."""
+    out = tmp_path / "out"
+    args = ["compress", str(tiny_model_dir), "--method", "rtn", "--bits", "4", "--group-size", "32"]
+    r = CliRunner().invoke(main, [*args, "--keep", "text", "--calibration-samples", "32", "--out", str(out)])
+    assert r.exit_code == 1 and "beside 32 probe documents it can calibrate on at most 8" in r.output, r.output
+    r = CliRunner().invoke(main, [*args, "--keep", "text", "--probes", "8", "--calibration-samples", "32", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    measured = json.loads((out / "capsense.json").read_text())["measured"]
+    assert measured["probes"] == 8 and measured["capabilities"]["text"]["n_docs"] == 8
+    r = CliRunner().invoke(main, [*args, "--probes", "8", "--out", str(tmp_path / "plain")])
+    assert r.exit_code == 1 and "--probes shape(s) a guided allocation: give --keep" in r.output, r.output
+    assert not (tmp_path / "plain").exists()

@@ -16,7 +16,6 @@ weights a kept capability.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from torch import nn
 
 from capsense.errors import CapsenseError
 from capsense.compress.capabilities import (
-    CAPABILITIES, close_capability, document_ids, looks_like_task, misspelt_task_message, task_of,
+    CAPABILITIES, check_calibration_source, document_ids, looks_like_task, task_of,
 )
 from capsense.compress.targets import Target
 from capsense.core.memory import return_freed_memory
@@ -264,22 +263,15 @@ def _source_texts(source: str, n: int, tokenizer, include_path: Sequence[str] = 
             texts.append(line)
         return texts[:n], {"source": str(path), "kind": "file", "n": min(n, len(texts))}
     from capsense.scoring.requests import load_task
-    from capsense.errors import CapsenseError
 
+    if not looks_like_task(source):
+        return [source], {"source": source[:80], "kind": "text"}
+    check_calibration_source(source, include_path)
     task = CAPABILITIES.get(source, source)
-    if looks_like_task(source):
-        if misspelt_task_message(source, include_path):
-            raise CapsenseError(misspelt_task_message(source, include_path))
-        try:
-            task_obj = load_task(task, include_path, tokenizer)
-        except CapsenseError as e:
-            if source in CAPABILITIES or os.sep in source or close_capability(source):
-                raise CapsenseError(f"{e}{close_capability(source)}") from None
-        else:
-            docs = task_obj.eval_docs
-            ids = document_ids(len(docs), n, "calibration")[::-1]  # the last first
-            return [_doc_text(task_obj, docs[i]) for i in ids], {"source": task, "kind": "task", "doc_ids": ids}
-    return [source], {"source": source[:80], "kind": "text"}
+    task_obj = load_task(task, include_path, tokenizer)
+    docs = task_obj.eval_docs
+    ids = document_ids(len(docs), n, "calibration")[::-1]  # the last first
+    return [_doc_text(task_obj, docs[i]) for i in ids], {"source": task, "kind": "task", "doc_ids": ids}
 
 
 def kept_calibration(keep: Sequence[str], spec: str = DEFAULT_CALIBRATION, include_path: Sequence[str] = ()) -> str:

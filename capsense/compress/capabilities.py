@@ -128,28 +128,28 @@ def close_capability(source: str) -> str:
     return f" (did you mean {close[0]}?)" if close and source not in CAPABILITIES else ""
 
 
-def misspelt_task_message(source: str, include_path: Sequence[str | os.PathLike] = ()) -> str:
-    """The error for a one-word calibration source that is a misspelt capsense task (``capsense_mathh``),
-    ``""`` for anything else; cheap (capsense's task YAMLs, no lm-eval import). Without it the typo
-    was read as literal calibration text."""
-    from capsense.tasks import check_task_names
+def check_calibration_source(source: str, include_path: Sequence[str | os.PathLike] = ()) -> None:
+    """A one-word calibration source (no space, under 80 characters) that is not a file must name a task as a
+    capability does (:func:`parse_capabilities`; ``include_path``: folders of task YAMLs); longer text is literal.
 
-    if Path(source).is_file() or not looks_like_task(source) or source in CAPABILITIES:
-        return ""
+    Why: a one-word source that named no task was read as one calibration text of that word. That made a misspelt
+    task (``capsense_mathh``), and a user's task given without its folder, calibrate on the name itself, silently."""
+    if Path(source).is_file() or not looks_like_task(source):
+        return
     try:
-        check_task_names([source], [str(p) for p in include_path])
-    except UnknownTaskError as e:
-        return f"calibration source {source!r}: {e}"
-    return ""
+        parse_capabilities([source], include_path)
+    except CapsenseError as e:
+        raise CapsenseError(f"calibration source {source!r}: {e}; literal calibration text has more than one word "
+                            "(or give a file)") from None
 
 
 def check_calibration_spec(spec: str, include_path: Sequence[str | os.PathLike] = ()) -> None:
-    """Every comma-separated source of a ``calibration`` spec spelt right, before a model loads."""
+    """Every comma-separated source of a ``calibration`` spec a file, literal text or a known task, before a model loads."""
     if Path(spec).is_file():
         return
     for source in (s.strip() for s in spec.split(",")):
-        if source and misspelt_task_message(source, include_path):
-            raise CapsenseError(misspelt_task_message(source, include_path))
+        if source:
+            check_calibration_source(source, include_path)
 
 
 def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,

@@ -80,6 +80,10 @@ def test_a_perplexity_task_calibrates_on_its_texts_as_lm_eval_scores_them(toy):
     assert samples == [tok.encode(docs[i]["text"])[:512] for i in info[0]["doc_ids"]]
     with pytest.raises(CapsenseError, match="did you mean capsense_text"):
         calibration_samples("capsense_textt", tok, 3)
+    # without its folder, the task's name was one calibration text reading "toy_text"
+    with pytest.raises(CapsenseError, match=f"calibration source '{TOY_ROLLING}': unknown capability.*more than one word"):
+        calibration_samples(TOY_ROLLING, tok, 3)
+    assert calibration_samples(f"{TOY_ROLLING} is not a task", tok, 3)[1][0]["kind"] == "text"
 
 
 def test_a_capability_s_probes_and_calibration_documents_must_not_meet():

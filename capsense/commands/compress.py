@@ -36,7 +36,8 @@ from capsense.commands.output import echo_written, log
 @click.option("--budget-file", "budget_file", type=click.Path(dir_okay=False), default=None,
               help="Budget file (YAML/JSON): default setting, per-layer/per-matrix overrides, protected heads.")
 @old_name("--budget", "--budget-file", "budget_file", type=click.Path(dir_okay=False))
-@click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated), a text/JSONL file, or text. "
+@click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated; a user's with --include-path), a text/JSONL file, "
+              "or text of more than one word. "
               "Default: prose,math,code,qa (their last documents, disjoint from the probes); gptq and sparsegpt "
               "with --keep add the kept capabilities (each takes a second share).")
 @click.option("--calibration-samples", type=int, default=64, show_default=True,

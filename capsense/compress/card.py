@@ -47,11 +47,13 @@ def _measured_lines(measured: dict[str, Any] | None, alloc: dict[str, Any] | Non
     if not measured:
         return ["", "The kept capabilities' loss was not measured when this checkpoint was written."] if alloc else []
     rows = [{"capability": cap, "nats/token before": f"{m['nll0']:.4f}", "after": f"{m['nll']:.4f}",
-             "dL": f"{m['dL']:+.4f}", "tokens": m["n_tokens"]} for cap, m in measured["capabilities"].items()]
+             "dL": f"{m['dL']:+.4f}", "se": "-" if m.get("dL_se") is None else f"{m['dL_se']:.4f}",
+             "tokens": m["n_tokens"]} for cap, m in measured["capabilities"].items()]
     return ["", "## Measured", "",
-            f"Loss (nats/token of reference completions, prompt masked) on the first {measured['probes']} documents "
-            f"of each capability's task (never used for calibration or allocation), in memory at {measured['dtype']} "
-            "before and after compressing:", "", markdown_table(rows)]
+            f"Loss (nats/token of reference completions, prompt masked; of a perplexity task, its whole texts) on the "
+            f"first {measured['probes']} documents of each capability's task (never used for calibration or allocation), "
+            f"in memory at {measured['dtype']} before and after compressing; se: dL's paired standard error over "
+            "those documents:", "", markdown_table(rows)]
 
 
 def _selection_lines(sel: dict[str, Any] | None) -> list[str]:

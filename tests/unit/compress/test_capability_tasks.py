@@ -147,6 +147,8 @@ def test_compress_keeps_a_user_s_perplexity_task_and_states_its_measured_dl(toy,
     calibrated = next(c for c in meta["calibration"] if c["source"] == TOY_ROLLING)
     assert calibrated["kind"] == "task" and calibrated["doc_ids"] == [39]  # 8 texts over five sources: the last 1 is its share
     assert str(tasks) not in text
+    card = (out / "README.md").read_text()  # the card states dL with its standard error
+    assert f"| {TOY_ROLLING} | {kept['nll0']:.4f} | {kept['nll']:.4f} | {kept['dL']:+.4f} | {kept['dL_se']:.4f} |" in card
     r = CliRunner().invoke(main, ["measure", str(out), "--capabilities", TOY_ROLLING, "--probes", "32",
                                   "--include-path", str(tasks), "--out", str(ckpt_m)])
     assert r.exit_code == 0, r.output

@@ -241,6 +241,7 @@ def _doc_text(task_obj, doc: dict[str, Any]) -> str:
     target = task_obj.doc_to_target(doc)
     if isinstance(target, int) and task_obj.OUTPUT_TYPE == "multiple_choice":
         target = task_obj.doc_to_choice(doc)[target]
+    target = target[0] if isinstance(target, list) else target  # (a generation task's first reference answer)
     return f"{text}{task_obj.config.target_delimiter}{target}"
 
 

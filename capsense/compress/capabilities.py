@@ -4,7 +4,8 @@ A capability is one lm-eval task: a short name of capsense's offline tasks (``ma
 or a task's own name: any of capsense's, one an ``include_path`` folder declares (a user's task), or one of
 lm-eval's (``wikitext``, where its data can be reached). Log-likelihood, multiple-choice and perplexity tasks
 (``loglikelihood_rolling``: nats per token of whole texts, cut into windows of the model's length as lm-eval
-cuts them) all give a loss in nats/token. Its documents serve two uses
+cuts them) all give a loss in nats/token; a generation task gives its reference answers' (GSM8K's kind). Its
+documents serve two uses
 that must never overlap: *probes* (:mod:`.capability_loss`) measure the capability on the
 task's **first** documents, and *calibration* (:mod:`.calibration`: Wanda/ASVD/SVD-LLM
 statistics, the Fisher sensitivity, measured sensitivity's allocation documents, distillation

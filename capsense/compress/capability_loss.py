@@ -29,13 +29,17 @@ def capability_probe(capability: str, tokenizer, n: int, use: str = "probe", inc
 
     ``include_path``: folders of task YAMLs (a user's task); ``window``: a perplexity task's texts are cut into
     requests of at most this many tokens, as lm-eval cuts them at the model's length (pass
-    :func:`~capsense.scoring.probe.model_max_length` of the model that scores it)."""
+    :func:`~capsense.scoring.probe.model_max_length` of the model that scores it). A generation task (GSM8K's
+    kind) is measured on its reference answers, as a locate run measures it (:meth:`Probe.from_reference_answers`)."""
     from capsense.scoring.requests import load_task
 
     task = task_of(capability)
     task_obj = load_task(task, include_path, tokenizer)
     # ascending doc ids: lm-eval numbers the selected documents in that order
-    return Probe.from_loaded_task(task, task_obj, document_ids(len(task_obj.eval_docs), n, use), tokenizer, window)
+    doc_ids = document_ids(len(task_obj.eval_docs), n, use)
+    if task_obj.OUTPUT_TYPE == "generate_until":
+        return Probe.from_reference_answers(task, task_obj, tokenizer, doc_ids=doc_ids)
+    return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer, window)
 
 
 def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64, include_path: Sequence[str] = (),

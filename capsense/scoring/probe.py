@@ -108,12 +108,14 @@ class Probe:
 
     @classmethod
     def from_reference_answers(
-        cls, task: str, task_obj, tokenizer, limit: int | None = None, seed: int = 0, exclude: Sequence[int] = ()
+        cls, task: str, task_obj, tokenizer, limit: int | None = None, seed: int = 0, exclude: Sequence[int] = (),
+        doc_ids: Sequence[int] | None = None,
     ) -> Probe:
         """A log-likelihood probe of a generation task: each request's prompt paired with the
-        document's reference target (``acc`` is then greedy exact match of the reference)."""
+        document's reference target (``acc`` is then greedy exact match of the reference); ``doc_ids`` picks the
+        documents, else ``limit`` of them are drawn with ``seed``, skipping ``exclude``."""
         docs = task_obj.eval_docs
-        doc_ids = sample_doc_ids(task, len(docs), limit, seed, exclude)
+        doc_ids = list(doc_ids) if doc_ids is not None else sample_doc_ids(task, len(docs), limit, seed, exclude)
         with quiet_request_building():
             task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
         by_rank = sorted(doc_ids)  # lm-eval 0.4.13 numbers sampled docs 0..n-1 in dataset order

@@ -217,3 +217,34 @@ def test_fewer_probes_leave_a_small_task_more_calibration_documents(tmp_path, ti
     r = CliRunner().invoke(main, [*args, "--probes", "8", "--out", str(tmp_path / "plain")])
     assert r.exit_code == 1 and "--probes shape(s) a guided allocation: give --keep" in r.output, r.output
     assert not (tmp_path / "plain").exists()
+
+
+def test_a_generation_task_is_measured_on_its_reference_answers(toy):
+    """A generation task (GSM8K's kind) as a capability: each of its first documents' prompt and reference answer,
+    scored as capsense-masked scores that pair (it was refused: 'probes score log-likelihood ... tasks')."""
+    from lm_eval.api.instance import Instance
+
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+    from capsense.scoring.requests import load_task
+    from _toy_task import TOY_GEN
+
+    model_dir, tasks = toy
+    out = model_dir.parent / "measure_gen.json"
+    r = CliRunner().invoke(main, ["measure", str(model_dir), "--capabilities", TOY_GEN, "--probes", "6",
+                                  "--include-path", str(tasks), "--per-doc", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    gen = json.loads(out.read_text())["capabilities"][TOY_GEN]
+    assert gen["n_docs"] == 6 and gen["acc"] is not None
+    lm = CapsenseMaskedLM(pretrained=str(model_dir), batch_size=4, device="cpu")
+    task = load_task(TOY_GEN, [str(tasks)], lm.tokenizer)
+    docs = [task.eval_docs[i] for i in range(6)]
+    pairs = [Instance("loglikelihood", d, (task.doc_to_text(d), task.config.target_delimiter + task.doc_to_target(d)), 0)
+             for d in docs]
+    theirs = [ll for ll, _ in lm.loglikelihood(pairs, disable_tqdm=True)]
+    assert gen["doc_nats"] == pytest.approx([-x for x in theirs], rel=1e-4, abs=1e-4)
+    from capsense.compress.calibration import calibration_samples
+
+    samples, info = calibration_samples(TOY_GEN, lm.tokenizer, 2, include_path=[str(tasks)])  # its last two, whole
+    last = [task.eval_docs[i] for i in info[0]["doc_ids"]]
+    assert info[0]["doc_ids"] == [39, 38] and samples == [
+        lm.tokenizer.encode(task.doc_to_text(d) + task.config.target_delimiter + task.doc_to_target(d)) for d in last]

@@ -69,12 +69,12 @@ def compress_better(
     log: Callable[[str], None] | None = None, compress: Callable[[Budget], CompressionResult] | None = None,
     include_path: Sequence[str] = (),
 ) -> Selection:
-    """Compress ``model`` with each of ``candidates`` (name, budget) from its current weights (``compress``:
-    how a budget compresses the model in place; default :func:`compress_model` with ``stats``), measure
-    ``keep``'s (declared in ``include_path``'s task YAMLs or known to lm-eval) loss on their last ``n_docs`` documents (calibration documents, not the probes) and leave
-    the chosen one in the model: the first candidate (the allocation) unless another's summed dL is lower
-    by more than ``MARGIN_SE`` standard errors (:func:`paired_vs_allocation`; 0: lower at all); of
-    those, the lowest summed dL.
+    """Compress ``model`` with each of ``candidates`` (name, budget) from its current weights (``compress``: how a
+    budget compresses the model in place; default :func:`compress_model` with ``stats``), measure ``keep``'s loss
+    (tasks of capsense, of the ``include_path`` folders or of lm-eval) on their last ``n_docs`` documents (calibration
+    documents, not the probes) and leave the chosen one in the model: the first candidate (the allocation) unless
+    another's summed dL is lower by more than ``MARGIN_SE`` standard errors (:func:`paired_vs_allocation`; 0: lower at
+    all); of those, the lowest summed dL.
 
     The record: ``{"documents": "last", "n_docs", "capabilities", "dL": {name: {cap: dL}}, "allocation",
     "margin_se", "paired": {challenger: ...}, "chosen", "reason"}``.

@@ -36,10 +36,7 @@ def capability_probe(capability: str, tokenizer, n: int, use: str = "probe", inc
     task = task_of(capability)
     task_obj = load_task(task, include_path, tokenizer)
     # ascending doc ids: lm-eval numbers the selected documents in that order
-    doc_ids = document_ids(len(task_obj.eval_docs), n, use)
-    if task_obj.OUTPUT_TYPE == "generate_until":
-        return Probe.from_reference_answers(task, task_obj, tokenizer, doc_ids=doc_ids)
-    return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer, window)
+    return Probe.from_loaded_task(task, task_obj, document_ids(len(task_obj.eval_docs), n, use), tokenizer, window)
 
 
 def build_probes(tokenizer, capabilities: str | Sequence[str], n_probes: int = 64, include_path: Sequence[str] = (),

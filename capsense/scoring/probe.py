@@ -101,21 +101,20 @@ class Probe:
 
     @classmethod
     def from_loaded_task(cls, name: str, task_obj, doc_ids: list[int], tokenizer, window: int = ROLLING_WINDOW) -> Probe:
-        """A probe of the documents ``doc_ids`` of an already loaded lm-eval task."""
+        """A probe of the documents ``doc_ids`` of an already loaded lm-eval task: its own requests, or for a
+        generation task (``output_type: generate_until``) its reference answers (:meth:`from_reference_answers`)."""
+        if task_obj.OUTPUT_TYPE == "generate_until":
+            return cls.from_reference_answers(name, task_obj, tokenizer, doc_ids)
         with quiet_request_building():
             task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
         return cls.from_instances(name, task_obj, list(doc_ids), tokenizer, len(task_obj.eval_docs), window)
 
     @classmethod
-    def from_reference_answers(
-        cls, task: str, task_obj, tokenizer, limit: int | None = None, seed: int = 0, exclude: Sequence[int] = (),
-        doc_ids: Sequence[int] | None = None,
-    ) -> Probe:
-        """A log-likelihood probe of a generation task: each request's prompt paired with the
-        document's reference target (``acc`` is then greedy exact match of the reference); ``doc_ids`` picks the
-        documents, else ``limit`` of them are drawn with ``seed``, skipping ``exclude``."""
+    def from_reference_answers(cls, task: str, task_obj, tokenizer, doc_ids: Sequence[int]) -> Probe:
+        """A log-likelihood probe of a generation task's documents ``doc_ids``: each request's prompt paired with the
+        document's reference target (``acc`` is then greedy exact match of the reference)."""
         docs = task_obj.eval_docs
-        doc_ids = list(doc_ids) if doc_ids is not None else sample_doc_ids(task, len(docs), limit, seed, exclude)
+        doc_ids = list(doc_ids)
         with quiet_request_building():
             task_obj.build_all_requests(samples=list(doc_ids), rank=0, world_size=1)
         by_rank = sorted(doc_ids)  # lm-eval 0.4.13 numbers sampled docs 0..n-1 in dataset order
@@ -143,9 +142,8 @@ class Probe:
         rolling = kinds == {ROLLING}
         if kinds - {"loglikelihood"} and not rolling:
             raise CapsenseError(
-                f"task {name!r} has {sorted(kinds)} requests; probes score log-likelihood, multiple-choice "
-                f"and perplexity ({ROLLING}) tasks (for generation tasks, use a log-likelihood variant of "
-                "the reference answer)"
+                f"task {name!r} has {sorted(kinds)} requests; probes score log-likelihood, multiple-choice, "
+                f"perplexity ({ROLLING}) and, by their reference answers, generation tasks"
             )
         position = {d: i for i, d in enumerate(doc_ids)}
         # lm-eval 0.4.13 numbers docs picked by `samples` 0..n-1 in dataset order, not by id.
@@ -190,8 +188,6 @@ def build_probe(
     ``window``: a perplexity task's documents are cut into requests of at most this many tokens, as lm-eval cuts
     them at the model's length (:func:`model_max_length`, which a locate run passes)."""
     task_obj = load_task(task, include_path, tokenizer)
-    if task_obj.OUTPUT_TYPE == "generate_until":
-        return Probe.from_reference_answers(task, task_obj, tokenizer, limit, seed, exclude)
     doc_ids = sample_doc_ids(task, len(task_obj.eval_docs), limit, seed, exclude)
     return Probe.from_loaded_task(task, task_obj, doc_ids, tokenizer, window)
 

@@ -6,13 +6,17 @@ import click
 
 from capsense.commands.options import device_map_from, device_map_option, include_path_option, out_option, overwrite_option
 from capsense.commands.output import echo_written
+from capsense.compress.capabilities import DISTILL_SOURCES
 
 
 @click.command("distill")
 @click.argument("student")
 @click.option("--teacher", required=True, help="The uncompressed model (Hub id, folder or smollm2-135m).")
 @click.option("--epochs", type=int, default=3, show_default=True, help="Passes over the fixed token set.")
-@click.option("--texts", type=int, default=96, show_default=True, help="Task texts in the token set (their last documents).")
+@click.option("--sources", default=DISTILL_SOURCES, show_default=True,
+              help="Where the training texts come from, as compress's --calibration: capabilities/tasks "
+                   "(comma-separated, their last documents; a user's with --include-path) or a text/JSONL file.")
+@click.option("--texts", type=int, default=96, show_default=True, help="Texts in the token set, shared by the sources.")
 @click.option("--gen-tokens", type=int, default=32, show_default=True, help="Teacher-generated tokens after each text.")
 @click.option("--seq-len", type=int, default=128, show_default=True)
 @click.option("--lr", type=float, default=2e-5, show_default=True)
@@ -27,7 +31,7 @@ from capsense.commands.output import echo_written
 @include_path_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
-def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes, device_map,
+def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes, device_map,
             parallelize, include_path, out, overwrite):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
@@ -49,12 +53,13 @@ def distill(student, teacher, epochs, texts, gen_tokens, seq_len, lr, fresh, cap
     from capsense.compress.capabilities import parse_capabilities
 
     caps = parse_capabilities(capabilities, include_path)
-    cfg = DistillConfig(student=student, teacher=teacher, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
+    cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
                         epochs=epochs, lr=lr, fresh=fresh)
     check_distill_held_out(cfg, caps, probes, include_path)
     s_model, t_model, tok = load_models(cfg, placed)
     evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)
-    records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok))
+    records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok),
+                          include_path=include_path)
     for r in records:
         click.echo(f"epoch {r['epoch']}: " + "  ".join(f"{c} {v:+.4f}" for c, v in r["dL"].items()))
     for c, f in epoch_fits(records).items():

@@ -34,6 +34,8 @@ CAPABILITIES: dict[str, str] = {
     "text": "capsense_text",
 }
 DEFAULT_CAPABILITIES = ("math", "code", "qa")
+#: Where a distillation's training texts come from by default (each source's last documents).
+DISTILL_SOURCES = "prose,math,code,qa,arithmetic,induction"
 USES = ("probe", "calibration")
 
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsense.compress.capabilities import DISTILL_SOURCES
 from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
 
@@ -40,7 +41,7 @@ class DistillConfig:
 
     student: str
     teacher: str
-    sources: str = "prose,math,code,qa,arithmetic,induction"
+    sources: str = DISTILL_SOURCES
     n_texts: int = 96
     gen_tokens: int = 32
     seq_len: int = 128
@@ -64,23 +65,28 @@ class DistillConfig:
 
 def check_distill_held_out(cfg: DistillConfig, capabilities: Sequence[str], n_probes: int,
                            include_path: Sequence[str] = ()) -> None:
-    """The capabilities' probes (first ``n_probes`` documents) apart from the training texts ``cfg.sources`` take
-    from their last documents (:func:`~capsense.compress.capabilities.check_held_out`), before any model loads
-    (``include_path``: folders of task YAMLs declaring the capabilities)."""
+    """Before any model loads: every training source of ``cfg.sources`` a file, literal text or a known task (as
+    a calibration spec is checked), and the capabilities' probes (first ``n_probes`` documents) apart from the
+    training texts the sources take from their last documents
+    (:func:`~capsense.compress.capabilities.check_held_out`; ``include_path``: folders of task YAMLs declaring the
+    capabilities and the sources)."""
     from capsense.compress.calibration import calibration_documents
-    from capsense.compress.capabilities import check_held_out
+    from capsense.compress.capabilities import check_calibration_spec, check_held_out
 
+    check_calibration_spec(cfg.sources, include_path)
     check_held_out({c: (n_probes, n) for c, n in calibration_documents(capabilities, cfg.sources, cfg.unique_texts).items()},
                    "lower `probes` or `texts`, or train on other sources", include_path)
 
 
 @torch.no_grad()
-def build_corpus(teacher: nn.Module, tokenizer, cfg: DistillConfig) -> list[list[int]]:
-    """Token sequences of at most ``seq_len``: task texts, each followed by the teacher's greedy continuation."""
+def build_corpus(teacher: nn.Module, tokenizer, cfg: DistillConfig, include_path: Sequence[str] = ()) -> list[list[int]]:
+    """Token sequences of at most ``seq_len``: task texts, each followed by the teacher's greedy continuation
+    (``include_path``: folders of task YAMLs a source may come from)."""
     from capsense.compress.calibration import calibration_samples
 
     wanted = cfg.unique_texts
-    samples, _ = calibration_samples(cfg.sources, tokenizer, wanted, max_tokens=cfg.seq_len - cfg.gen_tokens)
+    samples, _ = calibration_samples(cfg.sources, tokenizer, wanted, max_tokens=cfg.seq_len - cfg.gen_tokens,
+                                     include_path=include_path)
     if len(samples) < wanted:  # a source ran out of documents: fewer unique texts than the run claims
         raise CapsenseError(f"`sources` {cfg.sources!r} give {len(samples)} texts, not the {wanted} asked "
                             f"({cfg.n_texts} texts{' x ' + str(cfg.epochs) + ' fresh epochs' if cfg.fresh else ''}): "
@@ -176,11 +182,13 @@ def run_distill(
     overwrite: bool = False,
     models: tuple[nn.Module, nn.Module, Any] | None = None,
     stop_after: int | None = None,
+    include_path: Sequence[str] = (),
 ) -> list[dict[str, Any]] | None:
     """Distil ``cfg.student`` from ``cfg.teacher``; per-epoch records (epoch 0 = before).
 
     ``evaluate(student)`` gives per-capability losses; ``stop_after`` stops after that many
-    steps of this call, as a kill would (returns None; the state is saved first).
+    steps of this call, as a kill would (returns None; the state is saved first); ``include_path``: folders of
+    task YAMLs ``cfg.sources`` may name tasks of (not part of the run's identity: the corpus is kept with it).
     """
     from tqdm.auto import tqdm
 
@@ -191,7 +199,7 @@ def run_distill(
     work = out.parent / (out.name + ".partial")
     student, teacher, tokenizer = models or load_models(cfg)
     _check_pruned(cfg.student)
-    corpus = _corpus(work, teacher, tokenizer, cfg)
+    corpus = _corpus(work, teacher, tokenizer, cfg, include_path)
     run = _Run(cfg, work, student, teacher, corpus, evaluate)
     per_epoch = len(epoch_order(cfg, len(corpus), 0))
     bar = tqdm(total=cfg.epochs * per_epoch, initial=run.epoch * per_epoch + run.step, desc="distill",
@@ -292,14 +300,14 @@ def _check_pruned(student: str) -> None:
         raise CapsenseError(f"distillation keeps pruning masks only; {student} also holds {', '.join(sorted(bad))} matrices")
 
 
-def _corpus(work: Path, teacher, tokenizer, cfg: DistillConfig) -> list[list[int]]:
+def _corpus(work: Path, teacher, tokenizer, cfg: DistillConfig, include_path: Sequence[str] = ()) -> list[list[int]]:
     """The fixed token set, built once and kept with the run (a resumed run trains on the same tokens)."""
     from capsense.core.files import atomic_write_json
 
     path = work / "corpus.json"
     if path.is_file():
         return json.loads(path.read_text())
-    corpus = build_corpus(teacher, tokenizer, cfg)  # bad sources fail here, before the run's folder exists
+    corpus = build_corpus(teacher, tokenizer, cfg, include_path)  # bad sources fail here, before the run's folder exists
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, corpus)
     return corpus

@@ -176,12 +176,39 @@ def test_grid_and_distill_measure_a_user_s_task_from_its_folder(toy, tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["distill", str(student), "--teacher", str(model_dir), "--epochs", "1", "--texts", "3",
                                   "--gen-tokens", "2", "--seq-len", "24", "--capabilities", TOY_ROLLING, "--probes", "4",
-                                  "--include-path", str(tasks), "--out", str(tmp_path / "distilled")])
+                                  "--sources", f"{TOY_ROLLING},prose", "--include-path", str(tasks),
+                                  "--out", str(tmp_path / "distilled")])
     assert r.exit_code == 0, r.output
     text = (tmp_path / "distilled" / "capsense.json").read_text()
+    assert json.loads(text)["distill"]["config"]["sources"] == f"{TOY_ROLLING},prose"
     epochs = json.loads(text)["distill"]["epochs"]
     assert [set(e["dL"]) for e in epochs] == [{TOY_ROLLING}] * 2 and epochs[0]["dL"][TOY_ROLLING] != 0
     assert str(tasks) not in text
+
+
+def test_a_distillation_trains_on_the_sources_it_names_and_a_misspelt_source_is_refused_before_a_model_loads(toy, tmp_path):
+    """``capsense distill --sources``: a user's task (``--include-path``) gives its last documents as training texts,
+    each its text alone (a perplexity task's); a source that names no task is refused before anything loads (it was
+    one training text of that word) and nothing is written."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capsense.compress.distill import DistillConfig, build_corpus
+    from capsense.scoring.requests import load_task
+
+    model_dir, tasks = toy
+    out = tmp_path / "never"
+    r = CliRunner().invoke(main, ["distill", str(model_dir), "--teacher", str(model_dir), "--sources", "prose,capsense_datez",
+                                  "--capabilities", "math", "--out", str(out)])
+    assert r.exit_code != 0 and "calibration source 'capsense_datez'" in r.output and "did you mean capsense_dates" in r.output
+    assert not out.exists() and not (tmp_path / "never.partial").exists()
+    r = CliRunner().invoke(main, ["distill", str(model_dir), "--teacher", str(model_dir), "--sources", TOY_ROLLING,
+                                  "--capabilities", "math", "--out", str(out)])
+    assert r.exit_code != 0 and f"calibration source '{TOY_ROLLING}': unknown capability" in r.output
+
+    teacher, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    cfg = DistillConfig("s", "t", sources=TOY_ROLLING, n_texts=3, gen_tokens=0, seq_len=40)
+    docs = load_task(TOY_ROLLING, [str(tasks)], tok).eval_docs
+    assert build_corpus(teacher, tok, cfg, [str(tasks)]) == [tok.encode(docs[-1 - i]["text"])[:40] for i in range(3)]
 
 
 def test_a_loss_change_states_its_standard_error_over_the_shared_documents():

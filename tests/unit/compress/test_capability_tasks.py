@@ -189,7 +189,7 @@ def test_grid_and_distill_measure_a_user_s_task_from_its_folder(toy, tmp_path):
 def test_a_distillation_trains_on_the_sources_it_names_and_a_misspelt_source_is_refused_before_a_model_loads(toy, tmp_path):
     """``capsense distill --sources``: a user's task (``--include-path``) gives its last documents as training texts,
     each its text alone (a perplexity task's); a source that names no task is refused before anything loads (it was
-    one training text of that word) and nothing is written."""
+    refused once both models had loaded) and nothing is written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from capsense.compress.distill import DistillConfig, build_corpus

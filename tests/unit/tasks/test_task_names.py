@@ -40,3 +40,27 @@ def test_custom_kwargs_hint_is_dropped(caplog):
         logger.warning("capsense_prose: Custom kwargs can be passed to `--metadata` in console (as json string)")
         logger.warning("something else")
     assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
+def test_lm_eval_s_index_is_built_once_per_folders_and_each_manager_keeps_its_own_metadata(tmp_path):
+    """A command asked for lm-eval's whole index (about 6 s) at each step that named a task only lm-eval declares;
+    now once per process and folders. Each manager still hands its tasks its own metadata (the tokenizer capsense's
+    tasks count with), and a folder whose YAMLs change is read again."""
+    from lm_eval.tasks import get_task_dict
+
+    from capsense.tasks import _lm_eval_index, task_manager
+    from capsense.tasks.common import SharedTokenizer
+    from conftest import make_char_tokenizer
+
+    (tmp_path / "mine.yaml").write_text("task: my_task\ndataset_path: x\n")
+    _lm_eval_index.cache_clear()
+    plain = task_manager([str(tmp_path)], ["wikitext", "my_task"])
+    tok = make_char_tokenizer()
+    with_tok = task_manager([str(tmp_path)], ["wikitext"], metadata={"tokenizer": tok})
+    assert _lm_eval_index.cache_info().misses == 1 and _lm_eval_index.cache_info().hits == 1
+    given = get_task_dict(["capsense_arithmetic"], with_tok)["capsense_arithmetic"].config.metadata["tokenizer"]
+    assert isinstance(given, SharedTokenizer) and given.tokenizer is tok
+    assert "tokenizer" not in (get_task_dict(["capsense_arithmetic"], plain)["capsense_arithmetic"].config.metadata or {})
+    (tmp_path / "more.yaml").write_text("task: my_other_task\ndataset_path: x\n")
+    assert "my_other_task" in task_manager([str(tmp_path)], ["wikitext", "my_other_task"]).all_tasks
+    assert _lm_eval_index.cache_info().misses == 2

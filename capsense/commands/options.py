@@ -99,7 +99,7 @@ def overwrite_option() -> Decorator:
 def out_option(help: str, *, required: bool = True, file: bool = False) -> Decorator:
     """``--out``: a folder (or, with ``file``, a file) the command writes."""
     kind = click.Path(dir_okay=not file, file_okay=file, path_type=Path)
-    return click.option("--out", required=required, type=kind, default=None, help=help)
+    return click.option("--out", required=required, type=kind, help=help)
 
 
 def include_path_option() -> Decorator:
@@ -110,7 +110,7 @@ def include_path_option() -> Decorator:
 
 def heads_option(required: bool, help: str | None = None) -> Decorator:
     """``--heads``: a head spec (L3H1+L5H0) or a heads JSON file."""
-    return click.option("--heads", required=required, default=None,
+    return click.option("--heads", required=required,
                         help=help or "Heads to ablate: a spec (L3H1+L5H0) or a heads JSON file.")
 
 

@@ -106,6 +106,17 @@ CASES = {
     "compress typo'd calibration task": (["compress", "smollm2-135m", "--method", "wanda", "--density", "0.5",
                                           "--calibration", "prose,capsense_mathh", "--out", "{d}/c"],
                                          ["calibration source 'capsense_mathh'", "did you mean capsense_math_problems?"]),
+    # a required option a user leaves out: click 8.5 let `required=True` beside `default=None` through (the
+    # command then failed with a TypeError traceback on the missing folder)
+    "locate without --out": (["locate", "smollm2-135m", "--task", "capsense_induction"], ["Missing option '--out'"]),
+    "compress without --out": (["compress", "smollm2-135m", "--method", "rtn", "--bits", "4"], ["Missing option '--out'"]),
+    "export without --out": (["export", "smollm2-135m", "--heads", "L0H1", "--format", "adapter"],
+                             ["Missing option '--out'"]),
+    "export without --heads": (["export", "smollm2-135m", "--format", "adapter", "--out", "{d}/e"],
+                               ["Missing option '--heads'"]),
+    "validate without --out": (["validate", "smollm2-135m", "--heads", "{d}/heads.json"], ["Missing option '--out'"]),
+    "grid without --out": (["grid", "smollm2-135m", "--methods", "rtn", "--bits", "4"], ["Missing option '--out'"]),
+    "distill without --out": (["distill", "{d}/model", "--teacher", "smollm2-135m"], ["Missing option '--out'"]),
 }
 
 

@@ -140,6 +140,22 @@ class Budget:
         except BudgetError as e:
             raise BudgetError(f"{t.name}: {e}") from None
 
+    def settings(self) -> list[Setting]:
+        """The validated settings the budget can give a matrix: its default, and each override as it applies on top
+        of the default (an override naming another method starts from that method's defaults); skipped ones left out.
+        For checks before a model loads; :meth:`setting_for` is exact per matrix (overrides also stack on each other).
+
+        Why not each override alone: an override may name no method (``density: 0.9`` for the first layers) and
+        change the settings of the method the matrix already has. Parsing it as a whole setting refused exactly that
+        ("no method given"), so the repository's example budget (``recipes/compress_budget_example.yaml``) failed
+        before the model loaded."""
+        merged = [dict(self.default)]
+        for o in self.overrides:
+            base = {} if "method" in o.setting and o.setting["method"] != self.default.get("method") else dict(self.default)
+            base.pop("skip", None)
+            merged.append({**base, **o.setting})
+        return [s for s in map(parse_setting, merged) if s is not None]
+
     def describe(self) -> dict[str, Any]:
         return {
             "default": self.default,

@@ -46,10 +46,14 @@ def resolve_format(fmt: str, budget: Budget) -> str:
     return fmt
 
 
+def calibrated_methods(budget: Budget) -> list[str]:
+    """The methods ``budget`` names that read calibration inputs (wanda, gptq, sparsegpt, asvd, svd-llm)."""
+    return list(dict.fromkeys(s.method for s in budget.settings() if s.calibrated))
+
+
 def check_calibration_given(budget: Budget, calibration: str, n_samples: int) -> None:
     """A calibrated method (wanda, gptq, sparsegpt, asvd, svd-llm) needs calibration data."""
-    settings = [budget.default] + [o.setting for o in budget.overrides]
-    calibrated = [s.method for s in map(parse_setting, settings) if s is not None and s.calibrated]
+    calibrated = calibrated_methods(budget)
     if calibrated and (not calibration.strip() or n_samples < 1):
         raise CapsenseError(f"{calibrated[0]} needs calibration data: give `calibration` (capabilities, tasks, a "
                                f"file or text) and `calibration_samples` >= 1 (got {calibration!r}, {n_samples})")

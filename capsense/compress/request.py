@@ -62,6 +62,18 @@ def _check_options(setting: Mapping[str, Any], sequential: bool, sequential_prop
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
 
 
+def _check_calibration_read(budget, calibration: str | None) -> None:
+    """A ``calibration`` given where no method reads it is an error: only a calibrated method reads it (``sequential``
+    too, which is refused without one); a kept capability's gradients and checks read that capability's own
+    documents. It was ignored: ``--method magnitude --calibration prose`` calibrated on nothing."""
+    from capsense.compress.pipeline import calibrated_methods
+
+    if calibration is not None and not calibrated_methods(budget):
+        methods = ", ".join(dict.fromkeys(s.method for s in budget.settings())) or "this budget"
+        raise CapsenseError(f"`calibration` is read by the calibrated methods (wanda, sparsegpt, gptq, asvd, svd-llm); "
+                            f"{methods} calibrate(s) on nothing: leave it out")
+
+
 def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform,
            fisher_groups=None, check_docs=None, include_path: Sequence[str] = ()):
     """The :class:`~capsense.compress.guided.Guide` of a request that keeps ``keep``; ``check_uniform`` None is on
@@ -147,6 +159,7 @@ def compress_request(
                    sensitivity=None if sensitivity == "kept" else sensitivity)
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
+    _check_calibration_read(budget, calibration)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
                    check_uniform, fisher_groups, check_docs, include_path) if keep else None
     return compress_checkpoint(

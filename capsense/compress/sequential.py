@@ -44,7 +44,6 @@ from capsense.compress.calibration import accumulate_stats, check_gram_memory
 from capsense.compress.engine import (
     CompressionResult, check_plan, compress_targets, compression_result, is_global, needs_calibration, plan,
 )
-from capsense.compress.methods import parse_setting
 from capsense.core.arch import arch_spec, unwrap
 from capsense.core.placement import available_device_memory, input_device
 from capsense.errors import CapsenseError
@@ -62,7 +61,7 @@ def check_sequential(budget: Budget, guide=None, propagate: str = DEFAULT_PROPAG
         raise CapsenseError("sensitivity measured prices each layer's levels in the uniformly compressed model, which "
                             "needs every layer's statistics at once: with `sequential` use sensitivity kept, generic or "
                             "flat, or leave `sequential` out")
-    settings = [s for s in map(parse_setting, [budget.default] + [o.setting for o in budget.overrides]) if s is not None]
+    settings = budget.settings()
     if not any(s.calibrated for s in settings):
         methods = ", ".join(sorted({s.method for s in settings})) or "no compression"
         raise CapsenseError(f"`sequential` applies to the calibrated methods (gptq, sparsegpt, svd-llm, "

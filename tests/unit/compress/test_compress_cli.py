@@ -42,7 +42,9 @@ def test_compress_writes_a_checkpoint_stock_transformers_loads(tmp_path, tiny_mo
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "out"
-    r = run("compress", tiny_model_dir, *args, "--calibration", calib_file, "--calibration-samples", 8, "--out", out)
+    calibrated = args[1] in ("wanda", "sparsegpt", "gptq", "asvd", "svd-llm")  # (calibration elsewhere is refused)
+    r = run("compress", tiny_model_dir, *args, *(["--calibration", calib_file, "--calibration-samples", 8] if calibrated else []),
+            "--out", out)
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["method"] == args[1]
@@ -81,8 +83,8 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "out"
-    r = run("compress", tiny_model_dir, "--method", method, "--bits", "4", "--group-size", "32",
-            "--calibration", calib_file, "--calibration-samples", 8, "--out", out)
+    calibration = ["--calibration", calib_file, "--calibration-samples", 8] if method == "gptq" else []
+    r = run("compress", tiny_model_dir, "--method", method, "--bits", "4", "--group-size", "32", *calibration, "--out", out)
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["format"]["format"] == "compressed-tensors" and meta["format"]["dtype"] == "bfloat16"
@@ -134,6 +136,8 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
      "sensitivity measured prices each layer's levels in the uniformly compressed model"),
     (["--method", "wanda", "--density", "0.5", "--scope", "global", "--sequential"], "cannot prune with scope global"),
     (["--method", "gptq", "--bits", "4", "--sequential-propagate", "original"], "--sequential-propagate says how --sequential"),
+    (["--method", "magnitude", "--density", "0.5", "--calibration", "prose"],
+     "--calibration is read by the calibrated methods (wanda, sparsegpt, gptq, asvd, svd-llm); magnitude calibrate(s) on nothing"),
 ])
 def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_model_dir, args, message):
     out = tmp_path / "out"
@@ -174,6 +178,32 @@ def test_compress_with_budget_file_protecting_heads(tmp_path, tiny_model_dir):
     meta = json.loads((out / "capsense.json").read_text())
     assert meta["summary"]["protected_heads"] == "L2H1"
     assert meta["budget"]["protect"]["heads"] == "heads.json"
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_budget_file_s_override_may_change_only_a_setting_of_the_method(tmp_path, tiny_model_dir, calib_file, sequential):
+    """An override without a method (``density: 0.9`` for layer 0) keeps the default's method: the checks before the
+    load parsed it as a whole setting and refused it ("no method given"), the repository's example budget among them."""
+    from pathlib import Path
+
+    from capsense.compress.budget import load_budget
+    from capsense.compress.pipeline import calibrated_methods, check_calibration_given
+    from capsense.compress.sequential import check_sequential
+
+    example = load_budget(Path(__file__).resolve().parents[3] / "recipes" / "compress_budget_example.yaml")
+    assert [s.label for s in example.settings()] == ["wanda@d0.6", "wanda@d0.9", "wanda@d0.7"]
+    assert calibrated_methods(example) == ["wanda"]
+    check_calibration_given(example, "prose", 8)
+    check_sequential(example)
+    (tmp_path / "budget.yaml").write_text("method: wanda\ndensity: 0.5\noverrides:\n  - layers: 0\n    density: 0.75\n")
+    out = tmp_path / "out"
+    r = run("compress", tiny_model_dir, "--budget-file", tmp_path / "budget.yaml", "--calibration", calib_file,
+            "--calibration-samples", 4, *(["--sequential"] if sequential else []), "--out", out)
+    assert r.exit_code == 0, r.output
+    kept = {m["name"]: (m["setting"], m["nonzero"] / m["n_params"])
+            for m in json.loads((out / "capsense.json").read_text())["matrices"]}
+    assert kept["model.layers.0.mlp.up_proj"] == ({"method": "wanda", "density": 0.75, "scope": "row"}, 0.75)
+    assert kept["model.layers.1.mlp.up_proj"] == ({"method": "wanda", "density": 0.5, "scope": "row"}, 0.5)
 
 
 def test_measure(tmp_path, tiny_model_dir):

@@ -179,9 +179,21 @@ def record_key(setting: Mapping[str, Any], capability: str) -> str:
     return f"{_setting(setting).label}|{setting['targets']}|{capability}"
 
 
+#: What every record ``capsense grid`` writes holds and fit and select read.
+RECORD_FIELDS = ("model_state", "setting", "method", "capability", "dL", "summary")
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a grid file (a torn last line from a crash is ignored)."""
-    return read_jsonl(path)
+    """All complete records of a grid file (a torn last line from a crash is ignored). A file of other records (a
+    heads file, a bench's JSONL) is refused naming the first record's missing fields: fit and select failed on it
+    with a KeyError traceback, and a grid resumed into it would have appended its records to the file."""
+    records = read_jsonl(path)
+    for i, r in enumerate(records, 1):
+        missing = [k for k in RECORD_FIELDS if k not in r] if isinstance(r, dict) else list(RECORD_FIELDS)
+        if missing:
+            raise CapsenseError(f"{path} is not a grid file: its record {i} has no {', '.join(missing)} (give a JSONL "
+                                "file `capsense grid` wrote)")
+    return records
 
 
 def _check_resumable(out: Path, existing: Sequence[Mapping[str, Any]], fp: Mapping[str, Any]) -> None:

@@ -245,6 +245,19 @@ def test_grid_appends_and_resumes(tmp_path, tiny_model_dir, calib_file):
     assert r.exit_code == 1 and "another grid" in r.output
 
 
+def test_fit_select_and_grid_refuse_a_file_grid_did_not_write(tmp_path, tiny_model_dir):
+    """Another JSONL (here a guided run's bench record) is named as no grid file, with what its first record lacks: fit
+    and select failed on it with a KeyError traceback, and grid called it another grid's measurements."""
+    other = tmp_path / "bench.jsonl"
+    other.write_text(json.dumps({"model": "m", "keep": "math", "setting": {"method": "wanda", "density": 0.5}}) + "\n")
+    message = f"Error: {other} is not a grid file: its record 1 has no model_state, method, capability, dL, summary"
+    for args in (["fit", other], ["select", other, "--max-size", 0.6],
+                 ["grid", tiny_model_dir, "--methods", "magnitude", "--densities", "0.5", "--out", other]):
+        r = run(*args)
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert r.output.strip().splitlines()[-1].startswith(message), r.output
+
+
 def test_fit_and_select_cli(tmp_path):
     grid = tmp_path / "g.jsonl"
     grid.write_text("".join(json.dumps(r) + "\n" for r in _synthetic_grid()))

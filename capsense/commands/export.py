@@ -15,7 +15,8 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
 @click.command("export")
 @click.argument("model")
 @heads_option(required=True)
-@click.option("--top-k", type=click.IntRange(min=1), help="Keep the first K heads of a ranked heads file.")
+@click.option("--top-k", type=click.IntRange(min=1),
+              help="Keep the first K heads of a ranked heads file (default: the set its run chose).")
 @click.option(
     "--format", "format", type=click.Choice(["checkpoint", "adapter"]), required=True,
     help="checkpoint: edited safetensors model; adapter: PEFT adapter (IA3 mask; LoRA with a bias for mean ablation).",

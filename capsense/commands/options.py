@@ -117,7 +117,7 @@ def heads_option(required: bool, help: str | None = None) -> Decorator:
 def top_k_option(default: int | None = None, help: str | None = None) -> Decorator:
     """``--top-k``: the first K heads of a ranked heads file."""
     return click.option("--top-k", type=int, default=default, show_default=default is not None,
-                        help=help or "Keep the first K heads of a ranked heads file.")
+                        help=help or "Keep the first K heads of a ranked heads file (default: the set its run chose).")
 
 
 def ablation_option(default: str | None, help: str) -> Decorator:

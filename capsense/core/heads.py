@@ -75,7 +75,7 @@ class HeadSet(Sequence):
         if isinstance(spec, HeadSet):
             heads = spec
         elif isinstance(spec, (str, os.PathLike)) and looks_like_heads_file(spec):
-            heads = load_heads_file(spec).head_set
+            return load_heads_file(spec).selected(top_k)
         elif isinstance(spec, str):
             heads = cls.from_spec(spec)
         elif isinstance(spec, Iterable):
@@ -182,6 +182,30 @@ class HeadsFile:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, **self.meta, "heads": self.heads}
+
+    @property
+    def chosen(self) -> HeadSet | None:
+        """The set a locate run chose and measured (``refine.heads``; it leads the ranking), or None."""
+        named = (self.meta.get("refine") or {}).get("heads") if isinstance(self.meta.get("refine"), dict) else None
+        return HeadSet.from_pairs(named) if named else None
+
+    def selected(self, top_k: int | None = None) -> HeadSet:
+        """The heads to act on: the first ``top_k``; without it, the set the run chose; a file with neither a
+        chosen set nor ranks (one written by hand), every head in it.
+
+        Why not every head of a ranking: a locate run's ``heads.json`` ranks every head it scored (270 on
+        SmolLM2), so ``capsense export MODEL --heads heads.json`` without ``--top-k`` ablated all of them. On the main
+        job's file, ``capsense evaluate smollm2-135m --tasks capsense_induction,capsense_prose --limit 8 --heads
+        heads.json`` moved prose by +213.5% in nats/token that way, and by -0.7% with the chosen five (round 50). A
+        ranking with no chosen set asks for ``top_k``."""
+        if top_k is not None:
+            return self.head_set.top(top_k)
+        if (chosen := self.chosen) is not None:
+            return chosen
+        if any("rank" in r for r in self.heads):
+            raise HeadSpecError(f"the heads file ranks {len(self.heads)} heads and names no chosen set (its run had no "
+                                "measure-and-choose step): give `top_k`, how many of its first heads to take")
+        return self.head_set
 
 
 def load_heads_file(path: str | os.PathLike) -> HeadsFile:

@@ -7,7 +7,7 @@ Takes every ``hf`` model arg plus:
 
 * ``heads``: a head spec (``L16H21+L15H13``) or the path of a heads JSON file;
 * ``head_file``: the path of a heads JSON file (alias of ``heads=FILE``);
-* ``top_k``: keep the first k heads of a ranked heads file;
+* ``top_k``: keep the first k heads of a ranked heads file (without it: the set the file's locate run chose);
 * ``ablation``: ``zero`` (default) or ``mean``;
 * ``mean_reference``: for mean ablation, a text file (one passage per line) or JSONL file
   (a ``text`` field per line) of reference texts; default: capsense's neutral prose;

@@ -65,7 +65,7 @@ def resolve_heads(heads: HeadsLike, top_k: int | None = None) -> tuple[HeadSet, 
     if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
         source = Path(heads)
         heads_file = load_heads_file(source)
-        hs = HeadSet.parse(heads_file.head_set, top_k=top_k)
+        hs = heads_file.selected(top_k)
     else:
         hs = HeadSet.parse(heads, top_k=top_k)
     if not hs:

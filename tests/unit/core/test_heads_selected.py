@@ -1,0 +1,40 @@
+"""Which heads a heads file stands for when no ``top_k`` is given: the set its locate run chose, never its whole
+ranking (a run ranks every head it scored: ablating them all was the default)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from capsense.core.heads import HeadSet, HeadsFile, write_heads_file
+from capsense.errors import HeadSpecError
+
+RANKING = [{"layer": l, "head": h, "rank": i + 1} for i, (l, h) in enumerate([(1, 2), (0, 3), (1, 0), (0, 1), (1, 1)])]
+
+
+def test_a_run_s_file_stands_for_its_chosen_set_top_k_for_its_first_heads_and_a_bare_ranking_asks(tmp_path):
+    chosen = write_heads_file(tmp_path / "chosen.json", HeadsFile("m", RANKING, {"refine": {"heads": ["L1H2", "L0H3"]}}))
+    assert str(HeadSet.parse(chosen)) == "L1H2+L0H3"
+    assert str(HeadSet.parse(chosen, top_k=3)) == "L1H2+L0H3+L1H0"
+    bare = write_heads_file(tmp_path / "bare.json", HeadsFile("m", RANKING, {"method": "cs"}))
+    with pytest.raises(HeadSpecError, match="ranks 5 heads and names no chosen set.*give `top_k`"):
+        HeadSet.parse(bare)
+    assert str(HeadSet.parse(bare, top_k=2)) == "L1H2+L0H3"
+    by_hand = write_heads_file(tmp_path / "hand.json", HeadsFile("m", [{"layer": 0, "head": 1}, {"layer": 1, "head": 0}]))
+    assert str(HeadSet.parse(by_hand)) == "L0H1+L1H0"
+
+
+def test_export_without_top_k_ablates_the_chosen_set_and_records_it(tmp_path, tiny_model_dir):
+    from capsense.cli import main
+
+    heads = write_heads_file(tmp_path / "heads.json", HeadsFile("tiny", RANKING, {"refine": {"heads": ["L1H2", "L0H3"]}}))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--heads", str(heads), "--format", "checkpoint",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "capsense.json").read_text())["heads_spec"] == "L1H2+L0H3"
+    r = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--heads", str(write_heads_file(
+        tmp_path / "bare.json", HeadsFile("tiny", RANKING))), "--format", "checkpoint", "--out", str(tmp_path / "o2")])
+    assert r.exit_code == 1 and "give --top-k" in r.output and not (tmp_path / "o2").exists()

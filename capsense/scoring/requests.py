@@ -25,14 +25,27 @@ ROLLING_WINDOW = 2048
 
 
 def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokenizer=None):
-    """An lm-eval task object by name; capsense's ``lm_eval_tasks`` are always included."""
+    """An lm-eval task object by name; capsense's ``lm_eval_tasks`` are always included.
+
+    Without ``tokenizer`` the caller reads the task's shape (its documents, their count, its output type), never a
+    score, so capsense's builders' warning that they cannot count tokens (nats_per_token NaN) is held back: a
+    compression's held-out check printed it once per task, about results it never computes."""
+    import logging
+
     from lm_eval.tasks import get_task_dict
 
     from capsense.tasks import task_manager
 
     metadata = {"tokenizer": tokenizer} if tokenizer is not None else None
     manager = task_manager(include_path, [task], metadata=metadata)
-    obj = get_task_dict([task], manager)[task]
+    builders = logging.getLogger("capsense.tasks")
+    before = builders.level
+    if tokenizer is None:
+        builders.setLevel(logging.ERROR)
+    try:
+        obj = get_task_dict([task], manager)[task]
+    finally:
+        builders.setLevel(before)
     if isinstance(obj, dict):
         raise CapsenseError(f"{task!r} is a group of tasks; name one task")
     return obj

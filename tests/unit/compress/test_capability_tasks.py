@@ -275,3 +275,19 @@ def test_a_generation_task_is_measured_on_its_reference_answers(toy):
     last = [task.eval_docs[i] for i in info[0]["doc_ids"]]
     assert info[0]["doc_ids"] == [39, 38] and samples == [
         lm.tokenizer.encode(task.doc_to_text(d) + task.config.target_delimiter + task.doc_to_target(d)) for d in last]
+
+
+def test_the_held_out_check_loads_tasks_without_a_word_about_token_counts(caplog):
+    """The check counts documents with no tokenizer; capsense's builders then warn that nats_per_token will be NaN,
+    which a compression printed once per task about scores it never computes. A scorer's own load still warns."""
+    import logging
+
+    from capsense.compress.capabilities import check_held_out
+    from capsense.tasks.common import to_dataset
+
+    with caplog.at_level(logging.WARNING):
+        check_held_out({"text": (32, 8), "math": (32, 8)}, "fix")
+    assert not [r for r in caplog.records if "no tokenizer" in r.getMessage()]
+    with caplog.at_level(logging.WARNING):
+        to_dataset([{"context": "a", "continuation": " b"}], {})
+    assert [r for r in caplog.records if "no tokenizer" in r.getMessage()]

@@ -18,7 +18,7 @@ from capsense.commands.output import echo_written
 @click.argument("model")
 @click.option("--heads", "heads", required=True, type=click.Path(path_type=Path),
               help="heads.json of a locate run (its manifest.json says which documents to hold out).")
-@top_k_option(5, "Ablate the first K heads.")
+@top_k_option(None, "Ablate the first K heads (default: the set the run chose).")
 @click.option("--tasks", help="Comma-separated lm-eval tasks and suites (default: the run's target, its controls and "
                                "the held-out control suite, which the search never scored).")
 @click.option("--tolerance", type=float, default=0.10, show_default=True,

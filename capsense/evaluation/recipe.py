@@ -102,5 +102,5 @@ def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[st
                      + (f"--ablation {cfg.ablation} " if cfg.ablation != "zero" else "") + f"--limit {cfg.limit} --out {cfg.out}")
         if val:
             tasks = ",".join(val["tasks"]) if val["tasks"] else "<target, controls, held-out suite>"
-            lines.append(f"  validate --top-k {val.get('top_k', 5)} --tasks {tasks} --out {val['out']}")
+            lines.append(f"  validate --top-k {val.get('top_k', cfg.top_k)} --tasks {tasks} --out {val['out']}")
     return lines

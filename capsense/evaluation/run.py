@@ -82,7 +82,7 @@ def run_steps(steps: list[Step], log: Callable[[str], None] = print, progress: b
                                                                             if (heads_path.parent / f).is_file())])
         if val:
             with display.phase("validate") as phase:
-                rows, info = validate(cfg.model, heads_path, int(val.get("top_k", 5)), val["tasks"],
+                rows, info = validate(cfg.model, heads_path, val.get("top_k", cfg.top_k), val["tasks"],
                                       log=display.write, progress=phase, out=val["out"], **validate_kwargs(cfg, val))
             if not is_main_process():  # under accelerate launch every process evaluates, the main one writes
                 display.close()

@@ -110,11 +110,12 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
 
 
 def check_validate(
-    model: str, heads: str | Path, top_k: int, tasks: Sequence[str] | None, limit: int | None = 100,
+    model: str, heads: str | Path, top_k: int | None, tasks: Sequence[str] | None, limit: int | None = 100,
     include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
     batch_size: int | str = 16, ablation: str | None = None, mean_reference: str | None = None,
 ) -> HeadsFile:
-    """Every check that needs neither torch nor lm-eval nor the model; returns the heads file."""
+    """Every check that needs neither torch nor lm-eval nor the model; returns the heads file. ``top_k`` None: the
+    set the file's run chose (:meth:`~capsense.core.heads.HeadsFile.selected`)."""
     heads_path = Path(heads)
     check_batch_size(batch_size)
     hf = load_heads_file(heads_path)
@@ -122,6 +123,7 @@ def check_validate(
     if not tolerance >= 0:
         raise CapsenseError(f"`tolerance` must be a relative worsening >= 0 (0.1 = 10%), got {tolerance}")
     tasks = validation_tasks(hf, tasks)
+    top_k = len(hf.selected()) if top_k is None else top_k
     if top_k < 1:
         raise CapsenseError(f"`top_k` must be at least 1, got {top_k}")
     if top_k > len(hf.heads):
@@ -143,7 +145,7 @@ def check_validate(
 def validate(
     model: str,
     heads: str | Path,
-    top_k: int,
+    top_k: int | None,
     tasks: Sequence[str] | None = None,
     n_random: int = 3,
     limit: int | None = 100,
@@ -161,7 +163,8 @@ def validate(
     mean_reference: str | None = None,
     out: str | Path | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
-    """Evaluate base, top-``top_k`` ablation and ``n_random`` random ablations on held-out docs, and judge
+    """Evaluate base, top-``top_k`` ablation (None: the set the run chose, which leads its ranking) and ``n_random``
+    random ablations of as many heads on held-out docs, and judge
     selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``. ``tasks``: by default the run's target,
     its controls and the held-out control suite; ``ablation`` (and ``mean_reference``): by default the run's
     (:func:`~capsense.core.ablation.resolve_ablation`); ``out``: the folder it is written to, where each finished
@@ -178,6 +181,7 @@ def validate(
     hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size,
                         ablation=ablation, mean_reference=mean_reference)
     ablation, mean_reference = resolve_ablation(hf.meta, ablation, mean_reference)
+    top_k = len(hf.selected()) if top_k is None else top_k
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.head_set.top(top_k)

@@ -38,3 +38,17 @@ def test_export_without_top_k_ablates_the_chosen_set_and_records_it(tmp_path, ti
     r = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--heads", str(write_heads_file(
         tmp_path / "bare.json", HeadsFile("tiny", RANKING))), "--format", "checkpoint", "--out", str(tmp_path / "o2")])
     assert r.exit_code == 1 and "give --top-k" in r.output and not (tmp_path / "o2").exists()
+
+
+def test_validate_without_top_k_validates_the_chosen_set(tmp_path, tiny_model_dir):
+    """``capsense validate`` took the first 5 heads by default: a run that chose 2 had 3 heads it never chose validated
+    with them. Now the chosen set; a bare ranking asks for --top-k before anything loads."""
+    from capsense.evaluation.validate import validate
+
+    heads = write_heads_file(tmp_path / "heads.json", HeadsFile("tiny", RANKING, {
+        "task": "capsense_arithmetic", "controls": [], "refine": {"heads": ["L1H2", "L0H3"]}}))
+    rows, info = validate(str(tiny_model_dir), heads, None, ["capsense_arithmetic"], n_random=1, limit=2, log=lambda m: None)
+    assert info["top_k"] == 2 and info["heads"] == "L1H2+L0H3" and all(len(r.split("+")) == 2 for r in info["random_sets"])
+    bare = write_heads_file(tmp_path / "bare.json", HeadsFile("tiny", RANKING, {"task": "capsense_arithmetic"}))
+    with pytest.raises(HeadSpecError, match="give `top_k`"):
+        validate(str(tiny_model_dir), bare, None, ["capsense_arithmetic"], n_random=1, limit=2, log=lambda m: None)

@@ -53,8 +53,8 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
     from capsense.compress.capabilities import parse_capabilities
 
     caps = parse_capabilities(capabilities, include_path)
-    cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens, seq_len=seq_len,
-                        epochs=epochs, lr=lr, fresh=fresh)
+    cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens,
+                        seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh)
     check_distill_held_out(cfg, caps, probes, include_path)
     s_model, t_model, tok = load_models(cfg, placed)
     evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)

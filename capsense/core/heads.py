@@ -186,7 +186,8 @@ class HeadsFile:
     @property
     def chosen(self) -> HeadSet | None:
         """The set a locate run chose and measured (``refine.heads``; it leads the ranking), or None."""
-        named = (self.meta.get("refine") or {}).get("heads") if isinstance(self.meta.get("refine"), dict) else None
+        refine = self.meta.get("refine")
+        named = refine.get("heads") if isinstance(refine, dict) else None
         return HeadSet.from_pairs(named) if named else None
 
     def selected(self, top_k: int | None = None) -> HeadSet:

@@ -186,7 +186,7 @@ RECORD_FIELDS = ("model_state", "setting", "method", "capability", "dL", "summar
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """All complete records of a grid file (a torn last line from a crash is ignored). A file of other records (a
     heads file, a bench's JSONL) is refused naming the first record's missing fields: fit and select failed on it
-    with a KeyError traceback, and a grid resumed into it would have appended its records to the file."""
+    with a KeyError traceback, and grid called it another grid's measurements."""
     records = read_jsonl(path)
     for i, r in enumerate(records, 1):
         missing = [k for k in RECORD_FIELDS if k not in r] if isinstance(r, dict) else list(RECORD_FIELDS)

@@ -62,16 +62,21 @@ def _check_options(setting: Mapping[str, Any], sequential: bool, sequential_prop
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
 
 
-def _check_calibration_read(budget, calibration: str | None) -> None:
-    """A ``calibration`` given where no method reads it is an error: only a calibrated method reads it (``sequential``
-    too, which is refused without one); a kept capability's gradients and checks read that capability's own
-    documents. It was ignored: ``--method magnitude --calibration prose`` calibrated on nothing."""
+def _budget(setting: Mapping[str, Any], budget_file, targets: str | None, calibration: str | None):
+    """The request's budget: ``budget_file`` with ``setting`` over its default, or ``setting`` on every ``targets``
+    matrix. A ``calibration`` given where no method reads it is an error: only a calibrated method reads it
+    (``sequential`` too, which is refused without one); a kept capability's gradients and checks read that
+    capability's own documents. It was ignored: ``--method magnitude --calibration prose`` calibrated on nothing."""
+    from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.pipeline import calibrated_methods
 
+    budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
+        {k: v for k, v in setting.items() if v is not None}, targets)
     if calibration is not None and not calibrated_methods(budget):
         methods = ", ".join(dict.fromkeys(s.method for s in budget.settings())) or "this budget"
         raise CapsenseError(f"`calibration` is read by the calibrated methods (wanda, sparsegpt, gptq, asvd, svd-llm); "
                             f"{methods} calibrate(s) on nothing: leave it out")
+    return budget
 
 
 def _guide(keep: str, sensitivity: str, protect_top_k, protect_heads, budget_size, samples: int, pricing, check_uniform,
@@ -149,7 +154,6 @@ def compress_request(
     (:func:`~capsense.compress.calibration.kept_calibration`). ``sequential``: one decoder layer at a time
     (:mod:`capsense.compress.sequential`, ``sequential_propagate``); ``include_path``: task YAML folders whose tasks
     ``keep`` and ``calibration`` may name."""
-    from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.sequential import DEFAULT_PROPAGATE
 
@@ -157,9 +161,7 @@ def compress_request(
                    protect_top_k=protect_top_k, budget_size=budget_size, pricing=pricing, check_uniform=check_uniform,
                    fisher_groups=fisher_groups, check_docs=check_docs, probes=probes,
                    sensitivity=None if sensitivity == "kept" else sensitivity)
-    budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
-        {k: v for k, v in setting.items() if v is not None}, targets)
-    _check_calibration_read(budget, calibration)
+    budget = _budget(setting, budget_file, targets, calibration)
     guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
                    check_uniform, fisher_groups, check_docs, include_path) if keep else None
     return compress_checkpoint(

@@ -163,12 +163,11 @@ def validate(
     mean_reference: str | None = None,
     out: str | Path | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
-    """Evaluate base, top-``top_k`` ablation (None: the set the run chose, which leads its ranking) and ``n_random``
-    random ablations of as many heads on held-out docs, and judge
-    selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``. ``tasks``: by default the run's target,
-    its controls and the held-out control suite; ``ablation`` (and ``mean_reference``): by default the run's
-    (:func:`~capsense.core.ablation.resolve_ablation`); ``out``: the folder it is written to, where each finished
-    condition is kept so that a rerun resumes (:mod:`capsense.evaluation.conditions`; None: nothing kept).
+    """Evaluate base, top-``top_k`` ablation (None: the set the run chose) and ``n_random`` random ablations of as
+    many heads on held-out docs, and judge selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``.
+    ``tasks``: by default the run's target, its controls and the held-out control suite; ``ablation`` (and
+    ``mean_reference``): by default the run's (:func:`~capsense.core.ablation.resolve_ablation`); ``out``: the folder
+    it is written to, where each finished condition is kept so that a rerun resumes (None: nothing kept).
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is labelled with each
     condition as it runs. Under ``accelerate launch`` on GPUs lm-eval splits the documents across processes and
@@ -181,10 +180,9 @@ def validate(
     hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size,
                         ablation=ablation, mean_reference=mean_reference)
     ablation, mean_reference = resolve_ablation(hf.meta, ablation, mean_reference)
-    top_k = len(hf.selected()) if top_k is None else top_k
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
-    top = hf.head_set.top(top_k)
+    top = hf.selected(top_k)  # (None: the set the run chose)
     used = used_documents(heads_path)  # held out with the tokenizer alone: a task with none left fails before the load
     samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
     lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
@@ -195,14 +193,14 @@ def validate(
     randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log, store)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
-        "model": model, "heads_file": str(heads_path), "top_k": top_k, "heads": str(top), "locate_task": hf.meta.get("task"),
+        "model": model, "heads_file": str(heads_path), "top_k": len(top), "heads": str(top), "locate_task": hf.meta.get("task"),
         "ablation": ablation, "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
         "random_sets": [str(h) for h in randoms], "samples": samples, "locate_controls": hf.meta.get("controls"),
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "batch_size": batch_size, "lm_eval_batch_size": lm_batch, **_scoring(lm),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **made}  # the host record as locate's manifest has it
-    note_strong_random_heads(info["verdict"], strong_heads_in(hf, randoms, top_k))
+    note_strong_random_heads(info["verdict"], strong_heads_in(hf, randoms, len(top)))
     return rows, info
 
 

@@ -40,18 +40,57 @@ def validation_folder(run_dir: str | os.PathLike) -> Path:
     return run
 
 
-def off_target_changes(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None) -> dict[str, Any] | None:
+def _head_names(spec: Any) -> frozenset[str] | None:
+    """The heads a spec or list names, as a set of names (order does not matter), or None when it names none."""
+    from capsense.core.heads import HeadSet
+    from capsense.errors import HeadSpecError
+
+    if not spec:
+        return None
+    try:
+        return frozenset(map(str, HeadSet.from_spec(spec) if isinstance(spec, str) else HeadSet.from_pairs(spec)))
+    except HeadSpecError:
+        return None
+
+
+def validated_heads(run_dir: str | os.PathLike) -> frozenset[str] | None:
+    """The heads a run's validation ablated (``validation.json``'s ``heads``, or validation.md's "heads ablated"
+    line), or None where it does not say."""
+    run = validation_folder(run_dir)
+    try:
+        if (run / "validation.json").is_file():
+            return _head_names(json.loads((run / "validation.json").read_text(encoding="utf-8")).get("heads"))
+        if (run / "validation.md").is_file():
+            line = next((ln for ln in (run / "validation.md").read_text(encoding="utf-8").splitlines()
+                         if ln.startswith("- heads ablated: ")), "")
+            return _head_names(line.removeprefix("- heads ablated: ").strip())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    return None
+
+
+def measures_other_set(measured: frozenset[str] | None, heads: Any) -> bool:
+    """Whether a measurement of ``measured`` heads is of another set than ``heads`` (None: either unknown)."""
+    exported = _head_names(None if heads is None else [str(h) for h in heads])
+    return measured is not None and exported is not None and measured != exported
+
+
+def off_target_changes(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None, heads: Any = None) -> dict[str, Any] | None:
     """Every measured off-target change of the exported set: on the search's documents (each control's
     relative damage of the chosen set, from ``heads.json``) and on held-out documents and controls
-    (the validation's verdict and judged rows), or None when neither was measured."""
+    (the validation's verdict and judged rows), or None when neither was measured. With ``heads`` (the exported
+    set), a measurement of another set is left out: exporting ``--top-k 7`` of a run that chose and validated 5
+    published the five's verdict as the seven's."""
     out: dict[str, Any] = {}
     chosen = ((heads_meta or {}).get("refine") or {}).get("chosen")
+    if chosen and measures_other_set(_head_names(chosen.get("heads")), heads):
+        chosen = None
     if chosen:
         out["search"] = {"heads": chosen.get("heads"), "target_damage": chosen.get("target_damage"),
                          "control_damage": chosen.get("control_damage"),
                          "meaning": "relative worsening of each control's nll on the locate run's documents"}
     js = validation_folder(run_dir) / "validation.json"
-    if js.is_file():
+    if js.is_file() and not measures_other_set(validated_heads(run_dir), heads):
         try:
             verdict = json.loads(js.read_text(encoding="utf-8")).get("verdict")
         except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
@@ -82,6 +121,9 @@ def _selectivity_section(meta: dict[str, Any]) -> list[str]:
                          f"{100 * r['worsening']:+.1f}% | {rnd} | {docs} |")
     else:
         lines.append("Not validated on held-out controls: the claim that this edit spares other capabilities is untested.")
+        if meta.get("validated_heads"):
+            lines.append(f"(The run behind the heads file validated another set, `{meta['validated_heads']}`; its verdict "
+                         "does not carry over to this one.)")
     search = off.get("search")
     if search and search.get("control_damage"):
         lines += ["", "On the search's own documents, the set's relative nll worsening per control: "
@@ -89,14 +131,17 @@ def _selectivity_section(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
-def find_validation(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None = None) -> str | None:
-    """The validation table of a run folder as markdown, or None if it has none.
+def find_validation(run_dir: str | os.PathLike, heads_meta: dict[str, Any] | None = None, heads: Any = None) -> str | None:
+    """The validation table of a run folder as markdown, or None if it has none (or, with ``heads``, the exported
+    set, if it validated another set).
 
     Looked for, in order: ``validation.md`` (its title and chart link dropped: the chart is not
     published), ``validation.json`` (a list of row objects, ``{"rows": [...]}`` or
     ``{task: {metric: value}}``), and a ``validation`` entry of the heads file itself. A
     recipe's run keeps them in the ``validate`` folder beside ``locate``, which is looked in too.
     """
+    if measures_other_set(validated_heads(run_dir), heads):
+        return None
     run = validation_folder(run_dir)
     md = run / "validation.md"
     if md.is_file():

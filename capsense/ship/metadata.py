@@ -104,7 +104,7 @@ def build_metadata(
     out: Path, model_type: str,
 ) -> dict[str, Any]:
     """The contents of ``capsense.json``: heads, base model, capability, ablation, how to reproduce."""
-    from capsense.ship.card import find_validation, off_target_changes
+    from capsense.ship.card import find_validation, measures_other_set, off_target_changes, validated_heads
 
     hub_id = base_model_hub_id(model)
     source_meta = heads_file.meta if heads_file else {}
@@ -132,10 +132,12 @@ def build_metadata(
     if ablation == "mean":
         meta["mean_reference"] = public_path(mean_reference) or "capsense.tasks.prose.PASSAGES"
     if heads_source is not None:
-        validation = find_validation(heads_source.parent, source_meta)
+        validation = find_validation(heads_source.parent, source_meta, heads)
         if validation:
             meta["validation_markdown"] = validation
-        off = off_target_changes(heads_source.parent, source_meta)
+        off = off_target_changes(heads_source.parent, source_meta, heads)
+        if measures_other_set(validated := validated_heads(heads_source.parent), heads):
+            meta["validated_heads"] = "+".join(sorted(validated))
         if off:
             meta["off_target"] = off
     return meta

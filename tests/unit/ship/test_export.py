@@ -470,6 +470,32 @@ def test_export_states_every_measured_off_target_change(folders, tmp_path):
     assert "`capsense_facts` +1.4%" in card
 
 
+def test_export_of_another_set_than_the_run_measured_publishes_none_of_its_verdict(folders, tmp_path):
+    """A run that chose and validated L2H3+L0H1, exported with --top-k 3: the card published the two's verdict and
+    their control damage as the three's. Now it says the set is not validated and which set the run validated;
+    exporting the validated set (in another order) keeps both."""
+    run = tmp_path / "run"
+    run.mkdir()
+    meta = {"task": "capsense_induction", "controls": ["capsense_facts"],
+            "refine": {"heads": ["L2H3", "L0H1"], "chosen": {"heads": ["L2H3", "L0H1"], "target_damage": 2.5,
+                                                             "control_damage": {"capsense_facts": 0.014}}}}
+    (run / "heads.json").write_text(json.dumps({"model": "tiny", **meta, "heads": [
+        {"layer": 2, "head": 3, "rank": 1}, {"layer": 0, "head": 1, "rank": 2}, {"layer": 1, "head": 1, "rank": 3}]}))
+    verdict = {"selective": True, "tolerance": 0.1, "line": "selective: every control within 10%", "rows": []}
+    (run / "validation.json").write_text(json.dumps({"heads": "L2H3+L0H1", "rows": [], "verdict": verdict}))
+    three = export_checkpoint(str(folders("llama")), str(run / "heads.json"), tmp_path / "three", top_k=3).out
+    meta3 = json.loads((three / "capsense.json").read_text())
+    assert "off_target" not in meta3 and "validation_markdown" not in meta3 and meta3["validated_heads"] == "L0H1+L2H3"
+    card = (three / "README.md").read_text()
+    assert "Not validated on held-out controls" in card and "validated another set, `L0H1+L2H3`" in card
+    assert "selective: every control" not in card
+    chosen = export_checkpoint(str(folders("llama")), "L0H1+L2H3", tmp_path / "spec").out  # (a spec: no run behind it)
+    assert "off_target" not in json.loads((chosen / "capsense.json").read_text())
+    chosen = export_checkpoint(str(folders("llama")), str(run / "heads.json"), tmp_path / "chosen").out
+    off = json.loads((chosen / "capsense.json").read_text())["off_target"]
+    assert off["validation"]["selective"] is True and off["search"]["control_damage"] == {"capsense_facts": 0.014}
+
+
 def test_export_without_validation_says_selectivity_is_untested(folders, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

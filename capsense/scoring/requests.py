@@ -44,6 +44,10 @@ def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokeniz
         builders.setLevel(logging.ERROR)
     try:
         obj = get_task_dict([task], manager)[task]
+    except (ConnectionError, FileNotFoundError) as e:  # (datasets' DatasetNotFoundError is a FileNotFoundError)
+        offline = (" HF_HUB_OFFLINE is set: capsense's tasks build their data in code, lm-eval's download theirs"
+                   if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "")
+        raise CapsenseError(f"task {task!r}: its data could not be loaded ({type(e).__name__}: {e}).{offline}") from None
     finally:
         builders.setLevel(before)
     if isinstance(obj, dict):

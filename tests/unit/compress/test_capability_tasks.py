@@ -291,3 +291,15 @@ def test_the_held_out_check_loads_tasks_without_a_word_about_token_counts(caplog
     with caplog.at_level(logging.WARNING):
         to_dataset([{"context": "a", "continuation": " b"}], {})
     assert [r for r in caplog.records if "no tokenizer" in r.getMessage()]
+
+
+def test_a_task_whose_data_cannot_be_reached_is_one_error_naming_it(tmp_path, monkeypatch):
+    """A task that downloads its data (lm-eval's, or a user's from the Hub) where the Hub cannot be reached: one
+    error naming the task and why, not datasets' traceback."""
+    from capsense.scoring.requests import load_task
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "remote.yaml").write_text("task: my_remote\ndataset_path: nobody/no_such_dataset\noutput_type: "
+                                          "loglikelihood\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n")
+    with pytest.raises(CapsenseError, match="task 'my_remote': its data could not be loaded.*HF_HUB_OFFLINE is set"):
+        load_task("my_remote", [str(tmp_path)])

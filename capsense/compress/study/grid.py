@@ -158,14 +158,29 @@ def grid_spec(spec_file: str | Path | None = None, methods: Sequence[str] = (),
         if settings:
             spec.settings = spec_from_dict({"model": spec.model, "settings": settings,
                                             "targets": fields.get("targets")}).settings
-        return spec
+        return _check_calibration_read(spec, fields)
     if not fields.get("model"):
         raise CapsenseError("give `model` (or `spec_file` FILE)")
     if not settings:
         raise CapsenseError(
             f"give `methods` (from {', '.join(METHODS)}) with `densities`/`bits_list`/`ratios`, or `spec_file` FILE"
         )
-    return spec_from_dict({**{k: v for k, v in fields.items() if v is not None}, "settings": settings})
+    return _check_calibration_read(spec_from_dict({**{k: v for k, v in fields.items() if v is not None},
+                                                   "settings": settings}), fields)
+
+
+def _check_calibration_read(spec: GridSpec, fields: Mapping[str, Any]) -> GridSpec:
+    """``spec``, unless the caller gave ``calibration`` or ``calibration_samples`` and no setting reads them (a grid of
+    rtn, magnitude or svd alone): they were ignored, and still kept in the grid's fingerprint, so resuming with
+    other values was refused as another grid."""
+    given = [k for k in ("calibration", "calibration_samples") if fields.get(k) is not None]
+    if given and not any(_setting(s).calibrated for s in spec.settings):
+        methods = ", ".join(dict.fromkeys(s["method"] for s in spec.settings))
+        are, them = ("are", "them") if len(given) > 1 else ("is", "it")
+        raise CapsenseError(f"{' and '.join(f'`{k}`' for k in given)} {are} read by the calibrated methods (wanda, "
+                            f"sparsegpt, gptq, asvd, svd-llm); this grid's {methods} calibrate(s) on nothing: leave "
+                            f"{them} out")
+    return spec
 
 
 def _setting(setting: Mapping[str, Any]) -> Setting:

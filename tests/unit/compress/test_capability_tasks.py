@@ -114,10 +114,11 @@ def test_a_guided_compression_whose_probes_meet_its_calibration_is_refused_befor
 
 def test_a_grid_calibrating_on_a_capability_it_measures_keeps_its_probes_apart(tmp_path, tiny_model_dir):
     """Wanda calibrates: 32 probes of text and text's share (20 of 40 texts) of the calibration meet; magnitude and SVD
-    read no calibration, so the same grid runs, and its records and fits carry no accuracy for a perplexity task."""
-    args = ["grid", str(tiny_model_dir), "--densities", "0.5", "--capabilities", "text", "--probes", "32",
-            "--calibration", "text,prose", "--calibration-samples", "40", "--no-progress"]
-    r = CliRunner().invoke(main, [*args, "--methods", "wanda", "--out", str(tmp_path / "g.jsonl")])
+    read no calibration (given to them it is refused), so their grid runs, and its records and fits carry no accuracy
+    for a perplexity task."""
+    args = ["grid", str(tiny_model_dir), "--densities", "0.5", "--capabilities", "text", "--probes", "32", "--no-progress"]
+    calibration = ["--calibration", "text,prose", "--calibration-samples", "40"]
+    r = CliRunner().invoke(main, [*args, *calibration, "--methods", "wanda", "--out", str(tmp_path / "g.jsonl")])
     assert r.exit_code == 1 and "'text' has 40 documents: its first 32 measure it and its last 20" in r.output, r.output
     assert "lower --probes or --calibration-samples" in r.output
     grid = tmp_path / "m.jsonl"

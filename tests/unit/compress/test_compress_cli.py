@@ -245,6 +245,16 @@ def test_grid_appends_and_resumes(tmp_path, tiny_model_dir, calib_file):
     assert r.exit_code == 1 and "another grid" in r.output
 
 
+def test_a_grid_refuses_calibration_none_of_its_methods_reads(tmp_path, tiny_model_dir, calib_file):
+    """It was ignored, yet kept in the grid's fingerprint: resuming with another calibration was refused."""
+    out = tmp_path / "g.jsonl"
+    r = run("grid", tiny_model_dir, "--methods", "rtn", "--bits", 4, "--group-size", 32, "--calibration", calib_file,
+            "--calibration-samples", 4, "--out", out)
+    assert r.exit_code == 1 and not out.exists()
+    assert ("Error: --calibration and --calibration-samples are read by the calibrated methods (wanda, sparsegpt, gptq, "
+            "asvd, svd-llm); this grid's rtn calibrate(s) on nothing") in r.output
+
+
 def test_fit_select_and_grid_refuse_a_file_grid_did_not_write(tmp_path, tiny_model_dir):
     """Another JSONL (here a guided run's bench record) is named as no grid file, with what its first record lacks: fit
     and select failed on it with a KeyError traceback, and grid called it another grid's measurements."""

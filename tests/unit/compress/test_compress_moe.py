@@ -94,7 +94,7 @@ def test_distillation_of_a_moe_student_trains_its_attention():
     assert {id(p) for p in model.parameters() if p.requires_grad} == attn
 
 
-def test_grid_on_a_moe_model_measures_attention_and_refuses_mlp(mixtral_dir, tmp_path, calib_file):
+def test_grid_on_a_moe_model_measures_attention_and_refuses_mlp(mixtral_dir, tmp_path):
     """`capsense grid --targets attn` runs on a mixture-of-experts model (the grid's own target set is
     the kinds its settings name); without it, the one clear refusal."""
     import json
@@ -104,7 +104,7 @@ def test_grid_on_a_moe_model_measures_attention_and_refuses_mlp(mixtral_dir, tmp
     from capsense.cli import main
 
     args = ["grid", str(mixtral_dir), "--methods", "magnitude", "--densities", "0.5", "--capabilities", "qa",
-            "--probes", 2, "--calibration", str(calib_file), "--calibration-samples", 2, "--no-progress"]
+            "--probes", 2, "--no-progress"]  # (magnitude reads no calibration)
     r = CliRunner().invoke(main, [str(a) for a in args + ["--targets", "attn", "--out", tmp_path / "g.jsonl"]])
     assert r.exit_code == 0, r.output
     recs = [json.loads(x) for x in (tmp_path / "g.jsonl").read_text().splitlines()]

@@ -7,7 +7,8 @@ every number comes from lm-eval's own metrics for the task.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,8 @@ def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, stor
         out = None if store is None else store.get(label, str(heads))
         if out is None:
             lm.set_heads(heads)
-            with lm_eval_warnings_only():  # not verbosity=: lm-eval's handler would keep this moment's stderr
+            # (not verbosity=: lm-eval's handler would keep this moment's stderr)
+            with lm_eval_warnings_only(), _git_hash_quietly():
                 out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
                                               verbosity=None, **kwargs)
             if out is None:  # a process other than the main one under lm-eval's data parallel
@@ -178,6 +180,34 @@ def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, stor
         if progress is not None:
             progress.update()
     return (None if elsewhere else results), direction
+
+
+@contextmanager
+def _git_hash_quietly() -> Iterator[None]:
+    """lm-eval's results record the git commit of the working directory (``git describe --always``), and git writes
+    "fatal: not a git repository" to the terminal wherever capsense evaluates outside a checkout: a line that reads
+    like a failure, once per condition. Within capsense's own calls the same question is asked with git's stderr
+    discarded (None where there is no repository, as lm-eval records it there)."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+
+    def git_hash() -> str | None:
+        try:
+            return subprocess.run(["git", "describe", "--always"], capture_output=True, text=True,
+                                  check=True).stdout.strip() or None
+        except (subprocess.CalledProcessError, OSError):
+            return None
+
+    original = getattr(evaluator, "get_git_commit_hash", None)
+    if original is None:  # (another lm-eval: nothing to replace)
+        yield
+        return
+    evaluator.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 def format_table(rows: Sequence[MetricRow], base: str = "base") -> str:

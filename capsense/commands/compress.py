@@ -39,7 +39,8 @@ from capsense.commands.output import echo_written, log
 @click.option("--calibration", default=None, help="Calibration: capabilities/tasks (comma-separated; a user's with --include-path), a text/JSONL file, "
               "or text of more than one word. "
               "Default: prose,math,code,qa (their last documents, disjoint from the probes); gptq and sparsegpt "
-              "with --keep add the kept capabilities (each takes a second share).")
+              "with --keep add the kept capabilities (each takes a second share). Read by the calibrated methods "
+              "(wanda, sparsegpt, gptq, asvd, svd-llm) only: given to others it is refused.")
 @click.option("--calibration-samples", type=int, default=64, show_default=True,
               help="Calibration texts (with --keep also the texts of each kept capability for its gradients).")
 @dtype_option(help="Dtype to load and compress in.")

@@ -32,7 +32,8 @@ def _floats(text: str | None) -> list[float]:
               "a user's with --include-path).")
 @click.option("--probes", type=int, default=None, help="Probe documents per capability (default 64).")
 @dtype_option(None, help="Dtype to load and compress in (default: the spec's, else float32).")
-@click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa).")
+@click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa; refused where no "
+              "method of the grid calibrates).")
 @click.option("--calibration-samples", type=int, default=None)
 @include_path_option()
 @out_option("JSONL file (appended; resumed).", file=True)

@@ -58,9 +58,12 @@ def _parse_head(token: str) -> Head:
 
 @dataclass(frozen=True)
 class HeadSet(Sequence):
-    """An ordered, duplicate-free set of attention heads (order = rank for ranked files)."""
+    """An ordered, duplicate-free set of attention heads (order = rank for ranked files). ``made_for``: the (layers,
+    heads per layer) of the model a heads file's run located them on, where it says; :meth:`check_fits` refuses
+    another model's shape (a head index names another head there, though it may fit)."""
 
     heads: tuple[Head, ...] = ()
+    made_for: tuple[int, int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         seen: dict[Head, None] = {}
@@ -134,7 +137,7 @@ class HeadSet(Sequence):
         """The first ``k`` heads (the top k of a ranked set)."""
         if int(k) < 0:
             raise HeadSpecError(f"top_k must be >= 0, got {k}")
-        return HeadSet(self.heads[: int(k)])
+        return HeadSet(self.heads[: int(k)], self.made_for)
 
     def layers(self) -> list[int]:
         """Sorted layers that hold at least one head of the set."""
@@ -147,7 +150,14 @@ class HeadSet(Sequence):
         return out
 
     def check_fits(self, layout: HeadLayout) -> HeadSet:
-        """Raise :class:`HeadSpecError` naming the valid range if a head does not fit."""
+        """Raise :class:`HeadSpecError` naming the valid range if a head does not fit, or naming both shapes if the
+        heads were located on a model of another shape: a Gemma 3 270M file (18 x 4) fits SmolLM2 (30 x 9), and
+        ``capsense evaluate smollm2-135m --heads`` it ablated two unrelated heads without a word."""
+        if self.made_for is not None and self.made_for != (layout.n_layers, layout.n_heads):
+            raise HeadSpecError(
+                f"these heads were located on a model of {self.made_for[0]} layers x {self.made_for[1]} heads; this "
+                f"model has {layout.n_layers} x {layout.n_heads}, where the same indices name other heads: use a "
+                "heads file of this model (or give the heads as a spec)")
         for h in self.heads:
             if not 0 <= h.layer < layout.n_layers:
                 raise HeadSpecError(
@@ -177,8 +187,15 @@ class HeadsFile:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def made_for(self) -> tuple[int, int] | None:
+        """(layers, heads per layer) of the model the run located on (``layout``), where the file says."""
+        layout = self.meta.get("layout")
+        shape = (layout.get("n_layers"), layout.get("n_heads")) if isinstance(layout, dict) else None
+        return shape if shape and all(isinstance(x, int) and not isinstance(x, bool) for x in shape) else None
+
+    @property
     def head_set(self) -> HeadSet:
-        return HeadSet(tuple(Head(int(r["layer"]), int(r["head"])) for r in self.heads))
+        return HeadSet(tuple(Head(int(r["layer"]), int(r["head"])) for r in self.heads), self.made_for)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, **self.meta, "heads": self.heads}
@@ -188,7 +205,7 @@ class HeadsFile:
         """The set a locate run chose and measured (``refine.heads``; it leads the ranking), or None."""
         refine = self.meta.get("refine")
         named = refine.get("heads") if isinstance(refine, dict) else None
-        return HeadSet.from_pairs(named) if named else None
+        return HeadSet(HeadSet.from_pairs(named).heads, self.made_for) if named else None
 
     def selected(self, top_k: int | None = None) -> HeadSet:
         """The heads to act on: the first ``top_k``; without it, the set the run chose; a file with neither a

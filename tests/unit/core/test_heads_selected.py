@@ -52,3 +52,23 @@ def test_validate_without_top_k_validates_the_chosen_set(tmp_path, tiny_model_di
     bare = write_heads_file(tmp_path / "bare.json", HeadsFile("tiny", RANKING, {"task": "capsense_arithmetic"}))
     with pytest.raises(HeadSpecError, match="give `top_k`"):
         validate(str(tiny_model_dir), bare, None, ["capsense_arithmetic"], n_random=1, limit=2, log=lambda m: None)
+
+
+def test_heads_located_on_a_model_of_another_shape_are_refused_even_where_they_fit(tmp_path, tiny_model_dir):
+    """A heads file of an 18 x 4 model (Gemma 3 270M's shape) fits the tiny 3 x 4 model's range only in part; one of
+    2 x 4 fits it whole and was ablated without a word. Its layout says where it was located; a spec has none."""
+    from capsense.cli import main
+    from capsense.core.arch import HeadLayout
+
+    meta = {"task": "capsense_arithmetic", "layout": {"n_layers": 2, "n_heads": 4, "head_dim": 16}}
+    other = write_heads_file(tmp_path / "other.json", HeadsFile("other-model", [{"layer": 1, "head": 2}], meta))
+    with pytest.raises(HeadSpecError, match="located on a model of 2 layers x 4 heads; this model has 3 x 4"):
+        HeadSet.parse(other).check_fits(HeadLayout(3, 4, 16))
+    assert HeadSet.parse(other).check_fits(HeadLayout(2, 4, 16)) == HeadSet.from_spec("L1H2")
+    assert HeadSet.parse(other, top_k=1).made_for == (2, 4) and HeadSet.from_spec("L1H2").made_for is None
+    r = CliRunner().invoke(main, ["evaluate", str(tiny_model_dir), "--heads", str(other), "--tasks", "capsense_arithmetic",
+                                  "--limit", "2"])
+    assert r.exit_code == 1 and "located on a model of 2 layers x 4 heads; this model has" in r.output
+    r = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--heads", str(other), "--format", "adapter",
+                                  "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "located on a model of 2 layers x 4 heads" in r.output and not (tmp_path / "o").exists()

@@ -193,8 +193,8 @@ def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: lis
         return
     absent = [k for k in diffs if k not in old]
     shown = "; ".join(
-        f"{k}: not recorded there (written by an earlier release), {new.get(k)!r} now" if k in absent
-        else f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4]
+        f"{k}: not recorded there (written by an earlier release), {_brief(new.get(k))} now" if k in absent
+        else _difference(k, old.get(k), new.get(k)) for k in diffs[:4]
     )
     if lost := [k for k in absent if k in earlier and earlier[k] is None]:
         raise RunStoreError(f"`out` {str(p)!r} holds a different run ({shown}); no setting of this release computes "
@@ -203,6 +203,26 @@ def _check_identity(p: Path, old: dict[str, Any], new: dict[str, Any], keys: lis
     how = (f"to resume it give {' and '.join(hints)}" if hints and len(hints) == len(diffs)
            else "rerun with its settings to resume it")
     raise RunStoreError(f"`out` {str(p)!r} holds a different run ({shown}); {how}, or choose another `out`")
+
+
+def _brief(value: Any, width: int = 80) -> str:
+    """``repr(value)``, cut at ``width`` characters (a cut list or mapping says how many items it holds)."""
+    text = repr(value)
+    if len(text) <= width:
+        return text
+    return text[:width] + (f"... ({len(value)} items)" if isinstance(value, (list, tuple, dict)) else "...")
+
+
+def _difference(key: str, old: Any, new: Any) -> str:
+    """One identity field's difference in words. A mapping of long values (``doc_ids``: every task's document ids)
+    is told by its keys: the whole of both printed some 5,000 characters for one added control."""
+    if isinstance(old, dict) and isinstance(new, dict) and len(repr(old)) + len(repr(new)) > 200:
+        parts = [f"{', '.join(map(str, names))} {where}" for names, where in (
+            (sorted(set(old) - set(new)), "only there"), (sorted(set(new) - set(old)), "only now"),
+            (sorted(x for x in set(old) & set(new) if old[x] != new[x]), "changed"))
+            if names]
+        return f"{key} differ ({'; '.join(parts)})"
+    return f"{key}: {_brief(old)} there, {_brief(new)} now"
 
 
 def recorded_identity(path: str | os.PathLike) -> dict[str, Any]:

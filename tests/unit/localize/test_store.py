@@ -94,3 +94,16 @@ def test_a_damaged_line_inside_the_file_is_refused(tmp_path):
     store.append(Evaluation(1, [2], {"t": {"nll": 2.0, "acc": 0.0}}))
     with pytest.raises(RunStoreError, match="the file is damaged"):
         RunStore.open(tmp_path, _manifest(), KEYS, n_heads=4)
+
+
+def test_a_different_run_s_refusal_tells_a_long_field_by_its_keys():
+    """Adding one control changed doc_ids, every task's document ids: the refusal printed both mappings whole (some
+    5,000 characters on the main job). Now the tasks that differ, and short fields as they are."""
+    from capsense.localize.store import _difference
+
+    old = {"capsense_induction": list(range(100))}
+    new = {**old, "capsense_facts": list(range(55)), "capsense_names": list(range(40))}
+    assert _difference("doc_ids", old, new) == "doc_ids differ (capsense_facts, capsense_names only now)"
+    assert _difference("doc_ids", new, {**new, "capsense_facts": [1] * 55}) == "doc_ids differ (capsense_facts changed)"
+    assert _difference("method", "cs", "exhaustive") == "method: 'cs' there, 'exhaustive' now"
+    assert _difference("controls", [], ["capsense_facts"] * 9).endswith("... (9 items) now")

@@ -86,6 +86,18 @@ def list_upload_files(folder: Path) -> list[str]:
     return files
 
 
+def check_model_folder(folder: Path, files: list[str]) -> None:
+    """A model repo's folder: a model (``config.json`` and weights) or a PEFT adapter (``adapter_config.json`` and its
+    weights) at its top. Any folder was uploaded as it was: ``capsense push runs me/model`` sent every run folder and
+    log under it to a public repo."""
+    top = {f for f in files if "/" not in f}
+    weights = any(f.endswith((".safetensors", ".bin")) for f in top)
+    if weights and ("config.json" in top or "adapter_config.json" in top):
+        return
+    raise HubError(f"{str(folder)!r} holds no model at its top (config.json or adapter_config.json beside .safetensors "
+                   "weights): give the folder `capsense export`, `compress` or `distill` wrote")
+
+
 def _card_is_ours(folder: Path) -> dict[str, Any] | None:
     """The export metadata if README.md is still exactly the card capsense wrote."""
     meta_path, readme = folder / "capsense.json", folder / "README.md"
@@ -140,6 +152,7 @@ def push_folder(
     files = list_upload_files(root)
     if not files:
         raise HubError(f"{str(root)!r} has no files to upload")
+    check_model_folder(root, files)
     message = commit_message or DEFAULT_COMMIT_MESSAGE
     result = PushResult(repo_id, files, private, revision, message, create_pr, dry_run)
     ours = _card_is_ours(root)

@@ -216,6 +216,18 @@ def test_dry_run_needs_no_network_or_token(exported, no_saved_login, monkeypatch
     assert (exported["checkpoint"] / "README.md").read_text() == before
 
 
+def test_a_folder_with_no_model_at_its_top_is_not_pushed(exported, tmp_path, no_saved_login, monkeypatch):
+    """A runs folder (a heads file, logs, an export a level down) was uploaded whole as a model repo."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    runs = tmp_path / "runs"
+    _copy(exported["checkpoint"], runs / "ckpt")
+    (runs / "heads.json").write_text("{}")
+    with pytest.raises(HubError, match="holds no model at its top.*give the folder `capsense export`"):
+        push_folder(runs, "me/x", dry_run=True, api=object())
+    assert push_folder(runs / "ckpt", "me/x", dry_run=True, api=object()).files  # (a checkpoint)
+    assert push_folder(exported["adapter"], "me/x", dry_run=True, api=object()).files  # (an adapter)
+
+
 def test_offline_missing_token_and_bad_repo(exported, no_saved_login, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(HubError, match="HF_HUB_OFFLINE is set.*`dry_run`"):

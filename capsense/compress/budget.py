@@ -142,19 +142,30 @@ class Budget:
 
     def settings(self) -> list[Setting]:
         """The validated settings the budget can give a matrix: its default, and each override as it applies on top
-        of the default (an override naming another method starts from that method's defaults); skipped ones left out.
-        For checks before a model loads; :meth:`setting_for` is exact per matrix (overrides also stack on each other).
+        of the setting before it (the default, or an earlier override it stacks on; one naming another method starts
+        from that method's defaults); skipped ones left out. For checks before a model loads; :meth:`setting_for` is
+        exact per matrix.
 
         Why not each override alone: an override may name no method (``density: 0.9`` for the first layers) and
         change the settings of the method the matrix already has. Parsing it as a whole setting refused exactly that
         ("no method given"), so the repository's example budget (``recipes/compress_budget_example.yaml``) failed
         before the model loaded."""
-        merged = [dict(self.default)]
+        effective = [dict(self.default)]
         for o in self.overrides:
-            base = {} if "method" in o.setting and o.setting["method"] != self.default.get("method") else dict(self.default)
-            base.pop("skip", None)
-            merged.append({**base, **o.setting})
-        return [s for s in map(parse_setting, merged) if s is not None]
+            errors = []
+            for before in reversed(effective):  # the latest first; the default last, whose error is reported
+                base = {} if o.setting.get("method", before.get("method")) != before.get("method") else before
+                merged = {**{k: v for k, v in base.items() if k != "skip"}, **o.setting}
+                try:
+                    parse_setting(merged)
+                except BudgetError as e:
+                    errors.append(e)
+                    continue
+                effective.append(merged)
+                break
+            else:
+                raise errors[-1]
+        return [s for s in map(parse_setting, effective) if s is not None]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -232,12 +243,7 @@ def load_budget(path: str | Path, cli_setting: Mapping[str, Any] | None = None, 
         budget.whole_heads = bool(protect.get("whole", False))
         budget.source["protect"] = {"heads": str(protect["heads"]), "top_k": protect.get("top_k"),
                                     **({"whole": True} if budget.whole_heads else {})}
-    # Fail now, not halfway through compressing: every override must yield a valid setting.
-    for o in overrides:
-        merged = dict(budget.default) if o.setting.get("method") in (None, budget.default.get("method")) else {}
-        merged.update(o.setting)
-        if not merged.get("skip"):
-            normalize_setting(merged)
+    budget.settings()  # fail now, not halfway through compressing: every override must yield a valid setting
     return budget
 
 

@@ -192,6 +192,10 @@ def test_a_budget_file_s_override_may_change_only_a_setting_of_the_method(tmp_pa
 
     example = load_budget(Path(__file__).resolve().parents[3] / "recipes" / "compress_budget_example.yaml")
     assert [s.label for s in example.settings()] == ["wanda@d0.6", "wanda@d0.9", "wanda@d0.7"]
+    stacked = tmp_path / "stacked.yaml"  # a partial override on top of an earlier override's method
+    stacked.write_text("method: wanda\ndensity: 0.5\noverrides:\n  - layers: 0-1\n    method: rtn\n    bits: 4\n"
+                       "  - layers: 0\n    group_size: 32\n")
+    assert [s.label for s in load_budget(stacked).settings()] == ["wanda@d0.5", "rtn@4b/g128", "rtn@4b/g32"]
     assert calibrated_methods(example) == ["wanda"]
     check_calibration_given(example, "prose", 8)
     check_sequential(example)

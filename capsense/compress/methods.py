@@ -9,7 +9,7 @@ states its exact size before touching a weight and applies itself to one matrix.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capsense.compress.compensated import GPTQSetting, SparseGPTSetting
@@ -26,6 +26,19 @@ for _name, _cls in (("magnitude", PruneSetting), ("wanda", PruneSetting), ("spar
                     ("svd", LowRankSetting), ("asvd", LowRankSetting), ("svd-llm", LowRankSetting)):
     METHODS.register(_name, _cls)
 FAMILY_KEYS = {"prune": ("density", "scope"), "quant": ("bits", "group_size"), "lowrank": ("ratio", "alpha")}
+#: The methods that read calibration inputs, in the registry's order.
+CALIBRATED = tuple(m for m, cls in METHODS.items() if m in cls.calibrated_methods)
+
+
+def check_calibration_read(given: Sequence[str], settings: Sequence[Setting], whose: str = "") -> None:
+    """Refuse the calibration parameters a caller gave (``given``: their names) where none of ``settings`` reads them
+    (``whose``: what the settings belong to, for the message). Given to magnitude, rtn or svd they were ignored, and a
+    grid kept them in its fingerprint, so resuming with other values was refused as another grid."""
+    if given and not any(s.calibrated for s in settings):
+        methods = ", ".join(dict.fromkeys(s.method for s in settings)) or "this budget"
+        are, them = ("are", "them") if len(given) > 1 else ("is", "it")
+        raise CapsenseError(f"{' and '.join(f'`{k}`' for k in given)} {are} read by the calibrated methods "
+                            f"({', '.join(CALIBRATED)}); {whose}{methods} calibrate(s) on nothing: leave {them} out")
 
 
 def parse_setting(setting: Mapping[str, Any]) -> Setting | None:

@@ -64,18 +64,15 @@ def _check_options(setting: Mapping[str, Any], sequential: bool, sequential_prop
 
 def _budget(setting: Mapping[str, Any], budget_file, targets: str | None, calibration: str | None):
     """The request's budget: ``budget_file`` with ``setting`` over its default, or ``setting`` on every ``targets``
-    matrix. A ``calibration`` given where no method reads it is an error: only a calibrated method reads it
-    (``sequential`` too, which is refused without one); a kept capability's gradients and checks read that
-    capability's own documents. It was ignored: ``--method magnitude --calibration prose`` calibrated on nothing."""
+    matrix. A ``calibration`` given where no method reads it is an error (:func:`~capsense.compress.methods.
+    check_calibration_read`): only a calibrated method reads it (``sequential`` too, which is refused without one); a
+    kept capability's gradients and checks read that capability's own documents."""
     from capsense.compress.budget import load_budget, uniform_budget
-    from capsense.compress.pipeline import calibrated_methods
+    from capsense.compress.methods import check_calibration_read
 
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
-    if calibration is not None and not calibrated_methods(budget):
-        methods = ", ".join(dict.fromkeys(s.method for s in budget.settings())) or "this budget"
-        raise CapsenseError(f"`calibration` is read by the calibrated methods (wanda, sparsegpt, gptq, asvd, svd-llm); "
-                            f"{methods} calibrate(s) on nothing: leave it out")
+    check_calibration_read(["calibration"] if calibration is not None else [], budget.settings())
     return budget
 
 

@@ -108,10 +108,18 @@ def lm_eval_warnings_only() -> Iterator[None]:
     here: records go to the process's own handlers, or to Python's last-resort handler, which writes to
     ``sys.stderr`` as it is when the record is emitted.
     """
-    logger = logging.getLogger("lm_eval")
     env = logging.getLevelName(os.environ.get("LMEVAL_LOG_LEVEL", "").upper() or "WARNING")
+    with logger_level("lm_eval", env if isinstance(env, int) else logging.WARNING):
+        yield
+
+
+@contextmanager
+def logger_level(name: str, level: int | None) -> Iterator[None]:
+    """The logger ``name`` at ``level`` within the block (None: as it is), its own level restored after."""
+    logger = logging.getLogger(name)
     before = logger.level
-    logger.setLevel(env if isinstance(env, int) else logging.WARNING)
+    if level is not None:
+        logger.setLevel(level)
     try:
         yield
     finally:

@@ -20,7 +20,7 @@ from typing import Any
 from capsense.core.registry import Registry
 from capsense.errors import CapsenseError
 from capsense.compress.budget import normalize_setting, uniform_budget
-from capsense.compress.methods import Setting, parse_setting
+from capsense.compress.methods import Setting, check_calibration_read, parse_setting
 from capsense.core.tables import markdown_table
 from capsense.core.files import append_jsonl, read_jsonl, repair_jsonl_tail
 from capsense.compress.calibration import DEFAULT_CALIBRATION
@@ -173,13 +173,8 @@ def _check_calibration_read(spec: GridSpec, fields: Mapping[str, Any]) -> GridSp
     """``spec``, unless the caller gave ``calibration`` or ``calibration_samples`` and no setting reads them (a grid of
     rtn, magnitude or svd alone): they were ignored, and still kept in the grid's fingerprint, so resuming with
     other values was refused as another grid."""
-    given = [k for k in ("calibration", "calibration_samples") if fields.get(k) is not None]
-    if given and not any(_setting(s).calibrated for s in spec.settings):
-        methods = ", ".join(dict.fromkeys(s["method"] for s in spec.settings))
-        are, them = ("are", "them") if len(given) > 1 else ("is", "it")
-        raise CapsenseError(f"{' and '.join(f'`{k}`' for k in given)} {are} read by the calibrated methods (wanda, "
-                            f"sparsegpt, gptq, asvd, svd-llm); this grid's {methods} calibrate(s) on nothing: leave "
-                            f"{them} out")
+    check_calibration_read([k for k in ("calibration", "calibration_samples") if fields.get(k) is not None],
+                           [_setting(s) for s in spec.settings], whose="this grid's ")
     return spec
 
 

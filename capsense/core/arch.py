@@ -8,9 +8,9 @@ attention the unit is the query head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from capsense.errors import BudgetError, CapsenseError
 
 if TYPE_CHECKING:
@@ -119,15 +119,57 @@ def arch_spec(model: nn.Module) -> ArchSpec:
 
 @dataclass(frozen=True)
 class HeadLayout:
-    """Shape of a model's attention heads: ``n_layers`` x ``n_heads``, each ``head_dim`` wide."""
+    """Shape of a model's attention heads: ``n_layers`` x ``n_heads``, each ``head_dim`` wide (0: not known, a layout
+    read from a config before the load). ``n_kv_heads`` and ``family`` (the config's ``model_type``) tell apart models
+    of one shape, where known (None: not known); they are not part of equality."""
 
     n_layers: int
     n_heads: int
     head_dim: int
+    n_kv_heads: int | None = field(default=None, compare=False)
+    family: str | None = field(default=None, compare=False)
 
     @property
     def n_total(self) -> int:
         return self.n_layers * self.n_heads
+
+    def differences(self, other: HeadLayout) -> list[str]:
+        """What tells ``other`` apart from this layout, among what both know: ``[]`` where nothing does.
+
+        Why more than layers x heads: models of one family and size share it (Llama 2 7B, Llama 3 8B and Mistral 7B
+        are all 32 x 32 heads, 128 wide); their key/value heads (32, 8, 8) and ``model_type`` (llama, llama,
+        mistral) tell them apart, and a fine-tuned variant keeps all of it. The vocabulary is left out: fine-tunes
+        add tokens."""
+        pairs = (("layers x heads", (self.n_layers, self.n_heads), (other.n_layers, other.n_heads)),
+                 ("head width", self.head_dim or None, other.head_dim or None),
+                 ("key/value heads", self.n_kv_heads, other.n_kv_heads), ("model type", self.family, other.family))
+        return [name for name, a, b in pairs if a is not None and b is not None and a != b]
+
+    def describe(self) -> str:
+        """``a llama model of 30 layers x 9 heads (3 key/value heads, 64 wide)``, with what is known."""
+        extra = [f"{self.n_kv_heads} key/value heads" if self.n_kv_heads else "", f"{self.head_dim} wide" if self.head_dim else ""]
+        extra_text = ", ".join(e for e in extra if e)
+        return (f"a {self.family + ' ' if self.family else ''}model of {self.n_layers} layers x {self.n_heads} heads"
+                + (f" ({extra_text})" if extra_text else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layout a run records (``manifest.json``, ``heads.json``); :meth:`from_dict` reads it back."""
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "head_dim": self.head_dim,
+                "n_kv_heads": self.n_kv_heads, "model_type": self.family}
+
+    @staticmethod
+    def from_dict(layout: Any) -> HeadLayout | None:
+        """The layout a file records, or None where it records no valid layers x heads (older files lack the rest)."""
+        if not isinstance(layout, dict):
+            return None
+        def number(key: str) -> int | None:
+            x = layout.get(key)
+            return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
+        if number("n_layers") is None or number("n_heads") is None:
+            return None
+        family = layout.get("model_type")
+        return HeadLayout(number("n_layers"), number("n_heads"), number("head_dim") or 0, number("n_kv_heads"),
+                          family if isinstance(family, str) and family else None)
 
 
 def out_projections(model: nn.Module) -> list[nn.Module]:
@@ -164,4 +206,7 @@ def head_layout(model: nn.Module) -> HeadLayout:
             f"output projection input width {in_features} is not divisible by "
             f"{n_heads} attention heads"
         )
-    return HeadLayout(len(projections), n_heads, in_features // n_heads)
+    kv = getattr(config, "num_key_value_heads", None)
+    family = getattr(config, "model_type", None)
+    return HeadLayout(len(projections), n_heads, in_features // n_heads, int(kv) if isinstance(kv, int) else n_heads,
+                      family if isinstance(family, str) and family else None)

@@ -105,9 +105,10 @@ def gguf_header(path: str | os.PathLike) -> dict[str, Any]:
                 key, vtype = _string(f), _read(f, "I")
                 value = _value(f, vtype)
                 arch = found.get("general.architecture")
-                if key == "general.architecture" or (arch and key in (f"{arch}.block_count", f"{arch}.attention.head_count")):
+                if key == "general.architecture" or (arch and key in (f"{arch}.block_count", f"{arch}.attention.head_count",
+                                                                      f"{arch}.attention.head_count_kv")):
                     found[key] = value
-                if len(found) == 3:
+                if len(found) == 4:
                     break
     except UnknownModelError:
         raise
@@ -122,6 +123,7 @@ def gguf_header(path: str | os.PathLike) -> dict[str, Any]:
         "architecture": arch,
         "n_layers": found.get(f"{arch}.block_count"),
         "n_heads": found.get(f"{arch}.attention.head_count"),
+        "n_kv_heads": found.get(f"{arch}.attention.head_count_kv"),
     }
 
 

@@ -58,12 +58,12 @@ def _parse_head(token: str) -> Head:
 
 @dataclass(frozen=True)
 class HeadSet(Sequence):
-    """An ordered, duplicate-free set of attention heads (order = rank for ranked files). ``made_for``: the (layers,
-    heads per layer) of the model a heads file's run located them on, where it says; :meth:`check_fits` refuses
-    another model's shape (a head index names another head there, though it may fit)."""
+    """An ordered, duplicate-free set of attention heads (order = rank for ranked files). ``made_for``: the layout of
+    the model a heads file's run located them on, where it says; :meth:`check_fits` refuses another model's (a head
+    index names another head there, though it may fit)."""
 
     heads: tuple[Head, ...] = ()
-    made_for: tuple[int, int] | None = field(default=None, compare=False)
+    made_for: HeadLayout | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         seen: dict[Head, None] = {}
@@ -152,12 +152,15 @@ class HeadSet(Sequence):
     def check_fits(self, layout: HeadLayout) -> HeadSet:
         """Raise :class:`HeadSpecError` naming the valid range if a head does not fit, or naming both shapes if the
         heads were located on a model of another shape: a Gemma 3 270M file (18 x 4) fits SmolLM2 (30 x 9), and
-        ``capsense evaluate smollm2-135m --heads`` it ablated two unrelated heads without a word."""
-        if self.made_for is not None and self.made_for != (layout.n_layers, layout.n_heads):
+        ``capsense evaluate smollm2-135m --heads`` it ablated two unrelated heads without a word. Models of one
+        shape are told apart by what both layouts know (:meth:`HeadLayout.differences`: key/value heads, head width,
+        model type); a fine-tuned variant of the model passes."""
+        differ = self.made_for.differences(layout) if self.made_for is not None else []
+        if differ:
             raise HeadSpecError(
-                f"these heads were located on a model of {self.made_for[0]} layers x {self.made_for[1]} heads; this "
-                f"model has {layout.n_layers} x {layout.n_heads}, where the same indices name other heads: use a "
-                "heads file of this model (or give the heads as a spec)")
+                f"these heads were located on {self.made_for.describe()}; this model is {layout.describe()} (they "
+                f"differ in {' and '.join(differ)}), and the same indices name other heads there: use a heads file of "
+                "this model (or give the heads as a spec)")
         for h in self.heads:
             if not 0 <= h.layer < layout.n_layers:
                 raise HeadSpecError(
@@ -187,11 +190,9 @@ class HeadsFile:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def made_for(self) -> tuple[int, int] | None:
-        """(layers, heads per layer) of the model the run located on (``layout``), where the file says."""
-        layout = self.meta.get("layout")
-        shape = (layout.get("n_layers"), layout.get("n_heads")) if isinstance(layout, dict) else None
-        return shape if shape and all(isinstance(x, int) and not isinstance(x, bool) for x in shape) else None
+    def made_for(self) -> HeadLayout | None:
+        """The layout of the model the run located on (``layout``), where the file says."""
+        return HeadLayout.from_dict(self.meta.get("layout"))
 
     @property
     def head_set(self) -> HeadSet:

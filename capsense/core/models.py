@@ -253,13 +253,17 @@ def config_head_layout(name: str, revision: str | None = None) -> Any:
 
     if is_gguf_path(name) and os.path.isfile(name) and not is_converted(gguf_folder(name)):
         header = check_gguf_file(name)
-        return HeadLayout(header["n_layers"], header["n_heads"], 0) if header["n_layers"] and header["n_heads"] else None
+        kv = header.get("n_kv_heads")
+        return (HeadLayout(header["n_layers"], header["n_heads"], 0, kv if isinstance(kv, int) else None)
+                if header["n_layers"] and header["n_heads"] else None)
     config = local_text_config(name, revision)
     if config is None:
         return None
     layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)
     heads = next((config[k] for k in _HEAD_KEYS if isinstance(config.get(k), int)), None)
-    return HeadLayout(layers, heads, 0) if layers and heads else None
+    kv, family = config.get("num_key_value_heads"), config.get("model_type")
+    return (HeadLayout(layers, heads, 0, kv if isinstance(kv, int) else None, family if isinstance(family, str) else None)
+            if layers and heads else None)
 
 
 def resolve_pretrained(name: str) -> str:

@@ -19,7 +19,7 @@ from capsense.core.heads import HeadSet
 from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import format_percent, relative_change
 from capsense.errors import CapsenseError
-from capsense.tasks import check_task_names, lm_eval_warnings_only, task_manager
+from capsense.tasks import check_task_names, lm_eval_warnings_only, task_data_errors, task_manager
 
 
 def check_limit(limit: int | None) -> None:
@@ -167,7 +167,7 @@ def _run_conditions(lm, head_sets, tasks, manager, progress, display_names, stor
         if out is None:
             lm.set_heads(heads)
             # (not verbosity=: lm-eval's handler would keep this moment's stderr)
-            with lm_eval_warnings_only(), _git_hash_quietly():
+            with lm_eval_warnings_only(), _git_hash_quietly(), task_data_errors(tasks):
                 out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, log_samples=False,
                                               verbosity=None, **kwargs)
             if out is None:  # a process other than the main one under lm-eval's data parallel

@@ -34,7 +34,7 @@ from lm_eval.models.huggingface import HFLM
 from capsense.core.ablation import HeadAblator, check_ablation_mode, reference_means
 from capsense.core.arch import head_layout
 from capsense.core.heads import HeadSet
-from capsense.core.models import check_model, model_load_errors, resolve_pretrained
+from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
 from capsense.errors import CapsenseError
 
 
@@ -91,6 +91,9 @@ class CapsenseMaskedLM(HFLM):
         name = pretrained
         if isinstance(pretrained, str):
             check_model(pretrained, kwargs.get("revision"))
+            layout = config_head_layout(pretrained, kwargs.get("revision")) if head_set else None
+            if layout is not None:
+                head_set.check_fits(layout)  # out-of-range heads or another model's file, before the load
             pretrained = resolve_pretrained(pretrained)
         with model_load_errors(str(name)):
             super().__init__(pretrained=pretrained, **kwargs)

@@ -20,11 +20,11 @@ import numpy as np
 from capsense.core.ablation import ablation_identity, resolve_ablation
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
-from capsense.core.heads import HeadSet, HeadsFile, load_heads_file
+from capsense.core.heads import HeadSet, HeadsFile, load_heads_file, looks_like_heads_file
 from capsense.core.models import check_model, config_head_layout
 from capsense.core.provenance import provenance
 from capsense.core.tables import relative_change
-from capsense.errors import CapsenseError
+from capsense.errors import CapsenseError, HeadSpecError
 from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, judge
 from capsense.tasks import WITHOUT_ACCURACY, check_task_names
 from capsense.tasks.suite import expand_controls, held_out_controls
@@ -109,6 +109,13 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
     return [target, *controls, *held_out_controls(target, controls)]
 
 
+def _is_spec(text: str) -> bool:
+    try:
+        return bool(HeadSet.from_spec(text))
+    except HeadSpecError:
+        return False
+
+
 def check_validate(
     model: str, heads: str | Path, top_k: int | None, tasks: Sequence[str] | None, limit: int | None = 100,
     include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
@@ -118,6 +125,11 @@ def check_validate(
     set the file's run chose (:meth:`~capsense.core.heads.HeadsFile.selected`)."""
     heads_path = Path(heads)
     check_batch_size(batch_size)
+    if not looks_like_heads_file(heads) and _is_spec(str(heads)):
+        raise CapsenseError(
+            f"`heads` {str(heads)!r} is a head spec; validation needs a locate run's heads.json (its manifest says "
+            "which documents the search scored, to hold them out): for a spec, `capsense evaluate MODEL --heads "
+            f"{heads} --tasks ...` compares it with the model as is")
     hf = load_heads_file(heads_path)
     resolve_ablation(hf.meta, ablation, mean_reference)
     if not tolerance >= 0:

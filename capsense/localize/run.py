@@ -81,7 +81,7 @@ def run_manifest(cfg: LocateConfig, fingerprint: dict, dtype: str, k: int, layou
         "capsense_run": "locate",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": fingerprint,
-        "layout": {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "head_dim": layout.head_dim},
+        "layout": layout.to_dict(),
         "task": cfg.task,
         "controls": list(cfg.controls),
         "metric": cfg.metric,

@@ -34,17 +34,12 @@ def load_task(task: str, include_path: Sequence[str | os.PathLike] = (), tokeniz
 
     from lm_eval.tasks import get_task_dict
 
-    from capsense.tasks import logger_level, task_manager
+    from capsense.tasks import logger_level, task_data_errors, task_manager
 
     metadata = {"tokenizer": tokenizer} if tokenizer is not None else None
     manager = task_manager(include_path, [task], metadata=metadata)
-    try:
-        with logger_level("capsense.tasks", logging.ERROR if tokenizer is None else None):
-            obj = get_task_dict([task], manager)[task]
-    except (ConnectionError, FileNotFoundError) as e:  # (datasets' DatasetNotFoundError is a FileNotFoundError)
-        offline = (" HF_HUB_OFFLINE is set: capsense's tasks build their data in code, lm-eval's download theirs"
-                   if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "")
-        raise CapsenseError(f"task {task!r}: its data could not be loaded ({type(e).__name__}: {e}).{offline}") from None
+    with task_data_errors([task]), logger_level("capsense.tasks", logging.ERROR if tokenizer is None else None):
+        obj = get_task_dict([task], manager)[task]
     if isinstance(obj, dict):
         raise CapsenseError(f"{task!r} is a group of tasks; name one task")
     return obj

@@ -114,6 +114,23 @@ def lm_eval_warnings_only() -> Iterator[None]:
 
 
 @contextmanager
+def task_data_errors(tasks: Sequence[str]) -> Iterator[None]:
+    """A task's data that cannot be loaded (no network, HF_HUB_OFFLINE, a dataset gone) as one
+    :class:`~capsense.errors.CapsenseError` naming ``tasks`` and the cause, not a traceback from inside ``datasets``
+    (its ``DatasetNotFoundError`` is a ``FileNotFoundError``). Around task building (:func:`load_task`) and lm-eval's
+    ``simple_evaluate``, which builds the tasks it is given."""
+    from capsense.errors import CapsenseError
+
+    try:
+        yield
+    except (ConnectionError, FileNotFoundError) as e:
+        offline = (" HF_HUB_OFFLINE is set: capsense's tasks build their data in code, lm-eval's download theirs"
+                   if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "")
+        named = ", ".join(repr(t) for t in tasks)
+        raise CapsenseError(f"task {named}: its data could not be loaded ({type(e).__name__}: {e}).{offline}") from None
+
+
+@contextmanager
 def logger_level(name: str, level: int | None) -> Iterator[None]:
     """The logger ``name`` at ``level`` within the block (None: as it is), its own level restored after."""
     logger = logging.getLogger(name)

@@ -75,7 +75,14 @@ def fit_grid_file(path: str | Path | Sequence[str | Path], predict_densities: Se
                   method: str | None = None, allow_extrapolation: bool = False) -> GridFits:
     """Fit the predictors to the grid file at ``path`` (``capsense fit``; several files, one per
     model, are pooled and also fitted across models) and predict dL at ``predict_densities`` for
-    pruning ``method`` (None: every fitted pruning method)."""
+    pruning ``method`` (None: every fitted pruning method). A density is the fraction of weights kept, in (0, 1];
+    ``method`` and ``allow_extrapolation`` apply only to predictions, and are refused without densities."""
+    bad = [d for d in predict_densities if not 0 < d <= 1]
+    if bad:
+        raise FitError(f"a density to predict is the fraction of weights kept, in (0, 1]; got {bad[0]:g}")
+    if not predict_densities and (method is not None or allow_extrapolation):
+        raise FitError("`method` and `allow_extrapolation` apply to predictions: give the densities to predict "
+                       "(`capsense fit --predict 0.75,0.65`)")
     records = read_grids([path] if isinstance(path, (str, Path)) else list(path))
     fits = fit_grid(records)
     rows: list[dict[str, Any]] = []

@@ -59,6 +59,14 @@ def test_fit_grid_file_predicts_every_method_density_and_capability(tmp_path):
     no_pruning = [r for r in records if r.get("family") != "prune" and "density" not in r.get("setting", {})]
     with pytest.raises(FitError, match="no pruning measurements to predict from"):
         fit_grid_file(_grid_file(tmp_path, no_pruning), [0.7])
+    # a density that is no kept fraction was told to be measured ("outside the measured range"); options that apply
+    # only to predictions, given without densities, were ignored
+    for d in (2.0, 0.0, -0.5, float("nan")):
+        with pytest.raises(FitError, match="fraction of weights kept, in \\(0, 1\\]"):
+            fit_grid_file(_grid_file(tmp_path, records), [d], allow_extrapolation=True)
+    for extra in ({"method": methods[0]}, {"allow_extrapolation": True}):
+        with pytest.raises(FitError, match="apply to predictions: give the densities"):
+            fit_grid_file(_grid_file(tmp_path, records), **extra)
 
 
 def test_select_from_grid_is_select_over_the_file(tmp_path):

@@ -35,9 +35,9 @@ def test_header_checks_without_converting(tmp_path, cache):
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, n_layers=3)
-    assert gguf_header(path) == {"architecture": "llama", "n_layers": 3, "n_heads": N_HEADS}
+    assert gguf_header(path) == {"architecture": "llama", "n_layers": 3, "n_heads": N_HEADS, "n_kv_heads": 2}
     check_model(str(path))
-    assert config_head_layout(str(path)) == HeadLayout(3, N_HEADS, 0)
+    assert config_head_layout(str(path)) == HeadLayout(3, N_HEADS, 0) and config_head_layout(str(path)).n_kv_heads == 2
     assert not (cache / "models").exists()  # nothing converted by a check
 
     with pytest.raises(UnknownModelError, match=r"GGUF file '.*missing.gguf' does not exist"):

@@ -62,13 +62,49 @@ def test_heads_located_on_a_model_of_another_shape_are_refused_even_where_they_f
 
     meta = {"task": "capsense_arithmetic", "layout": {"n_layers": 2, "n_heads": 4, "head_dim": 16}}
     other = write_heads_file(tmp_path / "other.json", HeadsFile("other-model", [{"layer": 1, "head": 2}], meta))
-    with pytest.raises(HeadSpecError, match="located on a model of 2 layers x 4 heads; this model has 3 x 4"):
+    with pytest.raises(HeadSpecError, match=r"located on a model of 2 layers x 4 heads \(16 wide\); this model is a "
+                                            r"model of 3 layers x 4 heads \(16 wide\) \(they differ in layers x heads\)"):
         HeadSet.parse(other).check_fits(HeadLayout(3, 4, 16))
     assert HeadSet.parse(other).check_fits(HeadLayout(2, 4, 16)) == HeadSet.from_spec("L1H2")
-    assert HeadSet.parse(other, top_k=1).made_for == (2, 4) and HeadSet.from_spec("L1H2").made_for is None
+    assert HeadSet.parse(other, top_k=1).made_for == HeadLayout(2, 4, 16) and HeadSet.from_spec("L1H2").made_for is None
     r = CliRunner().invoke(main, ["evaluate", str(tiny_model_dir), "--heads", str(other), "--tasks", "capsense_arithmetic",
                                   "--limit", "2"])
-    assert r.exit_code == 1 and "located on a model of 2 layers x 4 heads; this model has" in r.output
+    assert r.exit_code == 1 and "located on a model of 2 layers x 4 heads (16 wide); this model is a llama model of 3" in r.output
     r = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--heads", str(other), "--format", "adapter",
                                   "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "located on a model of 2 layers x 4 heads" in r.output and not (tmp_path / "o").exists()
+
+
+def test_heads_of_another_model_of_the_same_shape_are_refused_and_a_fine_tune_s_pass(tmp_path, tiny_model_dir):
+    """Layers x heads alone let a heads file of another model of one shape through (Llama 2 7B, Llama 3 8B and
+    Mistral 7B are all 32 x 32): its key/value heads, head width and model type, where the file records them, tell
+    them apart, before the load (from the config) and after it. A file recording all of the tiny Llama's (a
+    fine-tuned variant's) passes; so does an older file that records only layers x heads."""
+    from capsense.cli import main
+    from capsense.core.arch import HeadLayout, head_layout
+    from tests.conftest import make_tiny_model
+
+    layout = head_layout(make_tiny_model("llama"))
+    assert (layout.n_kv_heads, layout.family) == (2, "llama")
+    assert HeadLayout.from_dict(layout.to_dict()).to_dict() == layout.to_dict() == {
+        "n_layers": 3, "n_heads": 4, "head_dim": 16, "n_kv_heads": 2, "model_type": "llama"}
+
+    def heads_file(name, **layout_changes):
+        meta = {"task": "capsense_arithmetic", "layout": {**layout.to_dict(), **layout_changes}}
+        return write_heads_file(tmp_path / name, HeadsFile("some-model", [{"layer": 1, "head": 2}], meta))
+
+    mistral = heads_file("mistral.json", model_type="mistral", n_kv_heads=4)
+    with pytest.raises(HeadSpecError, match=r"located on a mistral model of 3 layers x 4 heads \(4 key/value heads, 16 "
+                                            r"wide\); this model is a llama model of 3 layers x 4 heads \(2 key/value "
+                                            r"heads, 16 wide\) \(they differ in key/value heads and model type\)"):
+        HeadSet.parse(mistral).check_fits(layout)
+    r = CliRunner().invoke(main, ["evaluate", str(tiny_model_dir), "--heads", str(mistral), "--tasks",
+                                  "capsense_arithmetic", "--limit", "2"])
+    assert r.exit_code == 1 and "(they differ in key/value heads and model type)" in r.output, r.output
+    wider = heads_file("wider.json", head_dim=32)
+    r = CliRunner().invoke(main, ["export", str(tiny_model_dir), "--heads", str(wider), "--format", "checkpoint",
+                                  "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "(they differ in head width)" in r.output and not (tmp_path / "o").exists(), r.output
+    assert HeadSet.parse(heads_file("same.json")).check_fits(layout) == HeadSet.from_spec("L1H2")
+    older = heads_file("older.json", head_dim=None, n_kv_heads=None, model_type=None)
+    assert HeadSet.parse(older).check_fits(layout) == HeadSet.from_spec("L1H2")

@@ -93,6 +93,20 @@ def test_bad_model_args_through_lm_eval_registry(model_dirs, args, message):
     assert message in str(err.value)
 
 
+def test_heads_that_do_not_fit_are_refused_before_the_model_loads(model_dirs, monkeypatch):
+    """The layout of a local model's config is enough to refuse an out-of-range head: it was refused after the load."""
+    from lm_eval.models.huggingface import HFLM
+
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the heads were checked")
+
+    monkeypatch.setattr(HFLM, "__init__", no_load)
+    with pytest.raises(CapsenseError, match="layer 7 out of range in L7H0: this model has 3 layers"):
+        CapsenseMaskedLM(pretrained=str(model_dirs / "base"), heads="L7H0", device="cpu")
+
+
 def test_bad_heads_file_and_unknown_arch(tmp_path):
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 

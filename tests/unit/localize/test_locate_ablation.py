@@ -36,6 +36,7 @@ def test_mean_ablation_knockouts_replace_each_head_by_its_mean(toy, tmp_path):
     """Each single knockout of an exhaustive run under --ablation mean is the probe scored with the head's slice
     replaced by its mean over the neutral prose (core.ablation.HeadAblator), and not the zeroed head's score."""
     from capsense.core.ablation import HeadAblator, reference_means
+    from capsense.core.arch import head_layout
     from capsense.core.models import load_model
     from capsense.scoring.probe import ProbeScorer, build_probe
 
@@ -55,6 +56,8 @@ def test_mean_ablation_knockouts_replace_each_head_by_its_mean(toy, tmp_path):
     assert max(abs(mean_nll[h] - zero_nll[h]) for h in mean_nll) > 1e-3  # the option changes what is measured
     hf = load_heads_file(mean_run / "heads.json")
     assert hf.meta["ablation"] == "mean" and hf.meta["mean_reference"] is None
+    # the layout that tells this model from another of its shape (key/value heads, width, type) travels with the heads
+    assert hf.made_for.to_dict() == head_layout(model).to_dict() and hf.made_for.n_kv_heads and hf.made_for.family
     assert load_heads_file(zero_run / "heads.json").meta["ablation"] == "zero"
     assert "- ablation: mean (head means over capsense neutral prose)" in (mean_run / "report.md").read_text()
 

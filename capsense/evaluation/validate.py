@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -354,10 +355,11 @@ def ablation_lines(info: dict[str, Any]) -> list[str]:
     return [f"- ablation: {mode} ({how})" + (f"; the heads were located under {located} ablation" if located != mode else "")]
 
 
-def write_validation(out: Path, rows: Sequence[ValidationRow], info: dict[str, Any]) -> list[Path]:
-    """validation.json, validation.md and validation.png in ``out``."""
+def write_validation(out: str | os.PathLike, rows: Sequence[ValidationRow], info: dict[str, Any]) -> list[Path]:
+    """validation.json, validation.md and validation.png in ``out`` (a path or its string)."""
     from capsense.evaluation.validation_chart import validation_chart
 
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
     atomic_write_json(out / "validation.json", {**info, "rows": clean})

@@ -72,11 +72,16 @@ class CapsenseMaskedLM(HFLM):
         mean_reference: str | None = None,
         ablator: HeadAblator | None = None,
         full_logits: bool | str = False,
+        device: str | None = None,
         **kwargs: Any,
     ) -> None:
         """``ablator``: from Python only, an ablator of the same ``pretrained`` model to share (a locate run's, so
         mean ablation's head means are computed once per run, not again here). ``full_logits``: score log-likelihoods
-        on ``hf``'s own path, every position's logits (bit for bit ``hf``), not only the continuations'."""
+        on ``hf``'s own path, every position's logits (bit for bit ``hf``), not only the continuations'.
+
+        ``device``: None (the default) takes CUDA where there is one, else the CPU, as lm-eval's command line does;
+        ``HFLM``'s own default from Python is ``"cuda"``, and on a machine without CUDA the load failed with
+        "Torch not compiled with CUDA enabled"."""
         # Check everything that needs no model before the (slow) load.
         ablation = check_ablation_mode(str(ablation))
         full_logits = _bool(full_logits, "full_logits")
@@ -95,8 +100,12 @@ class CapsenseMaskedLM(HFLM):
             if layout is not None:
                 head_set.check_fits(layout)  # out-of-range heads or another model's file, before the load
             pretrained = resolve_pretrained(pretrained)
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         with model_load_errors(str(name)):
-            super().__init__(pretrained=pretrained, **kwargs)
+            super().__init__(pretrained=pretrained, device=device, **kwargs)
         if ablator is not None and ablator.model is not self.model:
             raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; got one for another model")
         self.ablation = ablation

@@ -107,6 +107,18 @@ def test_heads_that_do_not_fit_are_refused_before_the_model_loads(model_dirs, mo
         CapsenseMaskedLM(pretrained=str(model_dirs / "base"), heads="L7H0", device="cpu")
 
 
+def test_from_python_without_a_device_it_takes_the_cpu_where_there_is_no_cuda(model_dirs):
+    """``HFLM``'s default device from Python is "cuda": on a machine without CUDA, ``CapsenseMaskedLM(pretrained=...,
+    heads=...)`` failed in the load ("Torch not compiled with CUDA enabled"). It takes what lm-eval's command line takes."""
+    import torch
+
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    lm = CapsenseMaskedLM(pretrained=str(model_dirs / "base"), heads="L0H1")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert lm.device.type == expected and next(lm.model.parameters()).device.type == expected
+
+
 def test_bad_heads_file_and_unknown_arch(tmp_path):
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 

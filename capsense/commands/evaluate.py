@@ -7,7 +7,7 @@ import click
 
 from capsense.commands.options import (
     ablation_option, batch_size_option, csv_list, device_option, dtype_option, heads_option, include_path_option, limit_option,
-    out_option, top_k_option,
+    mean_reference_option, out_option, top_k_option,
 )
 from capsense.commands.output import echo_written
 
@@ -18,7 +18,9 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @click.argument("model")
 @heads_option(required=False)
 @top_k_option()
-@ablation_option("zero", "What an ablated head's output becomes: zero, or its mean over capsense's neutral prose.")
+@ablation_option(None, "What an ablated head's output becomes: zero or mean (default: what the heads file's run "
+                       "located under, as validate and export apply it; zero for a spec).")
+@mean_reference_option("Default: the run's, when --ablation is the run's.")
 @click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated lm-eval tasks.")
 @limit_option(None, "Documents per task (the first N).")
 @batch_size_option(auto=True)
@@ -26,13 +28,16 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @dtype_option()
 @include_path_option()
 @out_option("Write the table as JSON to this file.", required=False, file=True)
-def evaluate(model, heads, top_k, ablation, tasks, limit, batch_size, device, dtype, include_path, out):
+def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_size, device, dtype, include_path, out):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
+    from capsense.core.ablation import located_ablation
     from capsense.evaluation.evaluate import check_evaluate, run_evaluate
 
     task_list = csv_list(tasks)
     head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out)  # before any heavy import
-    table, written = run_evaluate(model, head_set, task_list, ablation=ablation, limit=limit, batch_size=batch_size,
-                                  device=device, dtype=dtype, include_path=include_path, out=out)
+    ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
+    table, written = run_evaluate(model, head_set, task_list, ablation=ablation, mean_reference=mean_reference,
+                                  limit=limit, batch_size=batch_size, device=device, dtype=dtype,
+                                  include_path=include_path, out=out)
     click.echo(table)
     echo_written(written)

@@ -44,7 +44,8 @@ def export(
     model card (README.md) and capsense.json saying exactly what was removed.
     """
     from capsense.errors import CapsenseError
-    from capsense.ship.preflight import check_export_inputs, located_ablation
+    from capsense.core.ablation import located_ablation
+    from capsense.ship.preflight import check_export_inputs
 
     if private and not push_repo:
         raise CapsenseError("`private` only applies with `push_repo` REPO_ID")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from capsense.core.arch import arch_spec, head_layout, out_projections
-from capsense.core.heads import HeadSet, HeadsLike
+from capsense.core.heads import HeadSet, HeadsLike, load_heads_file, looks_like_heads_file
 from capsense.errors import CapsenseError
 
 
@@ -218,6 +218,18 @@ def resolve_ablation(located: dict, ablation: str | None, mean_reference: str | 
             raise CapsenseError("`mean_reference` only applies to `ablation` mean")
         check_reference_file(mean_reference)
     return mode, None if mean_reference is None else str(mean_reference)
+
+
+def located_ablation(heads: HeadsLike, ablation: str | None, mean_reference: str | os.PathLike | None = None,
+                     ) -> tuple[str, str | None]:
+    """The ablation to apply to ``heads`` (:func:`resolve_ablation`): ``ablation`` when given, else what the run
+    behind ``heads`` (a heads file) located under; ``zero`` for a head spec. What export, evaluate and
+    ``capsense-masked`` apply by default (evaluate and ``capsense-masked`` zeroed a mean-located set until round 51,
+    so their numbers were not validate's)."""
+    meta = {}
+    if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
+        meta = load_heads_file(Path(heads)).meta
+    return resolve_ablation(meta, ablation, mean_reference)
 
 
 def ablation_identity(ablation: str, mean_reference: str | os.PathLike | None = None) -> str | None:

@@ -45,18 +45,20 @@ def check_evaluate(
 
 
 def run_evaluate(
-    model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", limit: int | None = None,
-    batch_size: int | str = 16, device: str = "cpu", dtype: str = "float32", include_path: Sequence[str] = (),
-    out: str | os.PathLike | None = None,
+    model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", mean_reference: str | None = None,
+    limit: int | None = None, batch_size: int | str = 16, device: str = "cpu", dtype: str = "float32",
+    include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
 ) -> tuple[str, list[Path]]:
-    """Evaluate ``model`` as is and with ``head_set`` ablated; the markdown table and the files written."""
+    """Evaluate ``model`` as is and with ``head_set`` ablated (``ablation``: zero, or mean over ``mean_reference``'s
+    texts, by default capsense's neutral prose); the markdown table and the files written."""
     check_batch_size(batch_size)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
-    lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype)
+    lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, mean_reference=mean_reference)
     sets = {"base": HeadSet()}
     if head_set:
         lm.set_heads(head_set)  # validates against the model before any evaluation
-        sets[f"ablated ({head_set})" if len(head_set) <= 6 else f"ablated ({len(head_set)} heads)"] = head_set
+        named = str(head_set) if len(head_set) <= 6 else f"{len(head_set)} heads"
+        sets[f"ablated ({named})" if ablation == "zero" else f"mean-ablated ({named})"] = head_set
     from capsense.core.progress import Phase, RunProgress
 
     display = RunProgress([Phase("evaluate", len(sets), "conditions")])

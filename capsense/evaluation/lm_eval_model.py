@@ -8,9 +8,10 @@ Takes every ``hf`` model arg plus:
 * ``heads``: a head spec (``L16H21+L15H13``) or the path of a heads JSON file;
 * ``head_file``: the path of a heads JSON file (alias of ``heads=FILE``);
 * ``top_k``: keep the first k heads of a ranked heads file (without it: the set the file's locate run chose);
-* ``ablation``: ``zero`` (default) or ``mean``;
+* ``ablation``: ``zero`` or ``mean``; default: what a heads file's locate run ablated under (and its reference
+  texts), as ``capsense validate`` and ``export`` apply it; ``zero`` for a spec;
 * ``mean_reference``: for mean ablation, a text file (one passage per line) or JSONL file
-  (a ``text`` field per line) of reference texts; default: capsense's neutral prose;
+  (a ``text`` field per line) of reference texts; default: the run's, else capsense's neutral prose;
 * ``full_logits``: ``true`` scores log-likelihoods on ``hf``'s own path (every position's logits), bit for bit
   ``hf``; by default a float32 model's run the LM head only at the continuations' positions.
 
@@ -31,7 +32,7 @@ from typing import Any
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from capsense.core.ablation import HeadAblator, check_ablation_mode, reference_means
+from capsense.core.ablation import HeadAblator, located_ablation, reference_means
 from capsense.core.arch import head_layout
 from capsense.core.heads import HeadSet
 from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
@@ -68,7 +69,7 @@ class CapsenseMaskedLM(HFLM):
         heads: Any = None,
         head_file: str | None = None,
         top_k: int | str | None = None,
-        ablation: str = "zero",
+        ablation: str | None = None,
         mean_reference: str | None = None,
         ablator: HeadAblator | None = None,
         full_logits: bool | str = False,
@@ -83,14 +84,16 @@ class CapsenseMaskedLM(HFLM):
         ``HFLM``'s own default from Python is ``"cuda"``, and on a machine without CUDA the load failed with
         "Torch not compiled with CUDA enabled"."""
         # Check everything that needs no model before the (slow) load.
-        ablation = check_ablation_mode(str(ablation))
         full_logits = _bool(full_logits, "full_logits")
         if heads not in (None, "") and head_file not in (None, ""):
             raise CapsenseError("give heads= or head_file=, not both")
+        spec = heads if heads not in (None, "") else head_file
+        # (None: a heads file's run's ablation and reference texts, as validate and export apply them; zero for a spec)
+        ablation, mean_reference = located_ablation(spec, None if ablation in (None, "") else str(ablation),
+                                                    mean_reference or None)
         if ablator is not None and ablator.ablation != ablation:
             raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; "
                                 f"got one for {ablator.ablation!r}")
-        spec = heads if heads not in (None, "") else head_file
         k = _optional_int(top_k, "top_k")
         head_set = HeadSet.parse(spec, top_k=k) if spec not in (None, "") else HeadSet()
         name = pretrained

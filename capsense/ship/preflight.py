@@ -49,16 +49,6 @@ MEAN_FOLD_SUPPORT: dict[str, str] = {
 MEAN_FOLD_OTHERWISE = "when its config has attention_bias (turned on), or its output projection has a bias"
 
 
-def located_ablation(heads: HeadsLike, ablation: str | None, mean_reference: str | os.PathLike | None = None,
-                     ) -> tuple[str, str | None]:
-    """The ablation an export applies (:func:`~capsense.core.ablation.resolve_ablation`): ``ablation`` when given,
-    else what the run behind ``heads`` (a heads file) located under; ``zero`` for a head spec."""
-    meta = {}
-    if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
-        meta = load_heads_file(Path(heads)).meta
-    return resolve_ablation(meta, ablation, mean_reference)
-
-
 def resolve_heads(heads: HeadsLike, top_k: int | None = None) -> tuple[HeadSet, HeadsFile | None, Path | None]:
     """The head set to ablate, the heads file it came from (if any) and that file's path."""
     heads_file = source = None

@@ -125,6 +125,33 @@ def test_validate_applies_the_runs_ablation_by_default(toy, tmp_path):
     assert any(by["default"][k]["ablated"] != pytest.approx(by["zero"][k]["ablated"], rel=1e-6) for k in by["zero"])
 
 
+def test_evaluate_and_capsense_masked_apply_the_runs_ablation_by_default(toy, tmp_path):
+    """evaluate and capsense-masked zeroed a mean-located set by default (validate and export applied the run's mean):
+    the same heads file gave two commands' numbers for two different edits. Now all apply the run's ablation unless
+    told otherwise, and evaluate's table says mean-ablated."""
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    run = tmp_path / "run"
+    reference = tmp_path / "reference.txt"
+    reference.write_text("A plain sentence about the weather.\nAnother one about a river.\n")
+    r = _locate(toy, run, "--method", "exhaustive", "--ablation", "mean", "--mean-reference", str(reference),
+                "--refine", "0")
+    assert r.exit_code == 0, r.output
+    heads = str(run / "heads.json")
+    base = ["evaluate", str(toy[0]), "--heads", heads, "--top-k", "2", "--tasks", "capsense_prose", "--limit", "3"]
+    tables = {}
+    for name, extra in (("default", []), ("zero", ["--ablation", "zero"])):
+        r = CliRunner().invoke(main, [*base, *extra, "--out", str(tmp_path / f"{name}.json")], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        tables[name] = r.output
+    assert "| mean-ablated (" in tables["default"] and "| ablated (" in tables["zero"] and "mean-ablated" not in tables["zero"]
+    assert tables["default"] != tables["zero"]
+    lm = CapsenseMaskedLM(pretrained=str(toy[0]), heads=heads, top_k="2")
+    assert (lm.ablation, lm.mean_reference) == ("mean", str(reference))
+    assert CapsenseMaskedLM(pretrained=str(toy[0]), heads=heads, top_k="2", ablation="zero").ablation == "zero"
+    assert CapsenseMaskedLM(pretrained=str(toy[0]), heads="L0H1").ablation == "zero"  # a spec: zero
+
+
 def test_a_sets_ablation_defaults_to_its_runs(tmp_path):
     """core.ablation.resolve_ablation: what validate and export apply to a heads file's set."""
     from capsense.core.ablation import resolve_ablation

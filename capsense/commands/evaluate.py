@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    ablation_option, batch_size_option, csv_list, device_option, dtype_option, heads_option, include_path_option, limit_option,
-    mean_reference_option, out_option, top_k_option,
+    ablation_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option,
+    heads_option, include_path_option, limit_option, mean_reference_option, out_option, top_k_option,
 )
 from capsense.commands.output import echo_written
 
@@ -25,10 +25,12 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @limit_option(None, "Documents per task (the first N).")
 @batch_size_option(auto=True)
 @device_option()
+@device_map_option()
 @dtype_option()
 @include_path_option()
 @out_option("Write the table as JSON to this file.", required=False, file=True)
-def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_size, device, dtype, include_path, out):
+def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_size, device, device_map, parallelize,
+             dtype, include_path, out):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
     from capsense.core.ablation import located_ablation
     from capsense.evaluation.evaluate import check_evaluate, run_evaluate
@@ -37,7 +39,8 @@ def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_
     head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out)  # before any heavy import
     ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
     table, written = run_evaluate(model, head_set, task_list, ablation=ablation, mean_reference=mean_reference,
-                                  limit=limit, batch_size=batch_size, device=device, dtype=dtype,
+                                  limit=limit, batch_size=batch_size, device=device,
+                                  device_map=device_map_from(device_map, parallelize), dtype=dtype,
                                   include_path=include_path, out=out)
     click.echo(table)
     echo_written(written)

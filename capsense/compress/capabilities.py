@@ -157,13 +157,19 @@ def check_calibration_spec(spec: str, include_path: Sequence[str | os.PathLike] 
 
 def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,
                   capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES,
-                  include_path: Sequence[str | os.PathLike] = ()) -> None:
-    """Refuse a measurement request before torch loads: ``probes`` below 1, an ``out`` file that
+                  include_path: Sequence[str | os.PathLike] = (), device: str = "cpu",
+                  device_map: str | None = None) -> None:
+    """Refuse a measurement request before a model loads: ``probes`` below 1, an ``out`` file that
     cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability
-    (``include_path``: folders of task YAMLs that may declare it)."""
+    (``include_path``: folders of task YAMLs that may declare it), a device or device map this machine lacks."""
     from capsense.core.files import check_output_file
     from capsense.core.models import check_model
+    from capsense.core.placement import check_device, parse_device_map
 
+    if device_map is not None:
+        parse_device_map(device_map)  # every device it names exists here
+    else:
+        check_device(device)
     if probes < 1:
         raise CapsenseError(f"`probes` must be at least 1, got {probes}")
     check_output_file(out)

@@ -46,14 +46,16 @@ def check_evaluate(
 
 def run_evaluate(
     model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", mean_reference: str | None = None,
-    limit: int | None = None, batch_size: int | str = 16, device: str = "cpu", dtype: str = "float32",
-    include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
+    limit: int | None = None, batch_size: int | str = 16, device: str = "cpu", device_map: str | None = None,
+    dtype: str = "float32", include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
 ) -> tuple[str, list[Path]]:
     """Evaluate ``model`` as is and with ``head_set`` ablated (``ablation``: zero, or mean over ``mean_reference``'s
-    texts, by default capsense's neutral prose); the markdown table and the files written."""
+    texts, by default capsense's neutral prose); the markdown table and the files written. ``device_map`` spreads
+    the model over devices (:func:`load_lm`)."""
     check_batch_size(batch_size)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
-    lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, mean_reference=mean_reference)
+    lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
+                 mean_reference=mean_reference)
     sets = {"base": HeadSet()}
     if head_set:
         lm.set_heads(head_set)  # validates against the model before any evaluation

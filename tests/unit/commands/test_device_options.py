@@ -1,0 +1,34 @@
+"""measure had no device option (an 8B model was measured on the CPU whatever the machine had) and evaluate had no
+device map (a 70B model could not be spread over GPUs, as validate's can): both take them now, checked before a load."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from capsense.cli import main
+
+
+def test_measure_takes_a_device_and_a_device_map(tmp_path, tiny_model_dir):
+    base = ["measure", str(tiny_model_dir), "--capabilities", "arithmetic", "--probes", "2"]
+    r = CliRunner().invoke(main, [*base, "--device", "cuda:7", "--out", str(tmp_path / "no.json")])
+    assert r.exit_code == 1 and "device 'cuda:7' does not exist on this machine" in r.output, r.output
+    assert not (tmp_path / "no.json").exists()
+    r = CliRunner().invoke(main, [*base, "--device-map", "cpu", "--out", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["host"]["device_map"] == "cpu" and doc["capabilities"]["arithmetic"]["n_docs"] == 2
+    r = CliRunner().invoke(main, [*base, "--device", "cpu", "--out", str(tmp_path / "d.json")])
+    assert r.exit_code == 0 and json.loads((tmp_path / "d.json").read_text())["capabilities"] == doc["capabilities"]
+
+
+def test_evaluate_takes_a_device_map(tiny_model_dir):
+    base = ["evaluate", str(tiny_model_dir), "--heads", "L0H1", "--tasks", "capsense_arithmetic", "--limit", "2"]
+    spread = CliRunner().invoke(main, [*base, "--device-map", "cpu"])
+    plain = CliRunner().invoke(main, base)
+    assert spread.exit_code == 0 and plain.exit_code == 0, spread.output + plain.output
+    table = lambda out: out[out.index("| task"):]  # noqa: E731 - the table, after the progress display
+    assert table(spread.output) == table(plain.output)
+    r = CliRunner().invoke(main, [*base, "--device-map", "balanced", "--parallelize"])
+    assert r.exit_code == 1 and "give --parallelize or --device-map, not both" in r.output

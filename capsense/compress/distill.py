@@ -193,23 +193,25 @@ def run_distill(
     from tqdm.auto import tqdm
 
     from capsense.core.files import check_output_dir
+    from capsense.core.lock import RunFolderLock
 
     out = Path(out)
     check_output_dir(out, overwrite)
     work = out.parent / (out.name + ".partial")
-    student, teacher, tokenizer = models or load_models(cfg)
-    _check_pruned(cfg.student)
-    corpus = _corpus(work, teacher, tokenizer, cfg, include_path)
-    run = _Run(cfg, work, student, teacher, corpus, evaluate)
-    per_epoch = len(epoch_order(cfg, len(corpus), 0))
-    bar = tqdm(total=cfg.epochs * per_epoch, initial=run.epoch * per_epoch + run.step, desc="distill",
-               disable=not progress)
-    try:
-        if not run.train(bar, save_every, stop_after):
-            return None
-    finally:
-        bar.close()
-    _write(student, tokenizer, cfg, out, run.records, overwrite)
+    with RunFolderLock(work):  # one writer: a second distillation into `out` is refused before its models load
+        student, teacher, tokenizer = models or load_models(cfg)
+        _check_pruned(cfg.student)
+        corpus = _corpus(work, teacher, tokenizer, cfg, include_path)
+        run = _Run(cfg, work, student, teacher, corpus, evaluate)
+        per_epoch = len(epoch_order(cfg, len(corpus), 0))
+        bar = tqdm(total=cfg.epochs * per_epoch, initial=run.epoch * per_epoch + run.step, desc="distill",
+                   disable=not progress)
+        try:
+            if not run.train(bar, save_every, stop_after):
+                return None
+        finally:
+            bar.close()
+        _write(student, tokenizer, cfg, out, run.records, overwrite)
     return run.records
 
 

@@ -8,7 +8,7 @@ and each finished condition's lm-eval results on a line of its own, written and 
 A rerun of the same settings reads the finished conditions and evaluates only the rest, so ``capsense validate``
 and ``capsense run`` resume as a locate run does. A file recorded under other settings is set aside as
 ``conditions.jsonl.stale`` and the validation starts over, saying which setting differs; a line cut short by a kill
-is ignored. One writer per folder (:class:`capsense.localize.lock.RunFolderLock`), taken by the main process only
+is ignored. One writer per folder (:class:`capsense.core.lock.RunFolderLock`), taken by the main process only
 under ``accelerate launch``.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from capsense.core.files import append_jsonl, read_jsonl, repair_jsonl_tail
-from capsense.localize.lock import RunFolderLock
+from capsense.core.lock import RunFolderLock
 
 CONDITIONS_FILE = "conditions.jsonl"
 

@@ -38,7 +38,7 @@ from capsense.localize.outputs import write_outputs
 from capsense.localize.choice import (
     accuracy_line, chosen_accuracy, coverage_step, metric_note, refine_ranking, screen_step, shortfall,
 )
-from capsense.localize.lock import RunFolderLock
+from capsense.core.lock import RunFolderLock
 from capsense.localize.pool import refine_candidates, single_effects, widener
 from capsense.localize.store import REFINE_ROUND, Evaluation, RunStore, check_run_folder, join_probes, recorded_identity
 from capsense.scoring import CHOICE_METRICS

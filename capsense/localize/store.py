@@ -33,7 +33,7 @@ from typing import Any
 from capsense.core.files import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl_tail
 from capsense.core.heads import Head, HeadSet
 from capsense.errors import CapsenseError, RunStoreError
-from capsense.localize.lock import LOCK_FILE
+from capsense.core.lock import LOCK_FILE
 
 MANIFEST = "manifest.json"
 EVALUATIONS = "evaluations.jsonl"

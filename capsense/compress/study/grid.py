@@ -322,11 +322,19 @@ def run_grid(
     log: Callable[[str], None] | None = None,
     model_and_tokenizer: tuple[Any, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure every (setting, capability) not yet in ``out``; return all records of the file."""
+    """Measure every (setting, capability) not yet in ``out``; return all records of the file. One writer per file
+    (:class:`~capsense.core.lock.RunFolderLock`): a second grid on ``out`` is refused, naming the first."""
+    from capsense.core.lock import RunFolderLock
+
+    out = Path(out)
+    with RunFolderLock.for_file(out):
+        return _run_grid(spec, out, progress, log or (lambda _m: None), model_and_tokenizer)
+
+
+def _run_grid(spec: GridSpec, out: Path, progress: bool, log: Callable[[str], None],
+              model_and_tokenizer: tuple[Any, Any] | None) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    log = log or (lambda _m: None)
-    out = Path(out)
     existing = read_records(out)
     _check_resumable(out, existing, spec.fingerprint())
     done = {r["key"] for r in existing}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,24 @@ def echo_push(folder: Path, result: Any) -> None:
         click.echo(f"README.md now loads from {result.repo_id}")
     if result.url:
         click.echo(f"Done: {result.url}")
+
+
+def command_line(name: str, command: click.Command, arguments: Sequence[Any], values: Mapping[str, Any]) -> str:
+    """``capsense NAME ARGUMENTS --option value ...``: the call of ``command`` that gives each of its parameters the
+    value in ``values`` (by parameter name), options at their default left out, flags given when true, a list
+    joined by commas, a repeatable option repeated. What ``capsense run --dry-run`` prints for a recipe's steps, so
+    that a printed line reruns the step; it printed a hand-picked few options, and the main job's line ran another
+    search (without its control limit, top-m, group size and refine budget)."""
+    parts = ["capsense", name, *(shlex.quote(str(a)) for a in arguments)]
+    for p in command.params:
+        if not isinstance(p, click.Option) or p.hidden or p.name not in values:
+            continue
+        value, flag = values[p.name], p.opts[0]
+        if p.is_flag:
+            parts += [flag] if value else []
+        elif p.multiple:
+            parts += [x for v in value or () for x in (flag, shlex.quote(str(v)))]
+        elif value is not None and value != p.default:
+            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}" if isinstance(value, float) else str(value)
+            parts += [flag, shlex.quote(text)]
+    return " ".join(parts)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +88,12 @@ def recipe_steps(data: dict[str, Any], out: str | None = None) -> list[tuple[Loc
     return steps
 
 
-def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[str, Any] | None]], default_name: str) -> list[str]:
-    """The lines ``capsense run`` prints before it starts: the recipe, its expectations, each step's commands."""
+def describe_steps(data: dict[str, Any], steps: list[tuple[LocateConfig, dict[str, Any] | None]], default_name: str,
+                   render: Callable[[LocateConfig, dict[str, Any] | None], list[str]]) -> list[str]:
+    """The lines ``capsense run`` prints before it starts: the recipe, its expectations, and ``render``'s lines for each
+    step (the command layer's: the command lines that run it)."""
     lines = [f"Recipe {data.get('name', default_name)}: {len(steps)} target(s); expects "
              f"{data.get('hardware', 'unspecified hardware')}, {data.get('expected_time', 'unspecified time')}"]
     for cfg, val in steps:
-        lines.append(f"  locate {cfg.model} --task {cfg.task} --controls {','.join(cfg.controls) or '-'} "
-                     f"--method {cfg.method} " + (f"--fe-budget {cfg.budget:g} " if cfg.method == "prior-guided" else f"--masks {cfg.masks} ")
-                     + (f"--metric {cfg.metric} " if cfg.metric != "nll" else "")
-                     + (f"--refine-search {cfg.refine_search} " if cfg.refine_search else "")
-                     + (f"--set-controls {cfg.set_controls} " if cfg.set_controls != "until-beyond" else "")
-                     + (f"--dtype {cfg.dtype} " if cfg.dtype != "auto" else "")
-                     + (f"--autocast {cfg.autocast} " if cfg.autocast else "")
-                     + (f"--ablation {cfg.ablation} " if cfg.ablation != "zero" else "") + f"--limit {cfg.limit} --out {cfg.out}")
-        if val:
-            tasks = ",".join(val["tasks"]) if val["tasks"] else "<target, controls, held-out suite>"
-            lines.append(f"  validate --top-k {val.get('top_k', cfg.top_k)} --tasks {tasks} --out {val['out']}")
+        lines += render(cfg, val)
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -37,28 +38,65 @@ def test_bad_recipe_key(tmp_path):
         load_recipe(p)
 
 
-def test_run_dry_run_prints_the_steps():
-    r = CliRunner().invoke(main, ["run", "recipes/smollm2_induction_cpu.yaml", "--dry-run"])
+class _Captured(Exception):
+    pass
+
+
+def _dry_run_lines(path) -> list[list[str]]:
+    r = CliRunner().invoke(main, ["run", str(path), "--dry-run"])
     assert r.exit_code == 0, r.output
-    from capsense.tasks.suite import SCREEN
-
-    assert f"locate smollm2-135m --task capsense_induction --controls {','.join(SCREEN)},capsense_arithmetic" in r.output
-    assert "--tasks <target, controls, held-out suite>" in r.output
-    assert "--metric" not in r.output and "--refine-search" not in r.output  # nll and swaps, the defaults, go unsaid
+    return [shlex.split(line.strip())[1:] for line in r.output.splitlines() if line.startswith("  capsense ")]
 
 
-def test_dry_run_names_a_metric_other_than_nll(tmp_path):
+def _config_of(args, monkeypatch):
+    """The LocateConfig `capsense locate ARGS` would run (the run itself stopped before anything loads)."""
+    seen = {}
+
+    def stop(cfg, log=None):
+        seen["cfg"] = cfg
+        raise _Captured
+
+    monkeypatch.setattr("capsense.localize.run.locate", stop)
+    r = CliRunner().invoke(main, args)
+    assert isinstance(r.exception, _Captured), r.output
+    return seen["cfg"]
+
+
+@pytest.mark.parametrize("extra", ["", "  metric: choice_nll\n  refine_search: predicted\n  ablation: mean\n  seed: 3\n"
+                                   "  top_m: 5\n  screen: 0\nvalidate:\n  random: 1\n  tolerance: 0.2\n  limit: 7\n"
+                                   "  tasks: [capsense_antonyms, capsense_prose]\n  top_k: 2\n  ablation: zero\n"])
+def test_dry_run_prints_command_lines_that_run_each_step(tmp_path, monkeypatch, extra):
+    """The dry run's lines rerun the steps: the locate line gives the recipe's LocateConfig field for field, the
+    validate line its settings. It printed a hand-picked few options: the main job's line ran another search (no
+    control limit, top-m or refine budget)."""
+    from dataclasses import asdict
+
+    from capsense.commands.validate import validate
+    from capsense.evaluation.run import validate_kwargs
+
+    if extra:
+        path = tmp_path / "r.yaml"
+        path.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n{extra}")
+    else:
+        path = Path("recipes/smollm2_induction_cpu.yaml")
+    steps = recipe_steps(load_recipe(path))
+    lines = _dry_run_lines(path)
+    assert [line[0] for line in lines] == ["locate", "validate"] * len(steps)
+    for (cfg, val), locate_line, validate_line in zip(steps, lines[::2], lines[1::2]):
+        assert asdict(_config_of(locate_line, monkeypatch)) == asdict(cfg)
+        params = validate.make_context("validate", validate_line[1:]).params
+        expected = validate_kwargs(cfg, val)
+        assert {k: params[k] for k in ("n_random", "limit", "seed", "tolerance", "dtype", "ablation")} == {
+            k: expected[k] for k in ("n_random", "limit", "seed", "tolerance", "dtype", "ablation")}
+        assert (params["top_k"], str(params["out"]), str(params["heads"])) == (
+            val.get("top_k", cfg.top_k), val["out"], str(Path(cfg.out) / "heads.json"))
+        assert params["tasks"] == (",".join(val["tasks"]) if val["tasks"] else None)
+
+
+def test_dry_run_refuses_bad_validate_settings_before_the_locate(tmp_path):
     p = tmp_path / "r.yaml"
-    p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n  metric: choice_nll\n")
-    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
-    assert r.exit_code == 0 and "--fe-budget 50 --metric choice_nll --limit 100" in r.output, r.output
-    p.write_text(p.read_text() + "  refine_search: predicted\n")
-    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
-    assert r.exit_code == 0 and "--metric choice_nll --refine-search predicted --limit 100" in r.output, r.output
-    p.write_text(p.read_text() + "  ablation: mean\nvalidate:\n  ablation: zero\n")
-    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
-    assert r.exit_code == 0 and "--refine-search predicted --ablation mean --limit 100" in r.output, r.output
-    p.write_text(p.read_text().replace("ablation: zero", "ablation: half"))
+    p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n  metric: choice_nll\n"
+                 "  ablation: mean\nvalidate:\n  ablation: half\n")
     r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
     assert r.exit_code == 1 and "unknown `ablation` mode 'half': valid modes are zero, mean" in r.output, r.output
     p.write_text(p.read_text().replace("ablation: half", f"mean_reference: {tmp_path / 'missing.txt'}"))

@@ -73,11 +73,19 @@ def command_line(name: str, command: click.Command, arguments: Sequence[Any], va
         if not isinstance(p, click.Option) or p.hidden or p.name not in values:
             continue
         value, flag = values[p.name], p.opts[0]
-        if p.is_flag:
-            parts += [flag] if value else []
+        if p.is_flag:  # (an --x/--no-x pair: the one that says the value, where it is not the default)
+            parts += [] if bool(value) == bool(p.default) else [flag] if value else p.secondary_opts[:1]
         elif p.multiple:
             parts += [x for v in value or () for x in (flag, shlex.quote(str(v)))]
         elif value is not None and value != p.default:
-            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}" if isinstance(value, float) else str(value)
-            parts += [flag, shlex.quote(text)]
+            parts += [flag, shlex.quote(_option_text(value))]
     return " ".join(parts)
+
+
+def _option_text(value: Any) -> str:
+    """A value as an option takes it: a list joined by commas, a float in its shortest exact form (20, not 20.0)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    return str(value)

@@ -10,7 +10,7 @@ at its top); :func:`compress_request` builds the budget and guide and runs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 

@@ -2,8 +2,8 @@
 does, locks ``.<file name>.lock`` beside it, so that two grids in one folder do not exclude each other).
 
 Held by every resumable writer: locate's run folder, validate's conditions, a grid's JSONL file, distillation's
-``.partial`` folder (grid and distillation had none until round 51: two of them on one output appended the same
-measurements twice, or trained one state from two processes).
+``.partial`` folder (grid and distillation had none until round 51: nothing stopped two of them on one output, where
+both would append the same measurements, or train one state).
 
 The kernel drops a ``flock`` when its holder's file descriptor closes, so a holder killed
 with SIGKILL leaves nothing stuck: the next run takes the lock at once, without cleanup.
@@ -32,6 +32,7 @@ class RunFolderLock:
     def __init__(self, folder: str | os.PathLike, name: str = LOCK_FILE) -> None:
         self.folder = Path(folder)
         self.name = name
+        self.subject = f"run folder {str(self.folder)!r}"  # what a refusal names
         self._fd: int | None = None
         self._made = False
 
@@ -39,7 +40,9 @@ class RunFolderLock:
     def for_file(cls, path: str | os.PathLike) -> RunFolderLock:
         """The lock of one output file (``.<name>.lock`` beside it)."""
         path = Path(path)
-        return cls(path.parent, f".{path.name}.lock")
+        lock = cls(path.parent, f".{path.name}.lock")
+        lock.subject = repr(str(path))
+        return lock
 
     @property
     def path(self) -> Path:
@@ -54,9 +57,8 @@ class RunFolderLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            what = f"run folder {str(self.folder)!r}" if self.name == LOCK_FILE else repr(str(self.folder / self.name[1:-5]))
             raise RunFolderBusyError(
-                f"{what} is being written by another capsense run ({holder(self.folder, self.name)}); "
+                f"{self.subject} is being written by another capsense run ({holder(self.folder, self.name)}); "
                 "wait for it to finish (rerunning the same command then resumes it), or choose another output folder"
             ) from None
         os.ftruncate(fd, 0)

@@ -211,7 +211,7 @@ def report_markdown(cfg: LocateConfig, result: LocateResult, recs: list[dict], m
         f"- evaluations: {result.n_evaluations} masks, {result.seconds_per_mask:.3f} s per mask (each on the probes it was scored on); "
         f"cost {result.forward_equivalents:.1f} forward-equivalents (forward over the documents = 1, backward = 2, "
         "prefix-reused forward = its share of layers)",
-        f"- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),
+        "- documents: " + ", ".join(f"{t} {len(p['doc_ids'])}" for t, p in manifest.get("probes", {}).items()),
         *_precision_line(cfg, result, manifest.get("args", {})),
         *_time_line(manifest.get("timing", {})),
         "",

@@ -127,7 +127,8 @@ def task_data_errors(tasks: Sequence[str]) -> Iterator[None]:
         offline = (" HF_HUB_OFFLINE is set: capsense's tasks build their data in code, lm-eval's download theirs"
                    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else "")
         named = ", ".join(repr(t) for t in tasks)
-        raise CapsenseError(f"task {named}: its data could not be loaded ({type(e).__name__}: {e}).{offline}") from None
+        named = f"task {named}" if len(tasks) == 1 else f"one of the tasks {named}"
+        raise CapsenseError(f"{named}: its data could not be loaded ({type(e).__name__}: {e}).{offline}") from None
 
 
 @contextmanager

@@ -63,7 +63,7 @@ def _config_of(args, monkeypatch):
 
 
 @pytest.mark.parametrize("extra", ["", "  metric: choice_nll\n  refine_search: predicted\n  ablation: mean\n  seed: 3\n"
-                                   "  top_m: 5\n  screen: 0\nvalidate:\n  random: 1\n  tolerance: 0.2\n  limit: 7\n"
+                                   "  top_m: 5\n  screen: 0\n  tolerance: 0.0123456789\nvalidate:\n  random: 1\n  tolerance: 0.2\n  limit: 7\n"
                                    "  tasks: [capsense_antonyms, capsense_prose]\n  top_k: 2\n  ablation: zero\n"])
 def test_dry_run_prints_command_lines_that_run_each_step(tmp_path, monkeypatch, extra):
     """The dry run's lines rerun the steps: the locate line gives the recipe's LocateConfig field for field, the

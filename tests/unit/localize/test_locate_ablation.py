@@ -27,6 +27,15 @@ def _locate(toy, out, *extra):
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
+def _locate_mean(toy, out, *extra):
+    """A run under mean ablation over a reference file of two sentences (written beside ``out``); it and the file."""
+    reference = out.parent / f"{out.name}-reference.txt"
+    reference.write_text("The river runs past the old mill.\nA cat sleeps on the warm step.\n")
+    r = _locate(toy, out, "--ablation", "mean", "--mean-reference", str(reference), *extra)
+    assert r.exit_code == 0, r.output
+    return r, reference
+
+
 def _nll(out):
     evals = [json.loads(ln) for ln in (out / "evaluations.jsonl").read_text().splitlines()]
     return evals[0]["scores"][TOY_TASK]["nll"], {e["heads"][0]: e["scores"][TOY_TASK]["nll"] for e in evals[1:]}
@@ -64,11 +73,7 @@ def test_mean_ablation_knockouts_replace_each_head_by_its_mean(toy, tmp_path):
 
 def test_prior_guided_under_mean_ablation_attributes_and_measures_mean_knockouts(toy, tmp_path):
     out = tmp_path / "pg"
-    reference = tmp_path / "ref.txt"
-    reference.write_text("The river runs past the old mill.\nA cat sleeps on the warm step.\n")
-    r = _locate(toy, out, "--method", "prior-guided", "--ablation", "mean", "--mean-reference", str(reference),
-                "--fe-budget", "6")
-    assert r.exit_code == 0, r.output
+    r, reference = _locate_mean(toy, out, "--method", "prior-guided", "--fe-budget", "6")
     assert json.loads((out / "attribution.json").read_text())  # the gradient pass ran under the same hooks
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["identity"]["ablation"].startswith("mean (sha256 ")
@@ -132,11 +137,7 @@ def test_evaluate_and_capsense_masked_apply_the_runs_ablation_by_default(toy, tm
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
     run = tmp_path / "run"
-    reference = tmp_path / "reference.txt"
-    reference.write_text("A plain sentence about the weather.\nAnother one about a river.\n")
-    r = _locate(toy, run, "--method", "exhaustive", "--ablation", "mean", "--mean-reference", str(reference),
-                "--refine", "0")
-    assert r.exit_code == 0, r.output
+    r, reference = _locate_mean(toy, run, "--method", "exhaustive", "--refine", "0")
     heads = str(run / "heads.json")
     base = ["evaluate", str(toy[0]), "--heads", heads, "--top-k", "2", "--tasks", "capsense_prose", "--limit", "3"]
     tables = {}

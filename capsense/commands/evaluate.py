@@ -37,10 +37,13 @@ def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_
 
     task_list = csv_list(tasks)
     head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out)  # before any heavy import
+    from capsense.core.heads import looks_like_heads_file
+
     ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
     table, written = run_evaluate(model, head_set, task_list, ablation=ablation, mean_reference=mean_reference,
                                   limit=limit, batch_size=batch_size, device=device,
                                   device_map=device_map_from(device_map, parallelize), dtype=dtype,
-                                  include_path=include_path, out=out)
+                                  include_path=include_path, out=out,
+                                  heads_file=heads if heads and looks_like_heads_file(heads) else None)
     click.echo(table)
     echo_written(written)

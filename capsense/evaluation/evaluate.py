@@ -19,6 +19,7 @@ from capsense.core.heads import HeadSet
 from capsense.core.models import check_model, config_head_layout
 from capsense.core.tables import format_percent, relative_change
 from capsense.errors import CapsenseError
+from capsense.localize.store import used_documents
 from capsense.tasks import check_task_names, lm_eval_warnings_only, task_data_errors, task_manager
 
 
@@ -48,10 +49,12 @@ def run_evaluate(
     model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", mean_reference: str | None = None,
     limit: int | None = None, batch_size: int | str = 16, device: str = "cpu", device_map: str | None = None,
     dtype: str = "float32", include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
+    heads_file: str | os.PathLike | None = None,
 ) -> tuple[str, list[Path]]:
     """Evaluate ``model`` as is and with ``head_set`` ablated (``ablation``: zero, or mean over ``mean_reference``'s
     texts, by default capsense's neutral prose); the markdown table and the files written. ``device_map`` spreads
-    the model over devices (:func:`load_lm`)."""
+    the model over devices (:func:`load_lm`). ``heads_file``: the heads file ``head_set`` came from; the table then
+    says which evaluated documents its locate run scored (:func:`in_sample_lines`)."""
     check_batch_size(batch_size)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
@@ -68,7 +71,20 @@ def run_evaluate(
         rows = evaluate_head_sets(lm, sets, tasks, limit=limit, include_path=include_path, progress=phase)
     display.close()
     written = [atomic_write_json(out, [asdict(r) for r in rows])] if out else []
-    return format_table(rows), written
+    notes = in_sample_lines(used_documents(heads_file), tasks, limit) if heads_file is not None else []
+    return "\n".join([format_table(rows), *notes]), written
+
+
+def in_sample_lines(used: Mapping[str, Sequence[int]], tasks: Sequence[str], limit: int | None) -> list[str]:
+    """What to say under the table where the locate run behind the heads file scored documents evaluate evaluated
+    (the first ``limit`` of each task, or all): there the ablated score is in-sample, the set chosen on those very
+    documents, and only ``capsense validate`` (held-out documents, random sets) supports a selectivity claim."""
+    counts = {t: sum(1 for d in used.get(t, ()) if limit is None or d < limit) for t in tasks}
+    named = [f"{t} {n}" for t, n in counts.items() if n]
+    if not named:
+        return []
+    return ["", f"In-sample: the locate run behind the heads file scored documents evaluated here ({', '.join(named)}"
+                f"{'' if limit is None else f' of the first {limit}'}); for held-out numbers use capsense validate."]
 
 
 @dataclass

@@ -8,7 +8,6 @@ swapped between runs; every value is lm-eval's own metric for the task.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from capsense.core.provenance import provenance
 from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError, HeadSpecError
 from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, judge
+from capsense.localize.store import used_documents
 from capsense.tasks import WITHOUT_ACCURACY, check_task_names
 from capsense.tasks.suite import expand_controls, held_out_controls
 
@@ -45,15 +45,6 @@ class ValidationRow:
     random_change_rel_sd: float | None
     random_values: list[float]
     higher_is_better: bool | None = None
-
-
-def used_documents(heads_path: Path) -> dict[str, list[int]]:
-    """Document ids per task that the locate run behind ``heads_path`` scored ({} if unknown)."""
-    manifest = heads_path.parent / "manifest.json"
-    if not manifest.is_file():
-        return {}
-    probes = json.loads(manifest.read_text()).get("probes", {})
-    return {t: [int(d) for d in p.get("doc_ids", [])] for t, p in probes.items()}
 
 
 def held_out_documents(n_docs: int, used: Sequence[int], limit: int | None, seed: int) -> list[int]:

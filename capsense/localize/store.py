@@ -234,6 +234,16 @@ def recorded_identity(path: str | os.PathLike) -> dict[str, Any]:
     return identity if isinstance(identity, dict) else {}
 
 
+def used_documents(heads_path: str | os.PathLike) -> dict[str, list[int]]:
+    """Document ids per task that the locate run behind ``heads_path`` (its heads.json, beside the run's manifest)
+    scored ({} if unknown): what validation holds out, and what evaluate says it evaluated in-sample."""
+    manifest = Path(heads_path).parent / MANIFEST
+    if not manifest.is_file():
+        return {}
+    probes = json.loads(manifest.read_text()).get("probes", {})
+    return {t: [int(d) for d in p.get("doc_ids", [])] for t, p in probes.items()}
+
+
 def check_run_folder(path: str | os.PathLike) -> None:
     """Refuse, before anything is written, a path that is a file or a non-empty folder holding no run."""
     p = Path(path)

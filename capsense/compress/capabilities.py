@@ -164,12 +164,9 @@ def check_measure(model: str, reference: str | None, probes: int, out: str | Pat
     (``include_path``: folders of task YAMLs that may declare it), a device or device map this machine lacks."""
     from capsense.core.files import check_output_file
     from capsense.core.models import check_model
-    from capsense.core.placement import check_device, parse_device_map
+    from capsense.core.placement import check_placement
 
-    if device_map is not None:
-        parse_device_map(device_map)  # every device it names exists here
-    else:
-        check_device(device)
+    check_placement(device, device_map)
     if probes < 1:
         raise CapsenseError(f"`probes` must be at least 1, got {probes}")
     check_output_file(out)

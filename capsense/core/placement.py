@@ -155,6 +155,15 @@ def available_device_memory(device) -> int | None:
     return None
 
 
+def check_placement(device: str | int, device_map: str | dict[str, Any] | None) -> None:
+    """Refuse, before a load, a ``device_map`` naming a device this machine lacks or, without a map, such a
+    ``device``: where a command that takes both puts the model (locate, measure)."""
+    if device_map:
+        parse_device_map(device_map)
+    else:
+        check_device(device)
+
+
 def check_device_memory(device, held: dict[str, int], what: str, advice: str, available: int | None = None) -> int:
     """:func:`check_cpu_memory` on ``device``'s memory (``available``: default :func:`available_device_memory`)."""
     have = available_device_memory(device) if available is None else available

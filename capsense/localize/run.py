@@ -259,10 +259,10 @@ def _run_precision(cfg: LocateConfig, device: str, log: Callable[[str], None]) -
 def _checked_method(cfg: LocateConfig) -> Method:
     """``cfg``'s method, once the settings, the device and the metric (against the method and the target task)
     are checked: before the model loads, and before anything is written."""
-    from capsense.core.placement import check_device, parse_device_map
+    from capsense.core.placement import check_placement
 
     cfg.check()
-    parse_device_map(cfg.device_map) if cfg.device_map else check_device(cfg.device)  # exists on this machine
+    check_placement(cfg.device, cfg.device_map)  # exists on this machine
     method = get_method(cfg)
     if method.attribution:
         check_gradient_metric(cfg.metric)

@@ -7,7 +7,7 @@ import click
 
 from capsense.commands.options import (
     device_map_from, device_map_option, dtype_option, include_path_option, old_name, out_option, overwrite_option,
-    registry_option, with_old_name,
+    registry_option, revision_option, with_old_name,
 )
 from capsense.commands.output import echo_written, log
 
@@ -103,13 +103,14 @@ from capsense.commands.output import echo_written, log
               "compressed the same way (Gemma 3 3 bits keep math: the propagation halves uniform's math dL); with "
               "sparsegpt on Gemma 3 it raised the kept math dL (recipes/results/RESULTS-compress.md, rounds 20-23).")
 @device_map_option()
+@revision_option()
 @include_path_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, probes, protect_heads, protect_top_k, sensitivity,
              pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device_map,
-             parallelize, include_path, out, overwrite):
+             parallelize, revision, include_path, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -126,7 +127,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
 
     budget_file = with_old_name("budget_file", budget_file, "--budget-file")
     placed = check_request(model, out, overwrite, device_map_from(device_map, parallelize), method, budget_file,
-                           calibration, solve_on, include_path)  # before any heavy import
+                           calibration, solve_on, include_path, revision)  # before any heavy import
     from capsense.compress.request import compress_request
 
     setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
@@ -137,7 +138,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
         check_uniform=check_uniform, fisher_groups=fisher_groups, check_docs=check_docs, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
         device_map=placed, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate,
-        include_path=list(include_path), log=log,
+        include_path=list(include_path), log=log, revision=revision,
     )
     s = result.summary
     click.echo(

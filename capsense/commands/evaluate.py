@@ -7,7 +7,7 @@ import click
 
 from capsense.commands.options import (
     ablation_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option,
-    heads_option, include_path_option, limit_option, mean_reference_option, out_option, top_k_option,
+    heads_option, include_path_option, limit_option, mean_reference_option, out_option, revision_option, top_k_option,
 )
 from capsense.commands.output import echo_written
 
@@ -27,23 +27,26 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @device_option()
 @device_map_option()
 @dtype_option()
+@revision_option(located=True)
 @include_path_option()
 @out_option("Write the table as JSON to this file.", required=False, file=True)
 def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_size, device, device_map, parallelize,
-             dtype, include_path, out):
+             dtype, revision, include_path, out):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
     from capsense.core.ablation import located_ablation
+    from capsense.core.heads import located_revision
     from capsense.evaluation.evaluate import check_evaluate, run_evaluate
 
     task_list = csv_list(tasks)
-    head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out)  # before any heavy import
+    revision = located_revision(heads, model, revision)
+    head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out, revision)  # before any heavy import
     from capsense.core.heads import looks_like_heads_file
 
     ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
     table, written = run_evaluate(model, head_set, task_list, ablation=ablation, mean_reference=mean_reference,
                                   limit=limit, batch_size=batch_size, device=device,
                                   device_map=device_map_from(device_map, parallelize), dtype=dtype,
-                                  include_path=include_path, out=out,
+                                  include_path=include_path, out=out, revision=revision,
                                   heads_file=heads if heads and looks_like_heads_file(heads) else None)
     click.echo(table)
     echo_written(written)

@@ -28,7 +28,7 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
                        "under (zero for a head spec or a file from before the setting).")
 @mean_reference_option("Default: the run's, when --ablation is the run's.")
 @dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter weight dtype (auto: float32).")
-@revision_option()
+@revision_option(located=True)
 @device_map_option()
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")
 @overwrite_option()
@@ -45,11 +45,13 @@ def export(
     """
     from capsense.errors import CapsenseError
     from capsense.core.ablation import located_ablation
+    from capsense.core.heads import located_revision
     from capsense.ship.preflight import check_export_inputs
 
     if private and not push_repo:
         raise CapsenseError("`private` only applies with `push_repo` REPO_ID")
     ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
+    revision = located_revision(heads, model, revision)
     placed = device_map_from(device_map, parallelize)
     settings = dict(top_k=top_k, ablation=ablation, mean_reference=mean_reference, dtype=dtype, revision=revision,
                     overwrite=overwrite, max_shard_size=max_shard_size, repo_id=push_repo, log=log,

@@ -54,9 +54,11 @@ def device_map_from(device_map: str | None, parallelize: bool) -> str | None:
     return "auto" if parallelize else device_map
 
 
-def revision_option() -> Decorator:
-    """``--revision`` of a Hub model."""
-    return click.option("--revision", default=None, help="Revision (branch, tag or commit) of a Hub model.")
+def revision_option(located: bool = False) -> Decorator:
+    """``--revision`` of a Hub model; ``located``: a command given a heads file, whose run's revision is the default
+    (:func:`capsense.core.heads.located_revision`)."""
+    return click.option("--revision", default=None, help="Revision (branch, tag or commit) of a Hub model" + (
+        " (default: the one the heads file's run loaded, where MODEL is its model)." if located else "."))
 
 
 def limit_option(default: int | None, help: str) -> Decorator:

@@ -8,7 +8,7 @@ import click
 
 from capsense.commands.options import (
     ablation_option, mean_reference_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
-    limit_option, no_progress_option, out_option,
+    limit_option, no_progress_option, out_option, revision_option,
     top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written
@@ -34,20 +34,23 @@ from capsense.commands.output import echo_written
 @device_option()
 @device_map_option()
 @dtype_option()
+@revision_option(located=True)
 @include_path_option()
 @unsafe_code_option()
 @out_option("Folder for validation.json/.md/.png.")
 @no_progress_option()
 def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: float, n_random: int, ablation: str | None,
              mean_reference: str | None, limit: int, seed: int,
-             batch_size: int | str, device: str, device_map: str | None, parallelize: bool, dtype: str, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
+             batch_size: int | str, device: str, device_map: str | None, parallelize: bool, dtype: str, revision: str | None, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
              out: Path, quiet: bool) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
+    from capsense.core.heads import located_revision
     from capsense.evaluation.validate import check_validate
 
     task_list = csv_list(tasks) if tasks else None
+    revision = located_revision(heads, model, revision)
     check_validate(model, heads, top_k, task_list, limit, include_path, out, tolerance,  # before any heavy import
-                   ablation=ablation, mean_reference=mean_reference)
+                   ablation=ablation, mean_reference=mean_reference, revision=revision)
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate as run_validate, write_validation
 
@@ -57,7 +60,7 @@ def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: 
             model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
             device=device, dtype=dtype, include_path=list(include_path), device_map=device_map_from(device_map, parallelize),
             confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase, tolerance=tolerance,
-            ablation=ablation, mean_reference=mean_reference, out=out,
+            ablation=ablation, mean_reference=mean_reference, out=out, revision=revision,
         )
     progress.close()
     from capsense.core.distributed import is_main_process

@@ -158,7 +158,7 @@ def check_calibration_spec(spec: str, include_path: Sequence[str | os.PathLike] 
 def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,
                   capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES,
                   include_path: Sequence[str | os.PathLike] = (), device: str = "cpu",
-                  device_map: str | None = None) -> None:
+                  device_map: str | None = None, revision: str | None = None) -> None:
     """Refuse a measurement request before a model loads: ``probes`` below 1, an ``out`` file that
     cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability
     (``include_path``: folders of task YAMLs that may declare it), a device or device map this machine lacks."""
@@ -170,7 +170,7 @@ def check_measure(model: str, reference: str | None, probes: int, out: str | Pat
     if probes < 1:
         raise CapsenseError(f"`probes` must be at least 1, got {probes}")
     check_output_file(out)
-    for name in (model, reference):
-        if name:
-            check_model(name)
+    check_model(model, revision)  # (``revision``: MODEL's; the reference loads its default branch)
+    if reference:
+        check_model(reference)
     parse_capabilities(capabilities, include_path)

@@ -147,7 +147,7 @@ def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, Capabi
 def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int = 64, batch_size: int = 16,
                    dtype: str = "float32", reference: str | None = None, per_doc: bool = False,
                    include_path: Sequence[str] = (), device: str = "cpu",
-                   device_map: str | dict[str, Any] | None = None) -> dict[str, Any]:
+                   device_map: str | dict[str, Any] | None = None, revision: str | None = None) -> dict[str, Any]:
     """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
     measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}, "versions", "host"}``.
 
@@ -156,17 +156,18 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
     and the document names it.
     ``per_doc`` adds per-document nats and token counts; ``include_path``: folders of task YAMLs that
     declare capabilities (a user's tasks). A perplexity task's texts are cut at each model's length. Each model loads
-    on ``device``, or spread by ``device_map`` (:func:`~capsense.core.models.load_model`).
+    on ``device``, or spread by ``device_map`` (:func:`~capsense.core.models.load_model`); ``revision``: ``model``'s, of a
+    Hub model (the document names it; the reference loads its default branch).
     """
     from capsense.core.models import load_model
     from capsense.core.provenance import provenance
     from capsense.scoring.probe import model_max_length
 
     caps = parse_capabilities(capabilities, include_path)
-    m, tok = load_model(model, dtype=dtype, device=device, device_map=device_map)
+    m, tok = load_model(model, dtype=dtype, device=device, device_map=device_map, revision=revision)
     measured = measure(m, build_probes(tok, caps, n_probes, include_path, model_max_length(m)), batch_size)
     result = {c: v.to_dict(per_doc) for c, v in measured.items()}
-    doc: dict[str, Any] = {"model": model, "probes": n_probes, "dtype": dtype, "capabilities": result,
+    doc: dict[str, Any] = {"model": model, **({"revision": revision} if revision else {}), "probes": n_probes, "dtype": dtype, "capabilities": result,
                            **provenance(next(m.parameters()).device, **({"device_map": device_map} if device_map else {}))}
     if reference:
         del m

@@ -82,8 +82,9 @@ def compress_checkpoint(
     sequential: bool = False,
     sequential_propagate: str = DEFAULT_PROPAGATE,
     include_path: Sequence[str] = (),
+    revision: str | None = None,
 ) -> CompressionResult:
-    """Load ``model_name``, compress it under ``budget`` and write a checkpoint to ``out`` atomically.
+    """Load ``model_name`` (at ``revision``, of a Hub model), compress it under ``budget`` and write a checkpoint to ``out`` atomically.
 
     With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names the size and the
     method; the guided allocation replaces it and is also written as ``budget.yaml``, unless another candidate
@@ -108,7 +109,7 @@ def compress_checkpoint(
     log = log or (lambda _m: None)
     fmt = _check_before_load(model_name, budget, out, overwrite, fmt, calibration, calibration_samples_n, guide, probes,
                              sequential_propagate if sequential else None)
-    model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map)
+    model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map, revision=revision)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
     _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)
@@ -119,7 +120,8 @@ def compress_checkpoint(
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
-    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured)
+    _write_checkpoint(model, tokenizer, model_name, budget, result, allocation, out, overwrite, fmt, store, measured,
+                      revision)
     return result
 
 
@@ -268,14 +270,14 @@ def _packed(result: CompressionResult) -> dict[str, PackedWeight]:
 
 def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result: CompressionResult, allocation,
                       out: str | Path, overwrite: bool, fmt: str = "dense", store: torch.dtype = torch.bfloat16,
-                      measured: dict[str, Any] | None = None) -> None:
+                      measured: dict[str, Any] | None = None, revision: str | None = None) -> None:
     """The checkpoint, ``capsense.json`` and (guided) ``budget.yaml``, written atomically."""
     from capsense.core.files import atomic_output_dir
     from capsense.core.models import model_fingerprint
     from capsense.core.provenance import provenance
     from capsense.ship.metadata import public_name
 
-    base = model_fingerprint(model_name)
+    base = model_fingerprint(model_name, revision)
     base.pop("path", None)  # a path of this machine: what is shared carries none (as the exports)
     base["model"] = public_name(model_name)
     meta = {

@@ -22,7 +22,7 @@ SETTING_PARAMETERS = ("method", "density", "scope", "bits", "group_size", "damp"
 
 def check_request(model: str, out: str | Path, overwrite: bool, device_map: str | dict[str, Any] | None,
                   method: str | None, budget_file: str | Path | None, calibration: str | None, solve_on: str | None = None,
-                  include_path: Sequence[str] = ()):
+                  include_path: Sequence[str] = (), revision: str | None = None):
     """Refuse bad input before any heavy import; return the checked device map.
 
     ``out`` must be writable (or ``overwrite``), every device the map names must exist,
@@ -37,7 +37,7 @@ def check_request(model: str, out: str | Path, overwrite: bool, device_map: str 
 
     check_output_dir(out, overwrite)
     placed = parse_device_map(device_map)
-    check_model(model)
+    check_model(model, revision)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
     if calibration:
@@ -133,6 +133,7 @@ def compress_request(
     sequential_propagate: str | None = None,
     include_path: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
+    revision: str | None = None,
 ):
     """Compress ``model`` as asked and write the checkpoint to ``out``; the
     :class:`~capsense.compress.engine.CompressionResult` (its ``budget`` names the targets).
@@ -150,7 +151,8 @@ def compress_request(
     by ``keep``, those plus the kept capabilities' last documents
     (:func:`~capsense.compress.calibration.kept_calibration`). ``sequential``: one decoder layer at a time
     (:mod:`capsense.compress.sequential`, ``sequential_propagate``); ``include_path``: task YAML folders whose tasks
-    ``keep`` and ``calibration`` may name."""
+    ``keep`` and ``calibration`` may name; ``revision``: of a Hub model (None: its default branch), recorded in
+    ``capsense.json``'s ``base_model``."""
     from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.sequential import DEFAULT_PROPAGATE
 
@@ -165,4 +167,4 @@ def compress_request(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
         guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
-        sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path)
+        sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path, revision=revision)

@@ -99,6 +99,19 @@ class HeadSet(Sequence):
         return cls(tuple(_parse_head(t) for t in tokens))
 
     @classmethod
+    def named(cls, spec: Any) -> HeadSet | None:
+        """The heads a spec string or a list of names or pairs names, or None where it names none or is no spec
+        (a path, a sentence, a number): for readers that take a spec where they find one, where :meth:`parse` is for
+        what must be one (it raises)."""
+        if not spec:
+            return None
+        try:
+            named = cls.from_spec(spec) if isinstance(spec, str) else cls.from_pairs(spec)
+        except (HeadSpecError, TypeError):
+            return None
+        return named or None
+
+    @classmethod
     def from_pairs(cls, pairs: Iterable) -> HeadSet:
         heads = []
         for item in pairs:
@@ -195,6 +208,13 @@ class HeadsFile:
         return HeadLayout.from_dict(self.meta.get("layout"))
 
     @property
+    def revision(self) -> str | None:
+        """The Hub revision (branch, tag or commit) its run loaded ``model`` at, where the file says; None: the
+        default branch, or a model with one version (a folder, an embedded model)."""
+        value = self.meta.get("revision")
+        return value if isinstance(value, str) and value else None
+
+    @property
     def head_set(self) -> HeadSet:
         return HeadSet(tuple(Head(int(r["layer"]), int(r["head"])) for r in self.heads), self.made_for)
 
@@ -258,6 +278,20 @@ def load_heads_file(path: str | os.PathLike) -> HeadsFile:
         records.append(r)
     meta = {k: v for k, v in data.items() if k not in ("model", "heads")}
     return HeadsFile(model=str(data.get("model", "")), heads=records, meta=meta)
+
+
+def located_revision(heads: HeadsLike | None, model: str, revision: str | None) -> str | None:
+    """The revision of ``model`` to load for ``heads``: ``revision`` when given, else the one the run behind
+    ``heads`` (a heads file) loaded, where ``model`` is the model that run located on; None otherwise (a spec,
+    another model such as a local copy, a run on the default branch). What validate, evaluate, export and
+    ``capsense-masked`` load by default: until round 52 they loaded the default branch whatever revision a run
+    located on, and applied its heads to other weights of the same shape without a word."""
+    if revision:
+        return revision
+    if isinstance(heads, (str, os.PathLike)) and looks_like_heads_file(heads):
+        hf = load_heads_file(heads)
+        return hf.revision if hf.model == model else None
+    return None
 
 
 def write_heads_file(path: str | os.PathLike, heads_file: HeadsFile) -> Path:

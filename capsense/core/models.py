@@ -155,6 +155,10 @@ def check_model(name: str, revision: str | None = None) -> None:
     """
     if not isinstance(name, str):
         return
+    if revision and (kind := "an embedded model" if embedded_model(name) is not None else "a GGUF file"
+                     if is_gguf_path(name) else "a local folder" if os.path.isdir(name) else None):
+        raise UnknownModelError(f"`revision` {revision!r} names a version of a Hub model; {name!r} is {kind}, which "
+                                "has one version: give no revision, or the Hub id")
     embedded = embedded_model(name)
     if embedded is not None:
         if not is_converted(embedded.target) and importlib.util.find_spec(embedded.module) is None:
@@ -373,6 +377,23 @@ def model_fingerprint(name: str, revision: str | None = None) -> dict[str, Any]:
             from huggingface_hub import HfApi
 
             info["revision_sha"] = HfApi().model_info(path, revision=revision).sha
-        except Exception:  # offline or private: the named revision is what we have
-            pass
+        except Exception:  # offline or private: the commit the local cache resolves the revision to
+            sha = cached_commit(path, revision)
+            if sha:
+                info["revision_sha"] = sha
     return info
+
+
+def cached_commit(name: str, revision: str | None = None) -> str | None:
+    """The commit the local Hugging Face cache holds Hub model ``name`` at for ``revision`` (None: main), or None: what
+    a manifest records offline, where the Hub cannot say which commit a branch name meant."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json", revision=revision)
+    except Exception:  # not a Hub id
+        return None
+    if not isinstance(found, str):
+        return None
+    snapshot = Path(found).parent
+    return snapshot.name if snapshot.parent.name == "snapshots" else None

@@ -31,15 +31,16 @@ def check_limit(limit: int | None) -> None:
 
 def check_evaluate(
     model: str, heads: str | None, top_k: int | None, tasks: Sequence[str], limit: int | None,
-    include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
+    include_path: Sequence[str] = (), out: str | os.PathLike | None = None, revision: str | None = None,
 ) -> HeadSet:
-    """Every check that needs neither torch nor lm-eval nor the model; returns the head set to ablate."""
+    """Every check that needs neither torch nor lm-eval nor the model; returns the head set to ablate. ``revision``:
+    the model's, resolved (:func:`~capsense.core.heads.located_revision`)."""
     head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()
     check_limit(limit)
     check_output_file(out)
     check_task_names(tasks, include_path)
-    check_model(model)
-    layout = config_head_layout(model)
+    check_model(model, revision)
+    layout = config_head_layout(model, revision)
     if layout is not None:
         head_set.check_fits(layout)  # out-of-range heads, before the model loads
     return head_set
@@ -49,16 +50,17 @@ def run_evaluate(
     model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", mean_reference: str | None = None,
     limit: int | None = None, batch_size: int | str = 16, device: str = "cpu", device_map: str | None = None,
     dtype: str = "float32", include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
-    heads_file: str | os.PathLike | None = None,
+    heads_file: str | os.PathLike | None = None, revision: str | None = None,
 ) -> tuple[str, list[Path]]:
     """Evaluate ``model`` as is and with ``head_set`` ablated (``ablation``: zero, or mean over ``mean_reference``'s
     texts, by default capsense's neutral prose); the markdown table and the files written. ``device_map`` spreads
-    the model over devices (:func:`load_lm`). ``heads_file``: the heads file ``head_set`` came from; the table then
+    the model over devices (:func:`load_lm`); ``revision``: of a Hub model (resolved: the caller passes
+    :func:`~capsense.core.heads.located_revision`'s). ``heads_file``: the heads file ``head_set`` came from; the table then
     says which evaluated documents its locate run scored (:func:`in_sample_lines`)."""
     check_batch_size(batch_size)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
-                 mean_reference=mean_reference)
+                 mean_reference=mean_reference, revision=revision)
     sets = {"base": HeadSet()}
     if head_set:
         lm.set_heads(head_set)  # validates against the model before any evaluation
@@ -96,10 +98,11 @@ class MetricRow:
 
 
 def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, device: str = "cpu", dtype: str = "float32",
-            device_map: str | None = None, **kwargs: Any):
+            device_map: str | None = None, revision: str | None = None, **kwargs: Any):
     """Build a ``capsense-masked`` LM once (no heads yet); ``device_map`` spreads it over devices
     (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`); ``batch_size`` ``auto`` is lm-eval's
-    own on GPUs, 16 on a CPU (:func:`capsense.core.batching.lm_eval_batch_size`)."""
+    own on GPUs, 16 on a CPU (:func:`capsense.core.batching.lm_eval_batch_size`); ``revision``: of a Hub model
+    (None: its default branch)."""
     from transformers.utils import logging as hf_logging
 
     from capsense.core.placement import check_device, placement_kwargs
@@ -110,6 +113,8 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
         kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
     else:
         check_device(device)
+    if revision:
+        kwargs["revision"] = revision
     hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user
     try:
         return CapsenseMaskedLM(

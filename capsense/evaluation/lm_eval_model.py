@@ -34,7 +34,7 @@ from lm_eval.models.huggingface import HFLM
 
 from capsense.core.ablation import HeadAblator, located_ablation, reference_means
 from capsense.core.arch import head_layout
-from capsense.core.heads import HeadSet
+from capsense.core.heads import HeadSet, located_revision
 from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
 from capsense.errors import CapsenseError
 
@@ -98,6 +98,9 @@ class CapsenseMaskedLM(HFLM):
         head_set = HeadSet.parse(spec, top_k=k) if spec not in (None, "") else HeadSet()
         name = pretrained
         if isinstance(pretrained, str):
+            # (no revision=: the one a heads file's run loaded, where `pretrained` is its model; HFLM's is "main")
+            if revision := located_revision(spec if spec not in (None, "") else None, pretrained, kwargs.get("revision")):
+                kwargs["revision"] = revision
             check_model(pretrained, kwargs.get("revision"))
             layout = config_head_layout(pretrained, kwargs.get("revision")) if head_set else None
             if layout is not None:

@@ -20,11 +20,11 @@ import numpy as np
 from capsense.core.ablation import ablation_identity, resolve_ablation
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
-from capsense.core.heads import HeadSet, HeadsFile, load_heads_file, looks_like_heads_file
+from capsense.core.heads import HeadSet, HeadsFile, load_heads_file, located_revision, looks_like_heads_file
 from capsense.core.models import check_model, config_head_layout
 from capsense.core.provenance import provenance
 from capsense.core.tables import relative_change
-from capsense.errors import CapsenseError, HeadSpecError
+from capsense.errors import CapsenseError
 from capsense.evaluation.selectivity import DEFAULT_TOLERANCE, judge
 from capsense.localize.store import used_documents
 from capsense.tasks import WITHOUT_ACCURACY, check_task_names
@@ -101,23 +101,18 @@ def validation_tasks(hf: HeadsFile, tasks: Sequence[str] | None) -> list[str]:
     return [target, *controls, *held_out_controls(target, controls)]
 
 
-def _is_spec(text: str) -> bool:
-    try:
-        return bool(HeadSet.from_spec(text))
-    except HeadSpecError:
-        return False
-
-
 def check_validate(
     model: str, heads: str | Path, top_k: int | None, tasks: Sequence[str] | None, limit: int | None = 100,
     include_path: Sequence[str] = (), out: str | Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
     batch_size: int | str = 16, ablation: str | None = None, mean_reference: str | None = None,
+    revision: str | None = None,
 ) -> HeadsFile:
     """Every check that needs neither torch nor lm-eval nor the model; returns the heads file. ``top_k`` None: the
-    set the file's run chose (:meth:`~capsense.core.heads.HeadsFile.selected`)."""
+    set the file's run chose (:meth:`~capsense.core.heads.HeadsFile.selected`); ``revision``: the model's, resolved
+    (:func:`~capsense.core.heads.located_revision`)."""
     heads_path = Path(heads)
     check_batch_size(batch_size)
-    if not looks_like_heads_file(heads) and _is_spec(str(heads)):
+    if not looks_like_heads_file(heads) and HeadSet.named(str(heads)):
         raise CapsenseError(
             f"`heads` {str(heads)!r} is a head spec; validation needs a locate run's heads.json (its manifest says "
             "which documents the search scored, to hold them out): for a spec, `capsense evaluate MODEL --heads "
@@ -139,8 +134,8 @@ def check_validate(
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise CapsenseError(f"`out` {str(out)!r} is a file: give a folder for validation.json/.md/.png")
     check_task_names(tasks, include_path)
-    check_model(model)
-    layout = config_head_layout(model)
+    check_model(model, revision)
+    layout = config_head_layout(model, revision)
     if layout is not None:
         hf.head_set.top(top_k).check_fits(layout)  # a heads file of another model, before the model loads
     return hf
@@ -163,49 +158,62 @@ def validate(
     progress: Any = None,
     device_map: str | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-    ablation: str | None = None,
-    mean_reference: str | None = None,
-    out: str | Path | None = None,
+    ablation: str | None = None, mean_reference: str | None = None,
+    out: str | Path | None = None, revision: str | None = None,
 ) -> tuple[list[ValidationRow], dict[str, Any]]:
     """Evaluate base, top-``top_k`` ablation (None: the set the run chose) and ``n_random`` random ablations of as
     many heads on held-out docs, and judge selectivity (:mod:`capsense.evaluation.selectivity`): ``info["verdict"]``.
-    ``tasks``: by default the run's target, its controls and the held-out control suite; ``ablation`` (and
-    ``mean_reference``): by default the run's (:func:`~capsense.core.ablation.resolve_ablation`); ``out``: the folder
-    it is written to, where each finished condition is kept so that a rerun resumes (None: nothing kept).
+    By default the run's: ``tasks`` (its target, its controls and the held-out control suite), ``ablation`` and
+    ``mean_reference`` (:func:`~capsense.core.ablation.resolve_ablation`), a Hub model's ``revision`` where ``model``
+    is its model (:func:`~capsense.core.heads.located_revision`). ``out``: the folder it is written to, where each
+    finished condition is kept so that a rerun resumes (None: nothing kept).
 
     ``progress`` (a :class:`capsense.core.progress.PhaseProgress` of ``2 + n_random`` units) is labelled with each
     condition as it runs. Under ``accelerate launch`` on GPUs lm-eval splits the documents across processes and
     only the main process gets rows (the others get ``[]``)."""
-    from capsense.evaluation.evaluate import load_lm
     from capsense.tasks import task_manager
-    from capsense.tasks.common import tokenizer_from_metadata
 
-    heads_path = Path(heads)
+    heads_path, revision = Path(heads), located_revision(heads, model, revision)
     hf = check_validate(model, heads_path, top_k, tasks, limit, include_path, tolerance=tolerance, batch_size=batch_size,
-                        ablation=ablation, mean_reference=mean_reference)
+                        ablation=ablation, mean_reference=mean_reference, revision=revision)
     ablation, mean_reference = resolve_ablation(hf.meta, ablation, mean_reference)
     tasks = validation_tasks(hf, tasks)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     top = hf.selected(top_k)  # (None: the set the run chose)
-    used = used_documents(heads_path)  # held out with the tokenizer alone: a task with none left fails before the load
-    samples = held_out_samples(tasks, include_path, tokenizer_from_metadata({"pretrained": model}), used, limit, seed)
-    lm = load_lm(model, ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
-                 mean_reference=mean_reference)
+    used = used_documents(heads_path)
+    samples, lm = _held_out_and_model(model, revision, tasks, include_path, used, limit, seed, ablation=ablation,
+                                      batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
+                                      mean_reference=mean_reference)
     made, lm_batch = provenance(device, device_map=device_map), lm_eval_batch_size(batch_size, device, device_map)
-    store = open_conditions(out, log, model=model, ablation=ablation_identity(ablation, mean_reference), samples=samples, dtype=dtype,
-                            device=device, device_map=device_map, batch_size=lm_batch, versions=made["versions"], **_scoring(lm))
+    store = open_conditions(out, log, model=f"{model}@{revision}" if revision else model, ablation=ablation_identity(
+        ablation, mean_reference), samples=samples, dtype=dtype, device=device, device_map=device_map, batch_size=lm_batch,
+        versions=made["versions"], **_scoring(lm))
     randoms, raw = _evaluate_sets(lm, top, n_random, seed, samples, include_path, confirm_run_unsafe_code, progress, log, store)
     rows, counts = validation_rows(raw, n_random), {t: len(d) for t, d in samples.items()}
     info = {
-        "model": model, "heads_file": str(heads_path), "top_k": len(top), "heads": str(top), "locate_task": hf.meta.get("task"),
-        "ablation": ablation, "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
-        "random_sets": [str(h) for h in randoms], "samples": samples, "locate_controls": hf.meta.get("controls"),
+        "model": model, "revision": revision, "heads_file": str(heads_path), "top_k": len(top), "heads": str(top),
+        "locate_task": hf.meta.get("task"), "locate_controls": hf.meta.get("controls"), "ablation": ablation,
+        "mean_reference": mean_reference, "located_ablation": hf.meta.get("ablation") or "zero",
+        "random_sets": [str(h) for h in randoms], "samples": samples,
         "excluded_from_locate": {t: len(v) for t, v in used.items() if t in samples},
         "batch_size": batch_size, "lm_eval_batch_size": lm_batch, **_scoring(lm),
         "verdict": judge(rows, hf.meta.get("task") or tasks[0], hf.meta.get("controls") or [], tolerance, counts),
         **made}  # the host record as locate's manifest has it
     note_strong_random_heads(info["verdict"], strong_heads_in(hf, randoms, len(top)))
     return rows, info
+
+
+def _held_out_and_model(model: str, revision: str | None, tasks: Sequence[str], include_path: Sequence[str],
+                        used: dict[str, list[int]], limit: int | None, seed: int, **load: Any):
+    """The held-out documents of each task, chosen with the model's tokenizer alone (a task the run used up fails
+    before the slow load), then the ``capsense-masked`` model (:func:`~capsense.evaluation.evaluate.load_lm` of
+    ``load``)."""
+    from capsense.evaluation.evaluate import load_lm
+    from capsense.tasks.common import tokenizer_from_metadata
+
+    tokenizer = tokenizer_from_metadata({"pretrained": model, "revision": revision})
+    samples = held_out_samples(tasks, include_path, tokenizer, used, limit, seed)
+    return samples, load_lm(model, revision=revision, **load)
 
 
 def strong_heads_in(hf: HeadsFile, randoms: Sequence[HeadSet], k: int) -> list[dict[str, Any]]:

@@ -71,6 +71,7 @@ def write_outputs(out: Path, cfg: LocateConfig, result: LocateResult, layout: He
         "metric": cfg.metric,
         "control_metric": cfg.metric_for(cfg.controls[0]) if cfg.controls else None,
         "method": cfg.method,
+        "revision": cfg.revision,  # the model's Hub revision; validate, evaluate, export load it by default
         "ablation": cfg.ablation,  # validate and export default to it
         "mean_reference": cfg.mean_reference,
         "design": cfg.design if cfg.method == "cs" else None,

@@ -269,7 +269,7 @@ def _checked_method(cfg: LocateConfig) -> Method:
     if cfg.metric in CHOICE_METRICS or cfg.metric == "acc":
         from capsense.tasks.common import tokenizer_from_metadata
 
-        tokenizer = tokenizer_from_metadata({"pretrained": cfg.model})
+        tokenizer = tokenizer_from_metadata({"pretrained": cfg.model, "revision": cfg.revision})
         check_choice_metric(cfg.metric, cfg.task, cfg.include_path, tokenizer)
         if cfg.metric == "acc":  # (the controls too: metric_for scores them by acc)
             check_accuracy_metric(cfg.tasks, cfg.include_path, tokenizer)

@@ -43,14 +43,9 @@ def validation_folder(run_dir: str | os.PathLike) -> Path:
 def _head_names(spec: Any) -> frozenset[str] | None:
     """The heads a spec or list names, as a set of names (order does not matter), or None when it names none."""
     from capsense.core.heads import HeadSet
-    from capsense.errors import HeadSpecError
 
-    if not spec:
-        return None
-    try:
-        return frozenset(map(str, HeadSet.from_spec(spec) if isinstance(spec, str) else HeadSet.from_pairs(spec)))
-    except HeadSpecError:
-        return None
+    named = HeadSet.named(spec)
+    return None if named is None else frozenset(map(str, named))
 
 
 def validated_heads(run_dir: str | os.PathLike) -> frozenset[str] | None:

@@ -13,7 +13,7 @@ import importlib
 import os
 from typing import Any
 
-from capsense.core.heads import HeadsLike
+from capsense.core.heads import HeadsLike, located_revision
 from capsense.ship.base import DTYPES, FORMATS, ExportResult
 from capsense.ship.metadata import METADATA_FILE
 from capsense.ship.preflight import MEAN_FOLD_SUPPORT, ExportInputs, check_export_inputs, resolve_heads
@@ -38,7 +38,10 @@ def export_model(model: str, heads: HeadsLike, out: str | os.PathLike, *, format
                  checked: ExportInputs | None = None, **kwargs: Any) -> ExportResult:
     """Export in the registered ``format`` (``checkpoint`` or ``adapter``): the request checked once
     (:func:`~capsense.ship.preflight.check_export_inputs`, before the format's module is imported; ``checked``:
-    its result where the caller ran it, as the CLI does before its push check), then handed to the format."""
+    its result where the caller ran it, as the CLI does before its push check), then handed to the format.
+    ``revision`` (of a Hub model): by default the one the heads file's run loaded, where ``model`` is its model
+    (:func:`~capsense.core.heads.located_revision`)."""
+    kwargs["revision"] = located_revision(heads, model, kwargs.get("revision"))
     if checked is None:
         checked = check_export_inputs(model, heads, out, format=format, **kwargs)
     return FORMATS[format](model, heads, out, checked=checked, **kwargs)

@@ -139,7 +139,7 @@ class ExportInputs(NamedTuple):
 def check_export_inputs(
     model: str, heads: HeadsLike, out: str | os.PathLike, *, format: str, top_k: int | None = None,
     ablation: str = "zero", mean_reference: str | os.PathLike | None = None, dtype: str = "auto",
-    overwrite: bool = False, device_map: str | None = None, **_settings: Any,
+    overwrite: bool = False, device_map: str | None = None, revision: str | None = None, **_settings: Any,
 ) -> ExportInputs:
     """Every check of an export request that needs neither torch nor the model's config, the same for every
     format (``format``'s own refusals included): run once per export, before any heavy import, by
@@ -154,8 +154,8 @@ def check_export_inputs(
     check_dtype(dtype)
     out_path = check_output_dir(out, overwrite)
     hs, heads_file, source = resolve_heads(heads, top_k)
-    check_model(model)
-    layout = config_head_layout(model)
+    check_model(model, revision)
+    layout = config_head_layout(model, revision)
     if layout is not None:
         hs.check_fits(layout)
     return ExportInputs(out_path, hs, heads_file, source)

@@ -20,12 +20,12 @@ log = logging.getLogger("capsense.tasks")
 
 
 @functools.lru_cache(maxsize=4)
-def _load_tokenizer(name: str):
+def _load_tokenizer(name: str, revision: str | None = None):
     from transformers import AutoTokenizer
 
     from capsense.core.models import resolve_pretrained
 
-    return AutoTokenizer.from_pretrained(resolve_pretrained(name))
+    return AutoTokenizer.from_pretrained(resolve_pretrained(name), **({"revision": revision} if revision else {}))
 
 
 class SharedTokenizer:
@@ -57,13 +57,14 @@ class SharedTokenizer:
 
 
 def tokenizer_from_metadata(metadata: dict[str, Any]):
-    """The tokenizer named by lm-eval model args (``tokenizer`` or ``pretrained``), or None."""
+    """The tokenizer named by lm-eval model args (``tokenizer`` or ``pretrained``, at ``revision`` where given: what
+    lm-eval's ``HFLM`` loads for the same args), or None."""
     for key in ("tokenizer", "pretrained"):
         value = metadata.get(key)
         if isinstance(value, SharedTokenizer):
             return value.tokenizer
         if isinstance(value, str) and value:
-            return _load_tokenizer(value)
+            return _load_tokenizer(value, metadata.get("revision"))
         if value is not None and hasattr(value, "encode") and key == "tokenizer":
             return value
         if value is not None and hasattr(value, "name_or_path") and key == "pretrained":

@@ -136,3 +136,11 @@ def test_heads_file_roundtrip_and_errors(tmp_path):
         HeadSet.parse(str(bad))
     with pytest.raises(HeadSpecError, match="not found"):
         HeadSet.parse(str(tmp_path / "missing.json"))
+
+
+def test_named_is_a_spec_or_none():
+    """What the card and validate read where a spec may or may not be (one function since round 52)."""
+    assert HeadSet.named("L1H2+L0H3") == HeadSet.from_pairs([(1, 2), (0, 3)])
+    assert HeadSet.named(["L1H2", (0, 3)]) == HeadSet.from_pairs([(1, 2), (0, 3)])
+    for not_a_spec in (None, "", "[]", "runs/x/heads", "the set", 5, [(1, "x")]):
+        assert HeadSet.named(not_a_spec) is None, not_a_spec

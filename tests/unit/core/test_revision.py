@@ -1,0 +1,132 @@
+"""A Hub model's revision: a locate run records the one it loaded, and validate, evaluate, export and
+capsense-masked load that one by default, where the model is the run's; a revision of a model with one version is
+refused. Served offline from a Hugging Face cache with two revisions of the tiny model (different weights)."""
+
+from __future__ import annotations
+
+import json
+
+import huggingface_hub.constants
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from capsense.cli import main
+from capsense.core.heads import HeadsFile, located_revision, write_heads_file
+from capsense.core.models import check_model, model_fingerprint
+from capsense.errors import UnknownModelError
+from conftest import save_tiny_folder
+from _toy_task import TOY_CONTROL, TOY_TASK, write_toy_tasks
+
+REPO = "capsense-test/tiny"
+MAIN, V2 = "a" * 40, "b" * 40
+
+
+@pytest.fixture
+def hub(tmp_path_factory, monkeypatch):
+    """A Hub cache holding ``REPO`` at ``main`` (seed 0) and branch ``v2`` (seed 1), served offline."""
+    cache = tmp_path_factory.mktemp("hub")
+    repo = cache / f"models--{REPO.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    for sha, seed, ref in ((MAIN, 0, "main"), (V2, 1, "v2")):
+        save_tiny_folder("llama", repo / "snapshots" / sha, seed=seed)
+        (repo / "refs" / ref).write_text(sha)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return repo
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_revision_of_a_model_with_one_version_is_refused(tmp_path):
+    folder = save_tiny_folder("llama", tmp_path / "m")
+    for name, kind in ((str(folder), "a local folder"), ("smollm2-135m", "an embedded model")):
+        with pytest.raises(UnknownModelError, match=f"is {kind}, which has one version: give no revision, or the Hub id"):
+            check_model(name, "v2")
+    r = CliRunner().invoke(main, ["evaluate", str(folder), "--revision", "v2", "--tasks", "capsense_arithmetic"])
+    assert r.exit_code != 0 and "has one version" in r.output
+
+
+def test_the_fingerprint_names_the_commit_the_cache_holds_offline(hub):
+    assert model_fingerprint(REPO, "v2") == {"model": REPO, "revision": "v2", "revision_sha": V2}
+    assert model_fingerprint(REPO)["revision_sha"] == MAIN
+
+
+def test_located_revision(hub, tmp_path):
+    f = write_heads_file(tmp_path / "heads.json", HeadsFile(REPO, [{"layer": 1, "head": 2}], {"revision": "v2"}))
+    assert located_revision(f, REPO, None) == "v2"  # the run's
+    assert located_revision(f, REPO, "main") == "main"  # given wins
+    assert located_revision(f, "other/model", None) is None  # another model (a local copy): its own
+    assert located_revision("L1H2", REPO, None) is None
+    old = write_heads_file(tmp_path / "old.json", HeadsFile(REPO, [{"layer": 1, "head": 2}], {}))
+    assert located_revision(old, REPO, None) is None  # a file from before round 52: the default branch, as before
+
+
+def test_commands_load_the_revision_the_run_located_on(hub, tmp_path):
+    """locate --revision v2 records it; evaluate, validate, export and capsense-masked given its heads file load v2, not main
+    (the base scores and weights are v2's), unless told another revision."""
+    tasks = write_toy_tasks(tmp_path / "tasks")
+    run = tmp_path / "run"
+    r = CliRunner().invoke(main, ["locate", REPO, "--revision", "v2", "--task", TOY_TASK, "--controls", TOY_CONTROL,
+                                  "--include-path", str(tasks), "--limit", "6", "--method", "exhaustive", "--top-k", "2",
+                                  "--no-progress", "--out", str(run)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    heads = run / "heads.json"
+    assert json.loads(heads.read_text())["revision"] == "v2"
+    assert json.loads((run / "manifest.json").read_text())["model"]["revision_sha"] == V2
+
+    def base(*extra: str) -> str:
+        r = CliRunner().invoke(main, ["evaluate", REPO, "--heads", str(heads), "--tasks", "capsense_prose", "--limit",
+                                      "2", *extra], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return next(line for line in r.output.splitlines() if line.startswith("| capsense_prose | nats_per_token "))
+
+    assert base() == base("--revision", "v2") != base("--revision", "main")
+
+    val = tmp_path / "val"
+    r = CliRunner().invoke(main, ["validate", REPO, "--heads", str(heads), "--top-k", "2", "--tasks", TOY_CONTROL,
+                                  "--random", "0", "--limit", "2", "--include-path", str(tasks), "--no-progress",
+                                  "--out", str(val)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert json.loads((val / "validation.json").read_text())["revision"] == "v2"
+    assert json.loads((val / "conditions.jsonl").read_text().splitlines()[0])["key"]["model"] == f"{REPO}@v2"
+
+    out = tmp_path / "export"
+    r = CliRunner().invoke(main, ["export", REPO, "--heads", str(heads), "--top-k", "2", "--format", "checkpoint", "--out", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    exported, v2 = _weights(out), _weights(hub / "snapshots" / V2)
+    embed = "model.embed_tokens.weight"
+    assert torch.equal(exported[embed], v2[embed]) and not torch.equal(exported[embed], _weights(hub / "snapshots" / MAIN)[embed])
+    assert json.loads((out / "capsense.json").read_text())["base_model"]["revision_sha"] == V2
+
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    lm = CapsenseMaskedLM(pretrained=REPO, head_file=str(heads), top_k=2, batch_size=1)
+    assert torch.equal(lm.model.model.embed_tokens.weight, v2[embed])
+
+
+def test_measure_and_compress_load_the_revision_given(hub, tmp_path):
+    def measured(*extra: str) -> dict:
+        out = tmp_path / f"m{len(list(tmp_path.iterdir()))}.json"
+        r = CliRunner().invoke(main, ["measure", REPO, "--capabilities", "prose", "--probes", "2", *extra, "--out", str(out)],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return json.loads(out.read_text())
+
+    v2 = measured("--revision", "v2")
+    assert v2["revision"] == "v2" and "revision" not in measured()
+    assert v2["capabilities"]["prose"]["nll"] != measured()["capabilities"]["prose"]["nll"]
+
+    out = tmp_path / "c"
+    r = CliRunner().invoke(main, ["compress", REPO, "--revision", "v2", "--method", "magnitude", "--density", "0.5",
+                                  "--out", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "capsense.json").read_text())["base_model"]["revision_sha"] == V2
+    embed = "model.embed_tokens.weight"  # not pruned: the revision's own (saved in bfloat16)
+    saved = _weights(out)[embed]
+    for sha, same in ((V2, True), (MAIN, False)):
+        assert torch.equal(saved, _weights(hub / "snapshots" / sha)[embed].to(saved.dtype)) is same

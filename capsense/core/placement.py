@@ -273,8 +273,6 @@ def prefix_cache_fits(model, n_tokens: int, memory_fraction: float = 0.5) -> boo
     too, a run whose cache would not fit turns prefix reuse off instead of running out of memory
     mid-search (Llama-3.1-8B in bf16 keeps 256 KiB per token: 100 few-shot prompts of 800 tokens
     are 20 GiB)."""
-    import torch
-
     dev = input_device(model)
     if dev.type != "cuda":
         return True

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--skip-run", action="store_true", help="Only analyse what the run folders hold.")
     args = ap.parse_args()
     root = Path(args.root)
-    n_heads, n = 9, 270
+    n = 270
     ex_cfg = LocateConfig(model="smollm2-135m", task=TASK, out=str(root / "exhaustive"), method="exhaustive",
                           limit=args.limit, dtype="float32")
     ex = read_evaluations(root / "exhaustive")

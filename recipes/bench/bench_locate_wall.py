@@ -29,7 +29,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 
 from capsense.localize.config import LocateConfig
 from capsense.localize.run import locate

@@ -16,7 +16,6 @@ under ``/usr/bin/time -f "%e s wall %M KB"`` for the peak memory too (about 15 m
     PYTHONPATH=. OMP_NUM_THREADS=2 /usr/bin/time -f "%e s wall %M KB" python recipes/bench/guided_disk_peak.py --smollm2 --sequential
 """
 
-import os
 import sys
 import tempfile
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import capsense.core.placement as placement
 from capsense.compress.calibration import GRAM_BYTES, check_gram_memory, collect_stats, gram_memory

@@ -13,11 +13,11 @@ from conftest import HEAD_DIM, make_char_tokenizer, make_tiny_model, tiny_inputs
 from capsense.cli import main
 from capsense.compress.allocate import Candidate, allocate
 from capsense.compress.engine import calibrate, compress_model
-from capsense.compress.budget import Budget, Override, load_budget, uniform_budget
+from capsense.compress.budget import Override, load_budget, uniform_budget
 from capsense.errors import BudgetError, CapsenseError
 from capsense.compress.guided import Guide, guided_budget
 from capsense.compress.budget import write_budget_file
-from capsense.compress.targets import find_targets, out_projection_name
+from capsense.compress.targets import find_targets
 from capsense.core.arch import out_projections
 from capsense.core.heads import HeadSet
 

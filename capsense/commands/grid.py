@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import dtype_option, include_path_option, no_progress_option, out_option
+from capsense.commands.options import (
+    device_map_from, device_map_option, device_option, dtype_option, include_path_option, no_progress_option, out_option,
+    revision_option,
+)
 from capsense.commands.output import log
 
 
@@ -35,20 +38,26 @@ def _floats(text: str | None) -> list[float]:
 @click.option("--calibration", default=None, help="Calibration sources (default prose,math,code,qa; refused where no "
               "method of the grid calibrates).")
 @click.option("--calibration-samples", type=int, default=None)
+@device_option()
+@device_map_option()
+@revision_option()
 @include_path_option()
 @out_option("JSONL file (appended; resumed).", file=True)
 @no_progress_option()
 def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, targets, capabilities, probes, dtype,
-         calibration, calibration_samples, include_path, out, quiet):
+         calibration, calibration_samples, device, device_map, parallelize, revision, include_path, out, quiet):
     """Measure every (method, setting) x capability of a grid; one JSONL line per measurement.
 
     Re-running the same command skips the measurements the file already holds.
     """
     from capsense.core.models import check_model
+    from capsense.core.placement import check_placement
     from capsense.errors import CapsenseError
 
+    placed = device_map_from(device_map, parallelize)
+    check_placement(device, placed)  # before any heavy import
     if model:
-        check_model(model)  # before any heavy import
+        check_model(model, revision)
     elif not spec_file:
         raise CapsenseError("give `model` (or `spec_file` FILE)")
     from capsense.compress.study.grid import grid_spec, grid_table, run_grid
@@ -57,8 +66,8 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
     values = {"densities": _floats(densities) or None, "bits": _floats(bits_list) or None, "ratios": _floats(ratios) or None}
     spec = grid_spec(spec_file, names, values, group_size, model=model, capabilities=capabilities, probes=probes,
                      dtype=dtype, calibration=calibration, calibration_samples=calibration_samples, targets=targets,
-                     include_path=list(include_path) or None)
-    records = run_grid(spec, out, progress=not quiet, log=log)
+                     include_path=list(include_path) or None, revision=revision)
+    records = run_grid(spec, out, progress=not quiet, log=log, device=device, device_map=placed)
     click.echo(grid_table(records))
     click.echo(f"{len(records)} measurements in {out}")
     click.echo(f"Wrote:\n  {out}")

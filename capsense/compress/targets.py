@@ -129,7 +129,8 @@ def check_moe_config(model_name: str, kinds: Sequence[str]) -> None:
 
 
 def snapshot(targets: Iterable[Target]) -> dict[str, torch.Tensor]:
-    """A copy of every target's weight, by name: what :func:`restore` puts back."""
+    """A copy of every target's weight, by name, in CPU memory wherever the layer lives (:meth:`Target.get`): what
+    :func:`restore` puts back. A grid on a GPU so keeps its originals beside the model, not on the device."""
     return {t.name: t.get().detach().clone() for t in targets}
 
 

@@ -44,10 +44,13 @@ class GridSpec:
     train_tokens: float | None = None  # training tokens of the model state, for the fit's features
     settings: list[dict[str, Any]] = field(default_factory=list)  # normalized, each with "targets"
     include_path: list[str] = field(default_factory=list)  # task YAML folders of capabilities and calibration (a user's)
+    revision: str | None = None  # of a Hub model (None: its default branch)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What must match for a grid file to be resumed."""
-        return {k: getattr(self, k) for k in ("model", "probes", "dtype", "calibration", "calibration_samples")}
+        """What must match for a grid file to be resumed (the revision where one is named: files from before it
+        resume as they were)."""
+        keys = ("model", "probes", "dtype", "calibration", "calibration_samples") + (("revision",) if self.revision else ())
+        return {k: getattr(self, k) for k in keys}
 
 
 def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str | None = None) -> list[dict[str, Any]]:
@@ -146,7 +149,7 @@ def grid_spec(spec_file: str | Path | None = None, methods: Sequence[str] = (),
     """The grid a caller asks for (``capsense grid``).
 
     With ``spec_file``, the file's grid, its fields replaced by the non-None ``fields`` (model,
-    capabilities, probes, dtype, calibration, calibration_samples, targets, include_path) and its settings by
+    capabilities, probes, dtype, calibration, calibration_samples, targets, include_path, revision) and its settings by
     ``methods`` spanning ``values`` (keyed densities/bits/ratios) when those are given; without,
     ``fields`` and ``methods`` x ``values`` alone.
     """
@@ -272,8 +275,9 @@ class _Session:
         return rec
 
 
-def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -> _Session:
-    """Load the model, validate every setting against it, build probes, calibrate what needs it."""
+def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log, placed: Mapping[str, Any]) -> _Session:
+    """Load the model (on ``placed``'s ``device`` or spread by its ``device_map``), validate every setting against
+    it, build probes, calibrate what needs it."""
     from capsense.compress.accounting import model_param_count
     from capsense.compress.engine import mean_stable_rank, plan
     from capsense.compress.calibration import calibration_documents, calibration_samples, collect_stats
@@ -284,8 +288,10 @@ def _open_session(spec: GridSpec, pending, existing, model_and_tokenizer, log) -
 
     if model_and_tokenizer is None:
         from capsense.core.models import load_model
+        from capsense.core.placement import check_weights_in_memory
 
-        model, tokenizer = load_model(spec.model, dtype=spec.dtype)
+        model, tokenizer = load_model(spec.model, dtype=spec.dtype, revision=spec.revision, **placed)
+        check_weights_in_memory(model, "a grid compresses every target weight in place and restores it")
     else:
         model, tokenizer = model_and_tokenizer
     for s in spec.settings:  # validate against the model before measuring anything
@@ -321,18 +327,26 @@ def run_grid(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     model_and_tokenizer: tuple[Any, Any] | None = None,
+    device: str = "cpu",
+    device_map: str | dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure every (setting, capability) not yet in ``out``; return all records of the file. One writer per file
-    (:class:`~capsense.core.lock.RunFolderLock`): a second grid on ``out`` is refused, naming the first."""
+    (:class:`~capsense.core.lock.RunFolderLock`): a second grid on ``out`` is refused, naming the first.
+
+    The model loads on ``device``, or spread by ``device_map`` (:func:`~capsense.core.models.load_model`; weights
+    must stay in device memory, as for ``capsense compress``): calibration and probes run where the layers live, each
+    matrix is compressed on the CPU and written back, and its original weights are kept in CPU memory for the
+    restore between settings (:func:`~capsense.compress.targets.snapshot`), not beside the model on a GPU."""
     from capsense.core.lock import RunFolderLock
 
     out = Path(out)
     with RunFolderLock.for_file(out):
-        return _run_grid(spec, out, progress, log or (lambda _m: None), model_and_tokenizer)
+        return _run_grid(spec, out, progress, log or (lambda _m: None), model_and_tokenizer,
+                         {"device": device, "device_map": device_map})
 
 
 def _run_grid(spec: GridSpec, out: Path, progress: bool, log: Callable[[str], None],
-              model_and_tokenizer: tuple[Any, Any] | None) -> list[dict[str, Any]]:
+              model_and_tokenizer: tuple[Any, Any] | None, placed: Mapping[str, Any]) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
     existing = read_records(out)
@@ -344,7 +358,7 @@ def _run_grid(spec: GridSpec, out: Path, progress: bool, log: Callable[[str], No
     if not pending:
         log(f"{out}: all {len(settings) * len(spec.capabilities)} measurements present")
         return existing
-    sess = _open_session(spec, pending, existing, model_and_tokenizer, log)
+    sess = _open_session(spec, pending, existing, model_and_tokenizer, log, placed)
     bar = tqdm(total=len(pending), desc="grid", unit="meas", disable=not progress)
     records = list(existing)
     try:

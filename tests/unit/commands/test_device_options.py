@@ -32,3 +32,22 @@ def test_evaluate_takes_a_device_map(tiny_model_dir):
     assert table(spread.output) == table(plain.output)
     r = CliRunner().invoke(main, [*base, "--device-map", "balanced", "--parallelize"])
     assert r.exit_code == 1 and "give --parallelize or --device-map, not both" in r.output
+
+
+def test_grid_takes_a_device_and_a_device_map(tmp_path, tiny_model_dir):
+    """grid loaded every model on the CPU (round 51 left it so): it takes the device options now, checked before the
+    load, and a map gives the plain run's measurements."""
+    base = ["grid", str(tiny_model_dir), "--methods", "magnitude", "--densities", "0.5", "--capabilities", "arithmetic",
+            "--probes", "2", "--no-progress"]
+    r = CliRunner().invoke(main, [*base, "--device", "cuda:7", "--out", str(tmp_path / "no.jsonl")])
+    assert r.exit_code == 1 and "device 'cuda:7' does not exist on this machine" in r.output, r.output
+    assert not (tmp_path / "no.jsonl").exists()
+
+    def nll(*extra: str) -> list[float]:
+        out = tmp_path / f"g{len(list(tmp_path.glob('g*.jsonl')))}.jsonl"
+        r = CliRunner().invoke(main, [*base, *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        return [json.loads(line)["nll"] for line in out.read_text().splitlines()]
+
+    plain = nll()
+    assert len(plain) == 2 and plain == nll("--device-map", "cpu") == nll("--device", "cpu")

@@ -130,3 +130,20 @@ def test_measure_and_compress_load_the_revision_given(hub, tmp_path):
     saved = _weights(out)[embed]
     for sha, same in ((V2, True), (MAIN, False)):
         assert torch.equal(saved, _weights(hub / "snapshots" / sha)[embed].to(saved.dtype)) is same
+
+
+def test_grid_loads_the_revision_given_and_resumes_only_its_own(hub, tmp_path):
+    base = ["grid", REPO, "--methods", "magnitude", "--densities", "0.5", "--capabilities", "prose", "--probes", "2",
+            "--no-progress"]
+    out = tmp_path / "g.jsonl"
+    r = CliRunner().invoke(main, [*base, "--revision", "v2", "--out", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    v2 = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {rec["grid"]["revision"] for rec in v2} == {"v2"}
+    main_out = tmp_path / "m.jsonl"
+    r = CliRunner().invoke(main, [*base, "--out", str(main_out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    dense = [json.loads(line)["nll"] for line in main_out.read_text().splitlines()][0]
+    assert "revision" not in json.loads(main_out.read_text().splitlines()[0])["grid"] and dense != v2[0]["nll"]
+    r = CliRunner().invoke(main, [*base, "--out", str(out)])  # the default branch on v2's file: another grid
+    assert r.exit_code == 1 and "holds measurements of another grid" in r.output

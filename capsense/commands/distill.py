@@ -27,12 +27,15 @@ from capsense.compress.capabilities import DISTILL_SOURCES
               help="Capabilities whose dL (vs the teacher, first --probes documents) is measured after each epoch "
                    "(any lm-eval task, a user's with --include-path).")
 @click.option("--probes", type=int, default=32, show_default=True)
+@click.option("--teacher-revision", default=None,
+              help="Revision (branch, tag or commit) of a Hub teacher (default: the one STUDENT's base model was "
+                   "compressed from, where TEACHER is that model).")
 @device_map_option()
 @include_path_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
-def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes, device_map,
-            parallelize, include_path, out, overwrite):
+def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes,
+            teacher_revision, device_map, parallelize, include_path, out, overwrite):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
@@ -46,15 +49,18 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
     check_output_dir(out, overwrite)  # before any heavy import
     placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
     check_model(student)
-    check_model(teacher)
+    check_model(teacher, teacher_revision)
     from capsense.compress.distill import (
-        DistillConfig, capability_evaluator, check_distill_held_out, epoch_fits, load_models, run_distill,
+        DistillConfig, capability_evaluator, check_distill_held_out, load_models, run_distill, teacher_revision as resolve,
     )
+    from capsense.compress.study.epochs import epoch_fits
     from capsense.compress.capabilities import parse_capabilities
 
     caps = parse_capabilities(capabilities, include_path)
+    teacher_revision = resolve(student, teacher, teacher_revision)  # (a compressed student's base revision)
+    check_model(teacher, teacher_revision)
     cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens,
-                        seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh)
+                        seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh, teacher_revision=teacher_revision)
     check_distill_held_out(cfg, caps, probes, include_path)
     s_model, t_model, tok = load_models(cfg, placed)
     evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)

@@ -4,7 +4,7 @@ Data: a fixed set of unique tokens from the repo's own tasks (their *last* docum
 probe documents never train) each followed by ``gen_tokens`` tokens the teacher generates
 greedily (no download). Training: ``epochs`` passes over that set (or, with ``fresh``, one pass
 over ``epochs`` times as many texts, each epoch reading texts no earlier epoch read: the other
-arm of the data-reuse comparison, :func:`fit_reuse_penalty`), loss
+arm of the data-reuse comparison, :func:`capsense.compress.study.epochs.fit_reuse_penalty`), loss
 ``KL(teacher || student)`` of the next-token distributions at every position, Adam on the
 student's target matrices with their zeros held at zero (pruning masks kept, so the exact
 size accounting of the student still holds). Other families (RTN codes, low-rank factors)
@@ -19,7 +19,6 @@ end the student is written to ``out`` atomically, like ``capsense compress``.
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -49,6 +48,7 @@ class DistillConfig:
     lr: float = 2e-5
     seed: int = 0
     fresh: bool = False  # every epoch reads n_texts texts never read before (epochs x n_texts unique texts)
+    teacher_revision: str | None = None  # of a Hub teacher (None: its default branch; :func:`teacher_revision`)
 
     def __post_init__(self) -> None:
         for name in ("n_texts", "seq_len", "epochs"):
@@ -133,7 +133,7 @@ class _State:
         if not self.path.is_file():
             return 0, 0
         st = torch.load(self.path, weights_only=False)
-        if {"fresh": False, **st["config"]} != asdict(self.cfg):  # states saved before `fresh` existed reused
+        if {"fresh": False, "teacher_revision": None, **st["config"]} != asdict(self.cfg):  # (older states: without)
             raise CapsenseError(f"{self.path.parent} holds another distillation ({st['config']}): use another `out`")
         with torch.no_grad():
             for p, w in zip(params, st["weights"]):
@@ -161,16 +161,6 @@ def epoch_order(cfg: DistillConfig, n_corpus: int, epoch: int) -> list[int]:
         return _order(n_corpus, cfg.seed, epoch)
     per = n_corpus // cfg.epochs
     return _order(n_corpus, cfg.seed, 0)[epoch * per:(epoch + 1) * per]
-
-
-def fit_log_epochs(epochs: Sequence[float], dls: Sequence[float]) -> dict[str, float]:
-    """Least squares ``dL(E) = d0 + a log(1 + E)``: a, d0 and the RMS residual."""
-    x = torch.tensor([math.log1p(e) for e in epochs], dtype=torch.float64)
-    y = torch.tensor(list(dls), dtype=torch.float64)
-    X = torch.stack([torch.ones_like(x), x], 1)
-    coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
-    rms = float(((X @ coef - y) ** 2).mean().sqrt())
-    return {"a": float(coef[1]), "d0": float(coef[0]), "rms": rms, "n": len(dls)}
 
 
 def run_distill(
@@ -286,8 +276,20 @@ def load_models(cfg: DistillConfig, device_map: str | dict[str, Any] | None = No
 
     student, tokenizer = load_model(cfg.student, device_map=device_map)
     check_weights_in_memory(student, "distillation trains the student's weights in place and saves them")
-    teacher, _ = load_model(cfg.teacher, device_map=device_map)
+    teacher, _ = load_model(cfg.teacher, device_map=device_map, revision=cfg.teacher_revision)
     return student, teacher, tokenizer
+
+
+def teacher_revision(student: str, teacher: str, given: str | None = None) -> str | None:
+    """The revision of ``teacher`` to load: ``given``, else the one ``capsense compress`` loaded its base model at to
+    make ``student`` (``capsense.json``'s ``base_model``), where ``teacher`` is that Hub model; None otherwise. Until
+    round 52 a student compressed from a pinned checkpoint was distilled toward the default branch's weights."""
+    meta_path = Path(student) / "capsense.json"
+    if given or not meta_path.is_file():
+        return given
+    base = json.loads(meta_path.read_text()).get("base_model") or {}
+    revision = base.get("revision") if base.get("model") == teacher else None
+    return revision if revision != "main" else None  # (a fingerprint's name for no revision)
 
 
 def _check_pruned(student: str) -> None:
@@ -347,52 +349,3 @@ def capability_evaluator(teacher: nn.Module, tokenizer, capabilities, n_probes: 
             return {c: m.nll - base[c] for c, m in measure(student, probes, batch_size).items()}
 
     return evaluate
-
-
-def epoch_fits(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per capability, the fit ``dL(E) = d0 + a log(1 + E)`` over the epoch records."""
-    caps = list(records[0]["dL"]) if records else []
-    return {c: fit_log_epochs([r["epoch"] for r in records], [r["dL"][c] for r in records]) for c in caps}
-
-
-def effective_epochs(epochs: float, r_star: float) -> float:
-    """Epochs of fresh text that ``epochs`` passes over one text set are worth, by the
-    data-constrained scaling law of Muennighoff et al. (2023): ``1 + R (1 - exp(-(E - 1) / R))``.
-    ``R`` -> infinity: a repeat is worth a fresh epoch; ``R`` -> 0: repeats are worth nothing."""
-    if epochs <= 1:
-        return float(epochs)
-    if math.isinf(r_star):
-        return float(epochs)
-    return 1.0 + r_star * (1.0 - math.exp(-(epochs - 1.0) / r_star))
-
-
-def fit_reuse_penalty(reused: Sequence[dict[str, Any]], fresh: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per capability, what a repeated epoch is worth against an epoch of new text.
-
-    ``reused``: epoch records of ``E`` passes over ``N`` texts; ``fresh``: records of one pass over
-    ``E x N`` texts, recorded every ``N`` (:class:`DistillConfig` ``fresh``). The fresh arm is fitted
-    by ``dL = d0 + a log(1 + E)``; each reused epoch's measured worth is the fresh amount with its
-    dL (``measured_effective_epochs``, undefined when fresh text did not lower dL, ``a >= 0``);
-    ``r_star`` is the decay constant of :func:`effective_epochs` that fits the reused arm's dL best
-    (least squares over a log grid 0.01-1000 plus infinity), with its rms and that of "repeats are
-    worth fresh text" (``rms_no_penalty``) for comparison. The penalty is fitted, never assumed.
-    """
-    if not any(r["epoch"] >= 1 for r in reused) or not fresh:
-        raise CapsenseError("the reuse fit needs the records of both arms (reused and fresh), the reused arm past epoch 0")
-    grid = [10 ** (k / 50) for k in range(-100, 151)] + [math.inf]
-    out = {}
-    for cap in reused[0]["dL"]:
-        f = fit_log_epochs([r["epoch"] for r in fresh], [r["dL"][cap] for r in fresh])
-        pts = [(r["epoch"], r["dL"][cap]) for r in reused if r["epoch"] >= 1]
-
-        def rms(r_star: float) -> float:
-            err = [f["d0"] + f["a"] * math.log1p(effective_epochs(e, r_star)) - y for e, y in pts]
-            return math.sqrt(sum(x * x for x in err) / len(err))
-
-        best = min(grid, key=rms) if f["a"] < -1e-12 else None
-        measured = {e: (math.expm1((y - f["d0"]) / f["a"]) if best is not None else None) for e, y in pts}
-        r_star = None if best is None else ("inf" if math.isinf(best) else best)  # JSON has no infinity
-        out[cap] = {"fresh_fit": f, "measured_effective_epochs": measured, "r_star": r_star,
-                    "rms": rms(best) if best is not None else None, "rms_no_penalty": rms(math.inf),
-                    "final": {"reused": pts[-1][1], "fresh": fresh[-1]["dL"][cap]}}
-    return out

@@ -9,7 +9,7 @@ rate; the *reused* arm reads ``--texts`` texts ``--epochs`` times, the *fresh* a
 ``--epochs`` x ``--texts`` texts once (each evaluated every ``--texts`` steps). Texts are the
 last documents of the repo's tasks (never the probe documents: at 48 x 4 texts every source
 still has its first 32 documents untouched). dL per capability against the teacher on the first
-``--probes`` documents; :func:`capsense.compress.distill.fit_reuse_penalty` fits the fresh arm
+``--probes`` documents; :func:`capsense.compress.study.epochs.fit_reuse_penalty` fits the fresh arm
 and the decay constant R* of repeated data. Each arm resumes after a kill (its own folder
 under ``--work``). Writes ``recipes/results/compress/distill_reuse_<model>.json``.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from capsense.compress.budget import uniform_budget
-from capsense.compress.distill import (DistillConfig, capability_evaluator, epoch_fits, fit_reuse_penalty,
-                                       run_distill)
+from capsense.compress.distill import DistillConfig, capability_evaluator, run_distill
+from capsense.compress.study.epochs import epoch_fits, fit_reuse_penalty
 from capsense.compress.engine import calibrate, compress_model
 from capsense.core.files import atomic_write_json
 from capsense.core.models import load_model

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from capsense.compress.distill import DistillConfig, capability_evaluator, epoch_fits, run_distill
+from capsense.compress.distill import DistillConfig, capability_evaluator, run_distill
+from capsense.compress.study.epochs import epoch_fits
 from capsense.core.files import atomic_write_json
 from capsense.core.models import load_model
 

@@ -12,8 +12,8 @@ from conftest import make_char_tokenizer, make_tiny_model
 
 from capsense.compress.engine import compress_model
 from capsense.compress.budget import uniform_budget
-from capsense.compress.distill import (DistillConfig, effective_epochs, epoch_order, fit_log_epochs, fit_reuse_penalty,
-                                      kd_loss, run_distill)
+from capsense.compress.distill import DistillConfig, epoch_order, kd_loss, run_distill
+from capsense.compress.study.epochs import effective_epochs, fit_log_epochs, fit_reuse_penalty
 from capsense.errors import CapsenseError
 from capsense.compress.targets import find_targets
 

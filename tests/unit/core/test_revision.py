@@ -109,7 +109,7 @@ def test_commands_load_the_revision_the_run_located_on(hub, tmp_path):
     assert torch.equal(lm.model.model.embed_tokens.weight, v2[embed])
 
 
-def test_measure_and_compress_load_the_revision_given(hub, tmp_path):
+def test_measure_compress_and_distill_load_the_revision_given(hub, tmp_path):
     def measured(*extra: str) -> dict:
         out = tmp_path / f"m{len(list(tmp_path.iterdir()))}.json"
         r = CliRunner().invoke(main, ["measure", REPO, "--capabilities", "prose", "--probes", "2", *extra, "--out", str(out)],
@@ -130,6 +130,15 @@ def test_measure_and_compress_load_the_revision_given(hub, tmp_path):
     saved = _weights(out)[embed]
     for sha, same in ((V2, True), (MAIN, False)):
         assert torch.equal(saved, _weights(hub / "snapshots" / sha)[embed].to(saved.dtype)) is same
+
+    # distill's teacher: the revision the student was compressed from, unless told another
+    args = ["distill", str(out), "--teacher", REPO, "--epochs", "1", "--texts", "2", "--gen-tokens", "2", "--seq-len", "16",
+            "--capabilities", "addition", "--probes", "2"]
+    for extra, expected in (((), "v2"), (("--teacher-revision", "main"), "main")):
+        d = tmp_path / f"d{len(extra)}"
+        r = CliRunner().invoke(main, [*args, *extra, "--out", str(d)], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        assert json.loads((d / "capsense.json").read_text())["distill"]["config"]["teacher_revision"] == expected
 
 
 def test_grid_loads_the_revision_given_and_resumes_only_its_own(hub, tmp_path):

@@ -7,7 +7,7 @@ import click
 
 from capsense.commands.options import (
     ablation_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option,
-    heads_option, include_path_option, limit_option, mean_reference_option, out_option, revision_option, top_k_option,
+    heads_option, include_path_option, limit_option, mean_reference_option, out_option, revision_from, revision_option, top_k_option,
 )
 from capsense.commands.output import echo_written
 
@@ -34,11 +34,10 @@ def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_
              dtype, revision, include_path, out):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
     from capsense.core.ablation import located_ablation
-    from capsense.core.heads import located_revision
     from capsense.evaluation.evaluate import check_evaluate, run_evaluate
 
     task_list = csv_list(tasks)
-    revision = located_revision(heads, model, revision)
+    revision = revision_from(heads, model, revision)
     head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out, revision)  # before any heavy import
     from capsense.core.heads import looks_like_heads_file
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from capsense.commands.options import (
-    ablation_option, mean_reference_option, device_map_from, device_map_option, dtype_option, heads_option, out_option, overwrite_option, revision_option,
+    ablation_option, mean_reference_option, device_map_from, device_map_option, dtype_option, heads_option, out_option, overwrite_option, revision_from, revision_option,
 )
 from capsense.commands.output import echo_files, echo_push, human_size, log
 
@@ -45,13 +45,12 @@ def export(
     """
     from capsense.errors import CapsenseError
     from capsense.core.ablation import located_ablation
-    from capsense.core.heads import located_revision
     from capsense.ship.preflight import check_export_inputs
 
     if private and not push_repo:
         raise CapsenseError("`private` only applies with `push_repo` REPO_ID")
     ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
-    revision = located_revision(heads, model, revision)
+    revision = revision_from(heads, model, revision)
     placed = device_map_from(device_map, parallelize)
     settings = dict(top_k=top_k, ablation=ablation, mean_reference=mean_reference, dtype=dtype, revision=revision,
                     overwrite=overwrite, max_shard_size=max_shard_size, repo_id=push_repo, log=log,

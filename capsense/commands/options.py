@@ -61,6 +61,18 @@ def revision_option(located: bool = False) -> Decorator:
         " (default: the one the heads file's run loaded, where MODEL is its model)." if located else "."))
 
 
+def revision_from(heads: Any, model: str, revision: str | None) -> str | None:
+    """``--revision``, else the one the heads file's run loaded (:func:`capsense.core.heads.located_revision`), said on
+    stderr where it comes from the file: the command loads it without being told on its command line."""
+    from capsense.core.heads import located_revision
+
+    resolved = located_revision(heads, model, revision)
+    if resolved and not revision:
+        click.echo(f"{model}: loading revision {resolved}, the one the heads file's run located on "
+                   "(--revision to load another)", err=True)
+    return resolved
+
+
 def limit_option(default: int | None, help: str) -> Decorator:
     """``--limit``: documents per task."""
     return click.option("--limit", type=int, default=default, show_default=default is not None, help=help)

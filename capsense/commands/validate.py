@@ -8,7 +8,7 @@ import click
 
 from capsense.commands.options import (
     ablation_option, mean_reference_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option, include_path_option,
-    limit_option, no_progress_option, out_option, revision_option,
+    limit_option, no_progress_option, out_option, revision_from, revision_option,
     top_k_option, unsafe_code_option,
 )
 from capsense.commands.output import echo_written
@@ -44,11 +44,10 @@ def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: 
              batch_size: int | str, device: str, device_map: str | None, parallelize: bool, dtype: str, revision: str | None, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
              out: Path, quiet: bool) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
-    from capsense.core.heads import located_revision
     from capsense.evaluation.validate import check_validate
 
     task_list = csv_list(tasks) if tasks else None
-    revision = located_revision(heads, model, revision)
+    revision = revision_from(heads, model, revision)
     check_validate(model, heads, top_k, task_list, limit, include_path, out, tolerance,  # before any heavy import
                    ablation=ablation, mean_reference=mean_reference, revision=revision)
     from capsense.core.progress import Phase, RunProgress

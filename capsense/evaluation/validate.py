@@ -365,6 +365,7 @@ def write_validation(out: str | os.PathLike, rows: Sequence[ValidationRow], info
     md = [
         f"# capsense validate: top-{info['top_k']} heads of {info.get('locate_task')}",
         "",
+        f"- model: `{info.get('model')}`" + (f" at revision `{info['revision']}`" if info.get("revision") else ""),
         f"- heads ablated: {info['heads']}",
         *ablation_lines(info),
         f"- random {info['top_k']}-head sets: " + "; ".join(info["random_sets"]),

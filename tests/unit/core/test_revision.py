@@ -82,6 +82,8 @@ def test_commands_load_the_revision_the_run_located_on(hub, tmp_path):
         r = CliRunner().invoke(main, ["evaluate", REPO, "--heads", str(heads), "--tasks", "capsense_prose", "--limit",
                                       "2", *extra], catch_exceptions=False)
         assert r.exit_code == 0, r.output
+        said = f"{REPO}: loading revision v2, the one the heads file's run located on" in r.output
+        assert said == (not extra)  # said where the file chose it, not where the command line did
         return next(line for line in r.output.splitlines() if line.startswith("| capsense_prose | nats_per_token "))
 
     assert base() == base("--revision", "v2") != base("--revision", "main")
@@ -92,6 +94,7 @@ def test_commands_load_the_revision_the_run_located_on(hub, tmp_path):
                                   "--out", str(val)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert json.loads((val / "validation.json").read_text())["revision"] == "v2"
+    assert f"- model: `{REPO}` at revision `v2`" in (val / "validation.md").read_text().splitlines()
     assert json.loads((val / "conditions.jsonl").read_text().splitlines()[0])["key"]["model"] == f"{REPO}@v2"
 
     out = tmp_path / "export"

@@ -49,6 +49,7 @@ def test_validate_uses_held_out_documents_and_writes_the_table(located, tmp_path
     assert data["versions"] == manifest["versions"] and data["host"]["cpu"] == manifest["host"]["cpu"]  # one record
     assert {k: data["host"][k] for k in ("device", "device_map")} == {"device": "cpu", "device_map": None}
     assert (out / "validation.png").stat().st_size > 1000 and (out / "validation.md").is_file()
+    assert f"- model: `{model}`" in (out / "validation.md").read_text().splitlines()  # which model, no revision
     assert isinstance(data["verdict"]["random_strong_heads"], list)  # each random set's strongest heads, if any
 
 

@@ -25,21 +25,24 @@ from capsense.commands.output import echo_written
 @dtype_option()
 @revision_option()
 @click.option("--reference", default=None, help="Also measure this model and report dL = L(MODEL) - L(reference).")
+@click.option("--reference-revision", default=None, help="Revision (branch, tag or commit) of a Hub --reference "
+              "(MODEL and its --revision may be the same Hub model: one revision against another).")
 @click.option("--per-doc", is_flag=True, help="Include per-document nats and token counts in the JSON.")
 @include_path_option()
 @out_option("Write the JSON here (atomically).", required=False, file=True)
-def measure(model, capabilities, probes, batch_size, device, device_map, parallelize, dtype, revision, reference, per_doc,
-            include_path, out):
+def measure(model, capabilities, probes, batch_size, device, device_map, parallelize, dtype, revision, reference,
+            reference_revision, per_doc, include_path, out):
     """Measure MODEL's loss per capability: nats/token of reference completions (prompt masked), or of whole texts."""
     from capsense.compress.capabilities import check_measure
 
     placed = device_map_from(device_map, parallelize)
-    check_measure(model, reference, probes, out, capabilities, include_path, device, placed, revision)  # before any heavy import
+    check_measure(model, reference, probes, out, capabilities, include_path, device, placed, revision,  # before any heavy import
+                  reference_revision)
     from capsense.compress.capability_loss import measure_models
     from capsense.core.files import atomic_write_text
 
     doc = measure_models(model, capabilities, probes, batch_size, dtype, reference, per_doc, include_path,
-                         device=device, device_map=placed, revision=revision)
+                         device=device, device_map=placed, revision=revision, reference_revision=reference_revision)
     result = doc["capabilities"]
     text = json.dumps(doc, indent=2) + "\n"
     for c, v in result.items():

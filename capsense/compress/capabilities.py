@@ -158,7 +158,7 @@ def check_calibration_spec(spec: str, include_path: Sequence[str | os.PathLike] 
 def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,
                   capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES,
                   include_path: Sequence[str | os.PathLike] = (), device: str = "cpu",
-                  device_map: str | None = None, revision: str | None = None) -> None:
+                  device_map: str | None = None, revision: str | None = None, reference_revision: str | None = None) -> None:
     """Refuse a measurement request before a model loads: ``probes`` below 1, an ``out`` file that
     cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability
     (``include_path``: folders of task YAMLs that may declare it), a device or device map this machine lacks."""
@@ -170,7 +170,9 @@ def check_measure(model: str, reference: str | None, probes: int, out: str | Pat
     if probes < 1:
         raise CapsenseError(f"`probes` must be at least 1, got {probes}")
     check_output_file(out)
-    check_model(model, revision)  # (``revision``: MODEL's; the reference loads its default branch)
+    check_model(model, revision)
+    if reference_revision and not reference:
+        raise CapsenseError("`reference_revision` is the revision of `reference`: give both, or neither")
     if reference:
-        check_model(reference)
+        check_model(reference, reference_revision)
     parse_capabilities(capabilities, include_path)

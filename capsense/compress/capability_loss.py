@@ -147,7 +147,8 @@ def loss_change(after: Mapping[str, CapabilityLoss], before: Mapping[str, Capabi
 def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int = 64, batch_size: int = 16,
                    dtype: str = "float32", reference: str | None = None, per_doc: bool = False,
                    include_path: Sequence[str] = (), device: str = "cpu",
-                   device_map: str | dict[str, Any] | None = None, revision: str | None = None) -> dict[str, Any]:
+                   device_map: str | dict[str, Any] | None = None, revision: str | None = None,
+                   reference_revision: str | None = None) -> dict[str, Any]:
     """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
     measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}, "versions", "host"}``.
 
@@ -156,8 +157,8 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
     and the document names it.
     ``per_doc`` adds per-document nats and token counts; ``include_path``: folders of task YAMLs that
     declare capabilities (a user's tasks). A perplexity task's texts are cut at each model's length. Each model loads
-    on ``device``, or spread by ``device_map`` (:func:`~capsense.core.models.load_model`); ``revision``: ``model``'s, of a
-    Hub model (the document names it; the reference loads its default branch).
+    on ``device``, or spread by ``device_map`` (:func:`~capsense.core.models.load_model`); ``revision`` and
+    ``reference_revision``: each model's, of a Hub model (the document names them; None: the default branch).
     """
     from capsense.core.models import load_model
     from capsense.core.provenance import provenance
@@ -171,9 +172,11 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
                            **provenance(next(m.parameters()).device, **({"device_map": device_map} if device_map else {}))}
     if reference:
         del m
-        r, rtok = load_model(reference, dtype=dtype, device=device, device_map=device_map)
+        r, rtok = load_model(reference, dtype=dtype, device=device, device_map=device_map, revision=reference_revision)
         ref = measure(r, build_probes(rtok, caps, n_probes, include_path, model_max_length(r)), batch_size)
         doc["reference"] = reference
+        if reference_revision:
+            doc["reference_revision"] = reference_revision
         for c, change in loss_change(measured, ref).items():
             result[c].update({k: change[k] for k in ("nll0", "acc0", "dL", "dL_se")})
     return doc

@@ -123,6 +123,12 @@ def test_measure_compress_and_distill_load_the_revision_given(hub, tmp_path):
     v2 = measured("--revision", "v2")
     assert v2["revision"] == "v2" and "revision" not in measured()
     assert v2["capabilities"]["prose"]["nll"] != measured()["capabilities"]["prose"]["nll"]
+    against = measured("--revision", "v2", "--reference", REPO, "--reference-revision", "main")  # one against the other
+    prose = against["capabilities"]["prose"]
+    assert against["reference_revision"] == "main" and prose["nll0"] == measured()["capabilities"]["prose"]["nll"]
+    assert prose["dL"] == pytest.approx(v2["capabilities"]["prose"]["nll"] - prose["nll0"])
+    r = CliRunner().invoke(main, ["measure", REPO, "--reference-revision", "main", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code == 1 and "--reference-revision is the revision of --reference: give both, or neither" in r.output
 
     out = tmp_path / "c"
     r = CliRunner().invoke(main, ["compress", REPO, "--revision", "v2", "--method", "magnitude", "--density", "0.5",

@@ -158,7 +158,8 @@ def check_calibration_spec(spec: str, include_path: Sequence[str | os.PathLike] 
 def check_measure(model: str, reference: str | None, probes: int, out: str | Path | None = None,
                   capabilities: str | Sequence[str] = DEFAULT_CAPABILITIES,
                   include_path: Sequence[str | os.PathLike] = (), device: str = "cpu",
-                  device_map: str | None = None, revision: str | None = None, reference_revision: str | None = None) -> None:
+                  device_map: str | None = None, revision: str | None = None,
+                  reference_revision: str | None = None) -> None:
     """Refuse a measurement request before a model loads: ``probes`` below 1, an ``out`` file that
     cannot be written, a ``model`` or ``reference`` that names no model, an unknown capability
     (``include_path``: folders of task YAMLs that may declare it), a device or device map this machine lacks."""

@@ -168,7 +168,8 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
     m, tok = load_model(model, dtype=dtype, device=device, device_map=device_map, revision=revision)
     measured = measure(m, build_probes(tok, caps, n_probes, include_path, model_max_length(m)), batch_size)
     result = {c: v.to_dict(per_doc) for c, v in measured.items()}
-    doc: dict[str, Any] = {"model": model, **({"revision": revision} if revision else {}), "probes": n_probes, "dtype": dtype, "capabilities": result,
+    doc: dict[str, Any] = {"model": model, **({"revision": revision} if revision else {}), "probes": n_probes,
+                           "dtype": dtype, "capabilities": result,
                            **provenance(next(m.parameters()).device, **({"device_map": device_map} if device_map else {}))}
     if reference:
         del m

@@ -84,7 +84,8 @@ def compress_checkpoint(
     include_path: Sequence[str] = (),
     revision: str | None = None,
 ) -> CompressionResult:
-    """Load ``model_name`` (at ``revision``, of a Hub model), compress it under ``budget`` and write a checkpoint to ``out`` atomically.
+    """Load ``model_name`` (at ``revision``, of a Hub model), compress it under ``budget`` and write a checkpoint to
+    ``out`` atomically.
 
     With ``guide`` (a :class:`capsense.compress.guided.Guide`), ``budget``'s default setting names the size and the
     method; the guided allocation replaces it and is also written as ``budget.yaml``, unless another candidate

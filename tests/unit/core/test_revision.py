@@ -105,6 +105,11 @@ def test_commands_load_the_revision_the_run_located_on(hub, tmp_path):
     embed = "model.embed_tokens.weight"
     assert torch.equal(exported[embed], v2[embed]) and not torch.equal(exported[embed], _weights(hub / "snapshots" / MAIN)[embed])
     assert json.loads((out / "capsense.json").read_text())["base_model"]["revision_sha"] == V2
+    adapter = tmp_path / "adapter"
+    r = CliRunner().invoke(main, ["export", REPO, "--heads", str(heads), "--top-k", "2", "--format", "adapter", "--out",
+                                  str(adapter)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert json.loads((adapter / "adapter_config.json").read_text())["revision"] == "v2"  # PEFT loads that base
 
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 

@@ -7,7 +7,8 @@ import click
 
 from capsense.commands.options import (
     ablation_option, batch_size_option, csv_list, device_map_from, device_map_option, device_option, dtype_option,
-    heads_option, include_path_option, limit_option, mean_reference_option, out_option, revision_from, revision_option, top_k_option,
+    heads_option, include_path_option, limit_option, mean_reference_option, no_progress_option, out_option, revision_from,
+    revision_option, top_k_option,
 )
 from capsense.commands.output import echo_written
 
@@ -30,8 +31,9 @@ DEFAULT_TASKS = "capsense_induction,capsense_addition,capsense_arithmetic,capsen
 @revision_option(located=True)
 @include_path_option()
 @out_option("Write the table as JSON to this file.", required=False, file=True)
+@no_progress_option()
 def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_size, device, device_map, parallelize,
-             dtype, revision, include_path, out):
+             dtype, revision, include_path, out, quiet):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
     from capsense.core.ablation import located_ablation
     from capsense.evaluation.evaluate import check_evaluate, run_evaluate
@@ -45,7 +47,7 @@ def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_
     table, written = run_evaluate(model, head_set, task_list, ablation=ablation, mean_reference=mean_reference,
                                   limit=limit, batch_size=batch_size, device=device,
                                   device_map=device_map_from(device_map, parallelize), dtype=dtype,
-                                  include_path=include_path, out=out, revision=revision,
+                                  include_path=include_path, out=out, revision=revision, progress=not quiet,
                                   heads_file=heads if heads and looks_like_heads_file(heads) else None)
     click.echo(table)
     echo_written(written)

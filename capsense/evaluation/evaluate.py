@@ -50,13 +50,14 @@ def run_evaluate(
     model: str, head_set: HeadSet, tasks: Sequence[str], *, ablation: str = "zero", mean_reference: str | None = None,
     limit: int | None = None, batch_size: int | str = 16, device: str = "cpu", device_map: str | None = None,
     dtype: str = "float32", include_path: Sequence[str] = (), out: str | os.PathLike | None = None,
-    heads_file: str | os.PathLike | None = None, revision: str | None = None,
+    heads_file: str | os.PathLike | None = None, revision: str | None = None, progress: bool = True,
 ) -> tuple[str, list[Path]]:
     """Evaluate ``model`` as is and with ``head_set`` ablated (``ablation``: zero, or mean over ``mean_reference``'s
     texts, by default capsense's neutral prose); the markdown table and the files written. ``device_map`` spreads
     the model over devices (:func:`load_lm`); ``revision``: of a Hub model (resolved: the caller passes
     :func:`~capsense.core.heads.located_revision`'s). ``heads_file``: the heads file ``head_set`` came from; the table then
-    says which evaluated documents its locate run scored (:func:`in_sample_lines`)."""
+    says which evaluated documents its locate run scored (:func:`in_sample_lines`). ``progress`` False: a line per
+    phase instead of a bar (:class:`~capsense.core.progress.RunProgress`), for logs."""
     check_batch_size(batch_size)
     task_manager(include_path, tasks)  # tasks only lm-eval knows fail before the model loads
     lm = load_lm(model, ablation=ablation, batch_size=batch_size, device=device, dtype=dtype, device_map=device_map,
@@ -68,7 +69,7 @@ def run_evaluate(
         sets[f"ablated ({named})" if ablation == "zero" else f"mean-ablated ({named})"] = head_set
     from capsense.core.progress import Phase, RunProgress
 
-    display = RunProgress([Phase("evaluate", len(sets), "conditions")])
+    display = RunProgress([Phase("evaluate", len(sets), "conditions")], enabled=progress)
     with display.phase("evaluate") as phase:
         rows = evaluate_head_sets(lm, sets, tasks, limit=limit, include_path=include_path, progress=phase)
     display.close()

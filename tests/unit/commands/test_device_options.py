@@ -1,5 +1,6 @@
-"""measure had no device option (an 8B model was measured on the CPU whatever the machine had) and evaluate had no
-device map (a 70B model could not be spread over GPUs, as validate's can): both take them now, checked before a load."""
+"""Options a command that loads a model should take, as locate and validate do. measure had no device option (an 8B
+model was measured on the CPU whatever the machine had), evaluate no device map (a 70B model could not be spread over
+GPUs, as validate's can) and no --no-progress, grid neither device option: they take them now, checked before a load."""
 
 from __future__ import annotations
 
@@ -51,3 +52,11 @@ def test_grid_takes_a_device_and_a_device_map(tmp_path, tiny_model_dir):
 
     plain = nll()
     assert len(plain) == 2 and plain == nll("--device-map", "cpu") == nll("--device", "cpu")
+
+
+def test_evaluate_takes_no_progress(tiny_model_dir):
+    """evaluate drew its bar into every log (locate, validate and grid had --no-progress): it takes it too."""
+    base = ["evaluate", str(tiny_model_dir), "--heads", "L0H1", "--tasks", "capsense_arithmetic", "--limit", "2"]
+    bar, quiet = CliRunner().invoke(main, base), CliRunner().invoke(main, [*base, "--no-progress"])
+    assert bar.exit_code == 0 == quiet.exit_code, quiet.output
+    assert "%|" in bar.output and "%|" not in quiet.output and "| capsense_arithmetic | acc |" in quiet.output

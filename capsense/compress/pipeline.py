@@ -109,7 +109,7 @@ def compress_checkpoint(
 
     log = log or (lambda _m: None)
     fmt = _check_before_load(model_name, budget, out, overwrite, fmt, calibration, calibration_samples_n, guide, probes,
-                             sequential_propagate if sequential else None)
+                             sequential_propagate if sequential else None, revision)
     model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map, revision=revision)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
@@ -127,7 +127,7 @@ def compress_checkpoint(
 
 
 def _check_before_load(model_name: str, budget: Budget, out, overwrite: bool, fmt: str, calibration: str, n_samples: int,
-                       guide, probes: int, sequential_propagate: str | None) -> str:
+                       guide, probes: int, sequential_propagate: str | None, revision: str | None = None) -> str:
     """What :func:`compress_checkpoint` refuses before the model loads (``sequential_propagate`` None: one pass);
     the format ``fmt`` resolves to."""
     from capsense.core.files import check_output_dir
@@ -135,7 +135,7 @@ def _check_before_load(model_name: str, budget: Budget, out, overwrite: bool, fm
     check_output_dir(out, overwrite)  # fail before the slow part
     fmt = resolve_format(fmt, budget)
     check_calibration_given(budget, calibration, n_samples)
-    check_moe_config(model_name, budget.targets)  # MLP targets on a mixture-of-experts model
+    check_moe_config(model_name, budget.targets, revision)  # MLP targets on a mixture-of-experts model
     if sequential_propagate is not None:
         check_sequential(budget, guide, sequential_propagate)
     if guide is not None and probes > 0:

@@ -120,12 +120,13 @@ def find_targets(model: nn.Module, kinds: str | Iterable[str] | None = None) -> 
     return out
 
 
-def check_moe_config(model_name: str, kinds: Sequence[str]) -> None:
-    """Refuse MLP targets on a mixture-of-experts model from its local ``config.json``, before the
-    weights load; where the config is not on this machine yet, :func:`find_targets` refuses after loading."""
-    from capsense.core.models import local_text_config
+def check_moe_config(model_name: str, kinds: Sequence[str], revision: str | None = None) -> None:
+    """Refuse MLP targets on a mixture-of-experts model from its local ``config.json`` (at ``revision``, of a Hub
+    model), before the weights load; where that config is not on this machine yet, :func:`find_targets` refuses after
+    loading."""
+    from capsense.core.model_config import local_text_config
 
-    check_compress_kinds((local_text_config(model_name) or {}).get("model_type"), kinds)
+    check_compress_kinds((local_text_config(model_name, revision) or {}).get("model_type"), kinds)
 
 
 def snapshot(targets: Iterable[Target]) -> dict[str, torch.Tensor]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from capsense.core.content_hash import folder_hash
 from capsense.core.files import cache_dir
-from capsense.core.gguf import check_gguf_file, convert_gguf, ensure_gguf_folder, gguf_folder, is_converted, is_gguf_path
+from capsense.core.gguf import check_gguf_file, convert_gguf, ensure_gguf_folder, is_converted, is_gguf_path
 from capsense.core.provenance import cpu_info
 from capsense.errors import CapsenseError, UnknownModelError
 
@@ -208,68 +208,6 @@ def _check_on_hub(name: str, revision: str | None, cached: bool) -> None:
             raise _unknown(name, f"the Hub could not be reached ({first}) and it is not in the local cache") from None
 
 
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-_HEAD_KEYS = ("num_attention_heads", "n_head")
-
-
-def local_text_config(name: str, revision: str | None = None) -> dict | None:
-    """The model's ``config.json`` as a dict, read without torch, or None where it is not on this machine;
-    a multimodal model's ``text_config`` (what head layouts and model types are read from).
-
-    Found for local folders, the converted embedded model and Hub ids in the local cache (a GGUF
-    file not yet converted has none: its header is read by :func:`config_head_layout`).
-    """
-    path: str | None = None
-    if isinstance(name, str) and is_embedded(name):
-        path = str(EMBEDDED_MODELS[name.lower()].target / "config.json")
-    elif is_gguf_path(name) and os.path.isfile(name):
-        if not is_converted(gguf_folder(name)):
-            return None
-        path = str(gguf_folder(name) / "config.json")
-    elif isinstance(name, str) and os.path.isdir(name):
-        path = os.path.join(name, "config.json")
-    elif isinstance(name, str):
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            found = try_to_load_from_cache(name, "config.json", revision=revision)
-            path = found if isinstance(found, str) else None
-        except Exception:  # not a valid Hub id: check_model says so
-            path = None
-    if not path or not os.path.isfile(path):
-        return None
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
-
-
-def config_head_layout(name: str, revision: str | None = None) -> Any:
-    """The model's :class:`~capsense.core.arch.HeadLayout` read from its ``config.json`` (no torch), or None.
-
-    None where the config is not on this machine (:func:`local_text_config`) or does not say (then
-    the check waits for the model).
-    """
-    from capsense.core.arch import HeadLayout
-
-    if is_gguf_path(name) and os.path.isfile(name) and not is_converted(gguf_folder(name)):
-        header = check_gguf_file(name)
-        kv = header.get("n_kv_heads")
-        return (HeadLayout(header["n_layers"], header["n_heads"], 0, kv if isinstance(kv, int) else None)
-                if header["n_layers"] and header["n_heads"] else None)
-    config = local_text_config(name, revision)
-    if config is None:
-        return None
-    layers = next((config[k] for k in _LAYER_KEYS if isinstance(config.get(k), int)), None)
-    heads = next((config[k] for k in _HEAD_KEYS if isinstance(config.get(k), int)), None)
-    kv, family = config.get("num_key_value_heads"), config.get("model_type")
-    return (HeadLayout(layers, heads, 0, kv if isinstance(kv, int) else None, family if isinstance(family, str) else None)
-            if layers and heads else None)
-
-
 def resolve_pretrained(name: str) -> str:
     """Map an embedded model name or a ``*.gguf`` file to its cached folder (converting it once);
     pass Hub ids and folders through."""
@@ -311,7 +249,7 @@ def load_model(
     device over several (GPUs, then CPU, then disk); ``device`` is then ignored.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from capsense.core.memory import return_freed_memory
     from capsense.core.placement import check_device, placement_kwargs
@@ -341,9 +279,17 @@ def load_model(
         model.hf_quantizer.compressor.decompress_model(model)
     with model_load_errors(name):
         model = (model if target is None else model.to(target)).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision) if revision else AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path, revision)
     return_freed_memory()  # what loading freed (capsense.core.memory): memory checks compare with what is free after
     return model, tokenizer
+
+
+def load_tokenizer(name: str, revision: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of model ``name`` (an embedded name or GGUF file: its converted folder) at ``revision`` of a Hub
+    model: what :func:`load_model` loads beside the weights, and what a task counts tokens with for the same args."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_pretrained(name), **({"revision": revision} if revision else {}))
 
 
 @contextmanager

@@ -16,7 +16,8 @@ from typing import Any
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, check_output_file
 from capsense.core.heads import HeadSet
-from capsense.core.models import check_model, config_head_layout
+from capsense.core.model_config import config_head_layout
+from capsense.core.models import check_model
 from capsense.core.tables import format_percent, relative_change
 from capsense.errors import CapsenseError
 from capsense.localize.store import used_documents

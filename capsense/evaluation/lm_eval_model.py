@@ -35,7 +35,8 @@ from lm_eval.models.huggingface import HFLM
 from capsense.core.ablation import HeadAblator, located_ablation, reference_means
 from capsense.core.arch import head_layout
 from capsense.core.heads import HeadSet, located_revision
-from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
+from capsense.core.model_config import config_head_layout
+from capsense.core.models import check_model, model_load_errors, resolve_pretrained
 from capsense.errors import CapsenseError
 
 

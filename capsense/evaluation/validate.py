@@ -21,7 +21,8 @@ from capsense.core.ablation import ablation_identity, resolve_ablation
 from capsense.core.batching import check_batch_size, lm_eval_batch_size
 from capsense.core.files import atomic_write_json, atomic_write_text
 from capsense.core.heads import HeadSet, HeadsFile, load_heads_file, located_revision, looks_like_heads_file
-from capsense.core.models import check_model, config_head_layout
+from capsense.core.model_config import config_head_layout
+from capsense.core.models import check_model
 from capsense.core.provenance import provenance
 from capsense.core.tables import relative_change
 from capsense.errors import CapsenseError

@@ -16,7 +16,8 @@ from capsense.core.arch import arch_spec, base_layer, head_layout, out_projectio
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
 from capsense.errors import CapsenseError, HeadSpecError
-from capsense.core.models import check_model, config_head_layout, model_load_errors, resolve_pretrained
+from capsense.core.model_config import config_head_layout
+from capsense.core.models import check_model, model_load_errors, resolve_pretrained
 from capsense.ship.base import FORMATS, check_dtype
 
 if TYPE_CHECKING:

@@ -21,11 +21,10 @@ log = logging.getLogger("capsense.tasks")
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(name: str, revision: str | None = None):
-    from transformers import AutoTokenizer
+    """:func:`capsense.core.models.load_tokenizer`, once per (name, revision): every task of a run counts with it."""
+    from capsense.core.models import load_tokenizer
 
-    from capsense.core.models import resolve_pretrained
-
-    return AutoTokenizer.from_pretrained(resolve_pretrained(name), **({"revision": revision} if revision else {}))
+    return load_tokenizer(name, revision)
 
 
 class SharedTokenizer:

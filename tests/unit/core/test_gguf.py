@@ -31,7 +31,8 @@ def test_header_checks_without_converting(tmp_path, cache):
     from capsense.core.arch import HeadLayout
     from capsense.core.gguf import gguf_header
     from capsense.errors import UnknownModelError
-    from capsense.core.models import check_model, config_head_layout
+    from capsense.core.model_config import config_head_layout
+    from capsense.core.models import check_model
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, n_layers=3)

@@ -170,3 +170,22 @@ def test_grid_loads_the_revision_given_and_resumes_only_its_own(hub, tmp_path):
     assert "revision" not in json.loads(main_out.read_text().splitlines()[0])["grid"] and dense != v2[0]["nll"]
     r = CliRunner().invoke(main, [*base, "--out", str(out)])  # the default branch on v2's file: another grid
     assert r.exit_code == 1 and "holds measurements of another grid" in r.output
+
+
+def test_the_config_checks_before_a_load_read_the_revision_given(hub, tmp_path, monkeypatch):
+    """A branch whose config is a mixture of experts: compress --revision refuses its MLP before any weights load (main's
+    config, a dense Llama, said nothing), and the head layout read without torch is the branch's."""
+    from capsense.core.model_config import config_head_layout
+
+    save_tiny_folder("mixtral", hub / "snapshots" / ("c" * 40))
+    (hub / "refs" / "moe").write_text("c" * 40)
+    assert config_head_layout(REPO).family == "llama" and config_head_layout(REPO, "moe").family == "mixtral"
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", no_load)
+    r = CliRunner().invoke(main, ["compress", REPO, "--revision", "moe", "--method", "rtn", "--bits", "4",
+                                  "--out", str(tmp_path / "out")])
+    assert r.exit_code != 0 and "mixture-of-experts model (mixtral)" in r.output, r.output
+    assert not (tmp_path / "out").exists()

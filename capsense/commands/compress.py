@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, dtype_option, include_path_option, old_name, out_option, overwrite_option,
+    device_map_from, device_map_option, device_option, dtype_option, include_path_option, old_name, out_option, overwrite_option,
     registry_option, revision_option, with_old_name,
 )
 from capsense.commands.output import echo_written, log
@@ -29,7 +29,7 @@ from capsense.commands.output import echo_written, log
               help="GPTQ: quantize columns by decreasing input energy (default) or left to right.")
 @click.option("--solve-on", "solve_on", type=click.Choice(["cpu", "layer"]), default=None,
               help="GPTQ/SparseGPT: solve each matrix on a CPU copy (default: the result does not depend on the "
-                   "placement) or on its layer's device under --device-map (GPUs: minutes, not hours, on 70B).")
+                   "placement) or on its layer's device (--device cuda, or --device-map; GPUs: minutes, not hours, on 70B).")
 @click.option("--ratio", type=float, default=None, help="Low-rank: factor parameters / dense parameters, in (0, 1].")
 @click.option("--alpha", type=float, default=None, help="ASVD: activation exponent (default 0.5).")
 @click.option("--targets", default=None, help="Matrices to compress: attn, mlp or attn,mlp (default both).")
@@ -102,6 +102,7 @@ from capsense.commands.output import echo_written, log
               "among candidates (won back with --check-docs 128) and one by 0.7 points against the uniform setting "
               "compressed the same way (Gemma 3 3 bits keep math: the propagation halves uniform's math dL); with "
               "sparsegpt on Gemma 3 it raised the kept math dL (recipes/results/RESULTS-compress.md, rounds 20-23).")
+@device_option()
 @device_map_option()
 @revision_option()
 @include_path_option()
@@ -109,8 +110,8 @@ from capsense.commands.output import echo_written, log
 @overwrite_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, probes, protect_heads, protect_top_k, sensitivity,
-             pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device_map,
-             parallelize, revision, include_path, out, overwrite):
+             pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device,
+             device_map, parallelize, revision, include_path, out, overwrite):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -118,16 +119,16 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
     weights are zeros, low-rank matrices the reconstructed products (no standard format stores them
     smaller); --format dense writes quantized weights dequantized too. capsense.json records the
     method, settings, achieved density, bits per parameter, parameter ratio, size on disk and
-    calibration data (no path of this machine). With --device-map the model is
+    calibration data (no path of this machine). The model loads on --device; with --device-map it is
     spread over devices (weights must stay in device memory: a map that offloads them to
-    CPU memory or disk is refused); the checkpoint is the one compressed without a map, unless
-    --solve-on layer solves GPTQ/SparseGPT on the layers' devices.
+    CPU memory or disk is refused). Calibration runs where the layers are; each matrix is compressed on
+    a CPU copy, unless --solve-on layer solves GPTQ/SparseGPT on the layers' devices.
     """
     from capsense.compress.request import check_request
 
     budget_file = with_old_name("budget_file", budget_file, "--budget-file")
     placed = check_request(model, out, overwrite, device_map_from(device_map, parallelize), method, budget_file,
-                           calibration, solve_on, include_path, revision)  # before any heavy import
+                           calibration, solve_on, include_path, revision, device)  # before any heavy import
     from capsense.compress.request import compress_request
 
     setting = {"method": method, "density": density, "scope": scope, "bits": bits, "group_size": group_size,
@@ -137,7 +138,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
         protect_top_k=protect_top_k, protect_heads=protect_heads, budget_size=budget_size, pricing=pricing,
         check_uniform=check_uniform, fisher_groups=fisher_groups, check_docs=check_docs, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
-        device_map=placed, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate,
+        device_map=placed, device=device, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate,
         include_path=list(include_path), log=log, revision=revision,
     )
     s = result.summary

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from capsense.commands.options import device_map_from, device_map_option, include_path_option, out_option, overwrite_option
+from capsense.commands.options import (
+    device_map_from, device_map_option, device_option, include_path_option, out_option, overwrite_option,
+)
 from capsense.commands.output import echo_written
 from capsense.compress.capabilities import DISTILL_SOURCES
 
@@ -30,24 +32,26 @@ from capsense.compress.capabilities import DISTILL_SOURCES
 @click.option("--teacher-revision", default=None,
               help="Revision (branch, tag or commit) of a Hub teacher (default: the one STUDENT's base model was "
                    "compressed from, where TEACHER is that model).")
+@device_option()
 @device_map_option()
 @include_path_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
 def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes,
-            teacher_revision, device_map, parallelize, include_path, out, overwrite):
+            teacher_revision, device, device_map, parallelize, include_path, out, overwrite):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
-    after each epoch and the fit dL(E) = d0 + a*log(1+E). With --device-map both models are
-    spread over devices (the student's weights must stay in device memory).
+    after each epoch and the fit dL(E) = d0 + a*log(1+E). Both models load on --device; with --device-map
+    they are spread over devices (the student's weights must stay in device memory).
     """
     from capsense.core.files import check_output_dir
     from capsense.core.models import check_model
-    from capsense.core.placement import parse_device_map
+    from capsense.core.placement import check_placement
 
     check_output_dir(out, overwrite)  # before any heavy import
-    placed = parse_device_map(device_map_from(device_map, parallelize))  # every device it names exists here
+    placed = device_map_from(device_map, parallelize)
+    check_placement(device, placed)  # every device it (or --device) names exists here
     check_model(student)
     check_model(teacher, teacher_revision)
     from capsense.compress.distill import (
@@ -62,7 +66,7 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
     cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens,
                         seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh, teacher_revision=teacher_revision)
     check_distill_held_out(cfg, caps, probes, include_path)
-    s_model, t_model, tok = load_models(cfg, placed)
+    s_model, t_model, tok = load_models(cfg, placed, device)
     evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)
     records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok),
                           include_path=include_path)

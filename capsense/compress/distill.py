@@ -268,15 +268,16 @@ def _train_step(student, teacher, ids, params, masks, opt) -> float:
     return float(loss.detach())
 
 
-def load_models(cfg: DistillConfig, device_map: str | dict[str, Any] | None = None) -> tuple[nn.Module, nn.Module, Any]:
-    """The student, the teacher and the tokenizer, each placed by ``device_map``
-    (:mod:`capsense.core.placement`); a student whose weights the map offloads is refused."""
+def load_models(cfg: DistillConfig, device_map: str | dict[str, Any] | None = None,
+                device: str = "cpu") -> tuple[nn.Module, nn.Module, Any]:
+    """The student, the teacher and the tokenizer, each placed by ``device_map`` (:mod:`capsense.core.placement`),
+    without one on ``device``; a student whose weights the map offloads is refused."""
     from capsense.core.models import load_model
     from capsense.core.placement import check_weights_in_memory
 
-    student, tokenizer = load_model(cfg.student, device_map=device_map)
+    student, tokenizer = load_model(cfg.student, device=device, device_map=device_map)
     check_weights_in_memory(student, "distillation trains the student's weights in place and saves them")
-    teacher, _ = load_model(cfg.teacher, device_map=device_map, revision=cfg.teacher_revision)
+    teacher, _ = load_model(cfg.teacher, device=device, device_map=device_map, revision=cfg.teacher_revision)
     return student, teacher, tokenizer
 
 

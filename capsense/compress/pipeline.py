@@ -76,7 +76,7 @@ def compress_checkpoint(
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
     guide=None,
-    device_map: str | dict[str, Any] | None = None,
+    device_map: str | dict[str, Any] | None = None, device: str = "cpu",
     fmt: str = "auto",
     probes: int = 32,
     sequential: bool = False,
@@ -96,7 +96,8 @@ def compress_checkpoint(
     and gradients run where the layers live, each matrix is compressed on CPU and written back to its device, so
     the checkpoint equals the one compressed without a map (GPTQ and SparseGPT with ``solve_on: layer`` solve on
     the layer's device: faster on GPUs, not bit-equal); a map that offloads weights to CPU memory or disk is refused
-    before anything is computed or written.
+    before anything is computed or written. Without a map the model loads on ``device`` (one accelerator: as a map
+    that places every layer there).
     With ``guide`` and ``probes`` > 0, each kept capability is measured on its first ``probes``
     documents (never calibration or allocation documents) before and after compressing, in
     memory at ``dtype``; the dL goes into ``capsense.json`` (``measured``) and the card.
@@ -110,7 +111,7 @@ def compress_checkpoint(
     log = log or (lambda _m: None)
     fmt = _check_before_load(model_name, budget, out, overwrite, fmt, calibration, calibration_samples_n, guide, probes,
                              sequential_propagate if sequential else None, revision)
-    model, tokenizer = load_model(model_name, dtype=dtype, device_map=device_map, revision=revision)
+    model, tokenizer = load_model(model_name, dtype=dtype, device=device, device_map=device_map, revision=revision)
     check_weights_in_memory(model, "compression edits every weight in place and saves the whole model")
     planned = plan(model, budget)  # validates every setting before any work
     _check_format(model, budget, planned, check_plan(model, budget, planned), fmt)

@@ -22,29 +22,31 @@ SETTING_PARAMETERS = ("method", "density", "scope", "bits", "group_size", "damp"
 
 def check_request(model: str, out: str | Path, overwrite: bool, device_map: str | dict[str, Any] | None,
                   method: str | None, budget_file: str | Path | None, calibration: str | None, solve_on: str | None = None,
-                  include_path: Sequence[str] = (), revision: str | None = None):
+                  include_path: Sequence[str] = (), revision: str | None = None, device: str = "cpu"):
     """Refuse bad input before any heavy import; return the checked device map.
 
-    ``out`` must be writable (or ``overwrite``), every device the map names must exist,
+    ``out`` must be writable (or ``overwrite``), every device the map names (without a map: ``device``) must exist,
     ``model`` must name a model, ``method`` or ``budget_file`` must be given, a
     misspelt task in ``calibration`` (capsense's, or ``include_path``'s) is an error, not literal calibration text, and ``solve_on`` ``layer``
-    without a device map (every layer on the CPU, where it would change nothing) is an error.
+    with every layer on the CPU (no map, ``device`` cpu), where it would change nothing, is an error.
     """
     from capsense.compress.capabilities import check_calibration_spec
     from capsense.core.files import check_output_dir
     from capsense.core.models import check_model
-    from capsense.core.placement import parse_device_map
+    from capsense.core.placement import check_placement, parse_device_map
 
     check_output_dir(out, overwrite)
     placed = parse_device_map(device_map)
+    check_placement(device, placed)
     check_model(model, revision)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")
     if calibration:
         check_calibration_spec(calibration, include_path)
-    if solve_on == "layer" and placed is None:
-        raise CapsenseError("`solve_on` layer solves GPTQ/SparseGPT on each layer's device; without a device map every "
-                            "layer is on the CPU, where it changes nothing: give a device map (layers on GPUs) or leave it out")
+    if solve_on == "layer" and placed is None and str(device).startswith("cpu"):
+        raise CapsenseError("`solve_on` layer solves GPTQ/SparseGPT on each layer's device; on `device` cpu without a "
+                            "device map every layer is on the CPU, where it changes nothing: give an accelerator "
+                            "(`device` cuda, or a device map) or leave it out")
     return placed
 
 
@@ -127,7 +129,7 @@ def compress_request(
     dtype: str = "float32",
     save_dtype: str | None = None,
     overwrite: bool = False,
-    device_map: str | dict[str, Any] | None = None,
+    device_map: str | dict[str, Any] | None = None, device: str = "cpu",
     fmt: str = "auto",
     sequential: bool = False,
     sequential_propagate: str | None = None,
@@ -152,7 +154,7 @@ def compress_request(
     (:func:`~capsense.compress.calibration.kept_calibration`). ``sequential``: one decoder layer at a time
     (:mod:`capsense.compress.sequential`, ``sequential_propagate``); ``include_path``: task YAML folders whose tasks
     ``keep`` and ``calibration`` may name; ``revision``: of a Hub model (None: its default branch), recorded in
-    ``capsense.json``'s ``base_model``."""
+    ``capsense.json``'s ``base_model``; ``device``: where the model loads without ``device_map``."""
     from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.sequential import DEFAULT_PROPAGATE
 
@@ -166,5 +168,5 @@ def compress_request(
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
         calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
-        guide=guide, device_map=device_map, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
+        guide=guide, device_map=device_map, device=device, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
         sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path, revision=revision)

@@ -198,3 +198,32 @@ def test_sequential_under_a_device_map_equals_the_single_device_checkpoint(tmp_p
     r = _compress(tiny_model_dir, mapped, args, "--device-map", json.dumps(ON_CPU))
     assert r.exit_code == 0, r.output
     _assert_same_checkpoint(plain, mapped)
+
+
+def test_compress_and_distill_load_on_the_device_given(tmp_path, tiny_model_dir, monkeypatch):
+    """--device (what locate, measure and grid take) reaches the load: a machine with a GPU is faked and every load is
+    made on the CPU, recording the device asked for; a device this machine lacks is one error before any load."""
+    import capsense.core.models as models
+    import capsense.core.placement as placement
+
+    real, asked = models.load_model, []
+
+    def spy(name, *a, device="cpu", **k):
+        asked.append(device)
+        return real(name, *a, device="cpu", **k)
+
+    student, distilled = tmp_path / "student", tmp_path / "distilled"
+    distill = ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "1", "--texts", "2",
+               "--gen-tokens", "2", "--seq-len", "16", "--capabilities", "qa", "--probes", "2"]
+    for device in ("cuda:3", "cuda"):  # lacking: refused, nothing written
+        r = _compress(tiny_model_dir, student, ["--method", "magnitude", "--density", "0.5"], "--device", device)
+        assert r.exit_code == 1 and r.output.count("Error") == 1, r.output
+        assert f"device {device!r} does not exist on this machine" in r.output and not student.exists()
+    monkeypatch.setattr(placement, "available_devices", lambda: ["cpu", "cuda:0"])
+    monkeypatch.setattr(models, "load_model", spy)
+    r = _compress(tiny_model_dir, student, ["--method", "magnitude", "--density", "0.5"], "--device", "cuda")
+    assert r.exit_code == 0 and asked == ["cuda"], r.output
+    r = CliRunner().invoke(main, [*distill, "--device", "cuda:0", "--out", str(distilled)])
+    assert r.exit_code == 0 and asked == ["cuda", "cuda:0", "cuda:0"], r.output  # the student and the teacher
+    r = CliRunner().invoke(main, [*distill, "--device", "cuda:1", "--out", str(tmp_path / "d2")])
+    assert r.exit_code == 1 and "device 'cuda:1' does not exist" in r.output and len(asked) == 3, r.output

@@ -61,8 +61,9 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
     from capsense.compress.capabilities import parse_capabilities
 
     caps = parse_capabilities(capabilities, include_path)
-    teacher_revision = resolve(student, teacher, teacher_revision)  # (a compressed student's base revision)
-    check_model(teacher, teacher_revision)
+    if (resolved := resolve(student, teacher, teacher_revision)) != teacher_revision:  # a compressed student's base
+        check_model(teacher, resolved)  # (the given one was checked above)
+        teacher_revision = resolved
     cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens,
                         seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh, teacher_revision=teacher_revision)
     check_distill_held_out(cfg, caps, probes, include_path)

@@ -100,7 +100,7 @@ class CapsenseMaskedLM(HFLM):
         name = pretrained
         if isinstance(pretrained, str):
             # (no revision=: the one a heads file's run loaded, where `pretrained` is its model; HFLM's is "main")
-            if revision := located_revision(spec if spec not in (None, "") else None, pretrained, kwargs.get("revision")):
+            if revision := located_revision(spec, pretrained, kwargs.get("revision")):
                 kwargs["revision"] = revision
             check_model(pretrained, kwargs.get("revision"))
             layout = config_head_layout(pretrained, kwargs.get("revision")) if head_set else None

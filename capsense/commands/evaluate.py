@@ -36,17 +36,20 @@ def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_
              dtype, revision, include_path, out, quiet):
     """Evaluate MODEL on lm-eval TASKS, as is and with HEADS ablated, and print the table."""
     from capsense.core.ablation import located_ablation
+    from capsense.core.placement import check_placement
     from capsense.evaluation.evaluate import check_evaluate, run_evaluate
 
     task_list = csv_list(tasks)
     revision = revision_from(heads, model, revision)
     head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out, revision)  # before any heavy import
+    device_map = device_map_from(device_map, parallelize)
+    check_placement(device, device_map)
     from capsense.core.heads import looks_like_heads_file
 
     ablation, mean_reference = located_ablation(heads, ablation, mean_reference)
     table, written = run_evaluate(model, head_set, task_list, ablation=ablation, mean_reference=mean_reference,
                                   limit=limit, batch_size=batch_size, device=device,
-                                  device_map=device_map_from(device_map, parallelize), dtype=dtype,
+                                  device_map=device_map, dtype=dtype,
                                   include_path=include_path, out=out, revision=revision, progress=not quiet,
                                   heads_file=heads if heads and looks_like_heads_file(heads) else None)
     click.echo(table)

@@ -41,7 +41,7 @@ def device_map_option() -> Decorator:
         return click.option(
             "--device-map", default=None,
             help="Spread a model larger than one device: auto (GPUs, then CPU, then disk), balanced, sequential, "
-                 "or a JSON map of module -> device (text or a .json file). Replaces --device.")(f)
+                 "or a JSON map of module -> device (text or a .json file). Instead of --device (not both).")(f)
     return decorate
 
 

@@ -44,12 +44,15 @@ def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: 
              batch_size: int | str, device: str, device_map: str | None, parallelize: bool, dtype: str, revision: str | None, include_path: tuple[str, ...], confirm_run_unsafe_code: bool,
              out: Path, quiet: bool) -> None:
     """Evaluate MODEL as is, with the top-K heads of --heads ablated, and with random K heads ablated."""
+    from capsense.core.placement import check_placement
     from capsense.evaluation.validate import check_validate
 
     task_list = csv_list(tasks) if tasks else None
     revision = revision_from(heads, model, revision)
     check_validate(model, heads, top_k, task_list, limit, include_path, out, tolerance,  # before any heavy import
                    ablation=ablation, mean_reference=mean_reference, revision=revision)
+    device_map = device_map_from(device_map, parallelize)
+    check_placement(device, device_map)
     from capsense.core.progress import Phase, RunProgress
     from capsense.evaluation.validate import format_validation, validate as run_validate, write_validation
 
@@ -57,7 +60,7 @@ def validate(model: str, heads: Path, top_k: int, tasks: str | None, tolerance: 
     with progress.phase("validate") as phase:
         rows, info = run_validate(
             model, heads, top_k, task_list, n_random=n_random, limit=limit, seed=seed, batch_size=batch_size,
-            device=device, dtype=dtype, include_path=list(include_path), device_map=device_map_from(device_map, parallelize),
+            device=device, dtype=dtype, include_path=list(include_path), device_map=device_map,
             confirm_run_unsafe_code=confirm_run_unsafe_code, log=progress.write, progress=phase, tolerance=tolerance,
             ablation=ablation, mean_reference=mean_reference, out=out, revision=revision,
         )

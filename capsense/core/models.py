@@ -246,13 +246,13 @@ def load_model(
 
     ``device_map`` (``auto``, ``balanced``, ``sequential``, a JSON map of module names to
     devices or its file; see :mod:`capsense.core.placement`) spreads a model larger than one
-    device over several (GPUs, then CPU, then disk); ``device`` is then ignored.
+    device over several (GPUs, then CPU, then disk); a ``device`` other than cpu beside it is refused.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     from capsense.core.memory import return_freed_memory
-    from capsense.core.placement import check_device, placement_kwargs
+    from capsense.core.placement import check_device, check_placement, placement_kwargs
 
     check_model(name, revision)
     path = resolve_pretrained(name)
@@ -262,6 +262,7 @@ def load_model(
         kwargs["revision"] = revision
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    check_placement(device, device_map)  # a device beside a map is refused, not ignored
     placed = placement_kwargs(device_map) if device_map not in (None, "") else {}
     target = None if placed else check_device(device)
     from transformers.utils import logging as hf_logging

@@ -107,14 +107,13 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
     (None: its default branch)."""
     from transformers.utils import logging as hf_logging
 
-    from capsense.core.placement import check_device, placement_kwargs
+    from capsense.core.placement import check_placement, placement_kwargs
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
+    check_placement(device, device_map)  # a device beside a map is refused, not ignored
     if device_map:
         placed = placement_kwargs(device_map)
         kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
-    else:
-        check_device(device)
     if revision:
         kwargs["revision"] = revision
     hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user

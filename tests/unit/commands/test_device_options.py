@@ -60,3 +60,50 @@ def test_evaluate_takes_no_progress(tiny_model_dir):
     bar, quiet = CliRunner().invoke(main, base), CliRunner().invoke(main, [*base, "--no-progress"])
     assert bar.exit_code == 0 == quiet.exit_code, quiet.output
     assert "%|" in bar.output and "%|" not in quiet.output and "| capsense_arithmetic | acc |" in quiet.output
+
+
+def test_a_device_beside_a_device_map_is_refused_by_every_command_and_loader(tmp_path, tiny_model_dir, monkeypatch):
+    """`--device cuda:1 --device-map auto` spread the model from cuda:0 without a word (the map placed every module, the
+    device was dropped): each command that takes both refuses the pair, one error, nothing written, nothing loaded; the
+    library's loaders too. The default device (cpu) beside a map is what every map run passes, and stays allowed."""
+    import capsense.core.placement as placement
+    import transformers
+
+    from capsense.core.models import load_model
+    from capsense.errors import CapsenseError
+    from capsense.evaluation.evaluate import load_lm
+
+    monkeypatch.setattr(placement, "available_devices", lambda: ["cpu", "cuda:0", "cuda:1"])  # a real pair, not refused
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    m, heads = str(tiny_model_dir), "L0H1"
+    out = tmp_path / "out"
+    commands = {
+        "locate": ["locate", m, "--task", "capsense_arithmetic", "--limit", "2", "--method", "exhaustive", "--out", str(out)],
+        "validate": ["validate", m, "--heads", str(tmp_path / "heads.json"), "--tasks", "capsense_arithmetic", "--out", str(out)],
+        "evaluate": ["evaluate", m, "--heads", heads, "--tasks", "capsense_arithmetic", "--out", str(out / "e.json")],
+        "measure": ["measure", m, "--capabilities", "arithmetic", "--probes", "2", "--out", str(out / "m.json")],
+        "grid": ["grid", m, "--methods", "magnitude", "--densities", "0.5", "--capabilities", "arithmetic", "--out",
+                 str(out / "g.jsonl")],
+        "compress": ["compress", m, "--method", "magnitude", "--density", "0.5", "--out", str(out)],
+        "distill": ["distill", m, "--teacher", m, "--out", str(out)],
+    }
+    (tmp_path / "heads.json").write_text(json.dumps({"model": m, "task": "capsense_arithmetic",
+                                                     "heads": [{"layer": 0, "head": 1}]}))
+    for name, args in commands.items():
+        for placed in (["--device-map", "auto"], ["--parallelize"]):
+            r = CliRunner().invoke(main, [*args, "--device", "cuda:1", *placed])
+            assert r.exit_code == 1 and r.output.count("Error") == 1, (name, r.output)
+            assert "give --device (the whole model on one device) or --device-map" in r.output, (name, r.output)
+            assert "--device 'cuda:1' does not apply beside --device-map 'auto'" in r.output, (name, r.output)
+            assert not out.exists(), name
+    for loader in (load_model, load_lm):
+        try:
+            loader(m, device="cuda:1", device_map="auto")
+        except CapsenseError as e:
+            assert "does not apply beside `device_map`" in str(e)
+        else:
+            raise AssertionError(f"{loader.__name__} took a device beside a map")

@@ -28,7 +28,7 @@ def _floats(text: str | None) -> list[float]:
 @click.option("--methods", default=None, help="Comma-separated methods for the density/bits/ratio lists below.")
 @click.option("--densities", default=None, help="Pruning densities, e.g. 0.9,0.8,0.7,0.6,0.5.")
 @click.option("--bits", "bits_list", default=None, help="Bit widths of the quantizers (rtn, gptq), e.g. 8,4,3.")
-@click.option("--group-size", type=int, default=128, show_default=True)
+@click.option("--group-size", type=int, default=None, help="Group size of the quantizers (rtn, gptq) [default: 128].")
 @click.option("--ratios", default=None, help="Low-rank parameter ratios, e.g. 0.9,0.8,0.7,0.6.")
 @click.option("--targets", default=None, help="attn, mlp or attn,mlp (default both).")
 @click.option("--capabilities", default=None, help="Comma-separated capabilities (default math,code,qa; any lm-eval task, "
@@ -60,7 +60,8 @@ def grid(model, spec_file, methods, densities, bits_list, group_size, ratios, ta
         check_model(model, revision)
     elif not spec_file:
         raise CapsenseError("give `model` (or `spec_file` FILE)")
-    from capsense.compress.study.grid import grid_spec, grid_table, run_grid
+    from capsense.compress.study.grid import grid_table, run_grid
+    from capsense.compress.study.grid_spec import grid_spec
 
     names = [x.strip() for x in (methods or "").split(",") if x.strip()]
     values = {"densities": _floats(densities) or None, "bits": _floats(bits_list) or None, "ratios": _floats(ratios) or None}

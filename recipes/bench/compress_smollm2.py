@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from capsense.compress.study.fits import fit_grid
-from capsense.compress.study.grid import load_spec, read_records, run_grid
+from capsense.compress.study.grid import read_records, run_grid
+from capsense.compress.study.grid_spec import load_spec
 from capsense.compress.study.report import write_report
 from capsense.compress.study.select import regret_curve, regret_summary
 

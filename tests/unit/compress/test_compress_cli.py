@@ -259,6 +259,27 @@ def test_a_grid_refuses_calibration_none_of_its_methods_reads(tmp_path, tiny_mod
             "asvd, svd-llm); this grid's rtn calibrate(s) on nothing") in r.output
 
 
+def test_a_grid_refuses_a_list_or_group_size_none_of_its_methods_reads(tmp_path, tiny_model_dir):
+    """--methods magnitude --bits 4 measured magnitude alone, and --densities without --methods beside a spec file was
+    dropped, without a word: each is one error naming what reads it, nothing measured."""
+    out = tmp_path / "g.jsonl"
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(f"model: {tiny_model_dir}\ncapabilities: [arithmetic]\nsettings:\n  - method: magnitude\n    density: 0.5\n")
+    base = ["--capabilities", "arithmetic", "--probes", 2, "--no-progress", "--out", out]
+    for args, stray in [(["--methods", "magnitude", "--densities", 0.5, "--bits", 4], "--bits not read by this grid's "
+                         "methods (magnitude)"),
+                        (["--methods", "rtn", "--bits", 4, "--ratios", 0.5], "--ratios not read by this grid's methods (rtn)"),
+                        (["--methods", "wanda", "--densities", 0.5, "--group-size", 32], "--group-size not read"),
+                        (["--spec", spec, "--densities", 0.7], "--densities not read by this grid's methods (none given: "
+                         "give --methods)")]:
+        r = run("grid", *([] if args[0] == "--spec" else [tiny_model_dir]), *args, *base)
+        assert r.exit_code == 1 and r.output.count("Error") == 1 and stray in r.output, r.output
+        assert "--bits and --group-size by rtn, gptq" in r.output and not out.exists(), r.output
+    r = run("grid", tiny_model_dir, "--methods", "magnitude,rtn", "--densities", 0.5, "--bits", 4, "--group-size", 32, *base)
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["setting"].get("group_size") for line in out.read_text().splitlines()][-1] == 32
+
+
 def test_fit_select_and_grid_refuse_a_file_grid_did_not_write(tmp_path, tiny_model_dir):
     """Another JSONL (here a guided run's bench record) is named as no grid file, with what its first record lacks: fit
     and select failed on it with a KeyError traceback, and grid called it another grid's measurements."""

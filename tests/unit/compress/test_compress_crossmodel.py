@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from capsense.cli import main
 from capsense.compress.study.fits import fit_grid, fit_grid_file
 from capsense.compress.study.crossmodel import cross_model_fits, read_grids
-from capsense.compress.study.grid import load_spec
+from capsense.compress.study.grid_spec import load_spec
 from capsense.errors import FitError
 
 DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5)

@@ -83,7 +83,7 @@ def test_select_from_grid_is_select_over_the_file(tmp_path):
 
 
 def test_grid_spec_from_a_file_or_from_lists(tmp_path):
-    from capsense.compress.study.grid import grid_spec
+    from capsense.compress.study.grid_spec import grid_spec
 
     spec = grid_spec(None, ["magnitude", "rtn"], {"densities": [0.8, 0.5], "bits": [4]}, 64, model="m",
                      capabilities="qa", probes=None, targets="mlp")

@@ -51,7 +51,7 @@ def test_every_registry_is_a_registry_and_the_cli_lists_them():
     from capsense.compress.lowrank import FACTORIZERS
     from capsense.compress.measured_sensitivity import UNITS
     from capsense.compress.methods import METHODS as COMPRESSION_METHODS
-    from capsense.compress.study.grid import GRID_AXES
+    from capsense.compress.study.grid_spec import GRID_AXES
     from capsense.compress.study.select import PREDICTORS, SIZE_KEYS
     from capsense.localize.designs import DESIGNS
     from capsense.localize.registry import METHODS

@@ -33,9 +33,18 @@ def check_limit(limit: int | None) -> None:
 def check_evaluate(
     model: str, heads: str | None, top_k: int | None, tasks: Sequence[str], limit: int | None,
     include_path: Sequence[str] = (), out: str | os.PathLike | None = None, revision: str | None = None,
+    ablation: str | None = None, mean_reference: str | os.PathLike | None = None,
 ) -> HeadSet:
     """Every check that needs neither torch nor lm-eval nor the model; returns the head set to ablate. ``revision``:
-    the model's, resolved (:func:`~capsense.core.heads.located_revision`)."""
+    the model's, resolved (:func:`~capsense.core.heads.located_revision`). ``top_k``, ``ablation`` and
+    ``mean_reference`` say which heads are knocked out and how: without ``heads`` none is, and each is an error (until
+    round 53 the model as is was evaluated without a word)."""
+    given = [f"`{n}`" for n, v in (("top_k", top_k), ("ablation", ablation), ("mean_reference", mean_reference))
+             if v is not None]
+    if not heads and given:
+        raise CapsenseError(f"{', '.join(given)} {'says' if len(given) == 1 else 'say'} which heads are knocked out and "
+                            "how, and no `heads` are given (the model is evaluated as is): give `heads` or leave "
+                            f"{'it' if len(given) == 1 else 'them'} out")
     head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()
     check_limit(limit)
     check_output_file(out)

@@ -117,6 +117,17 @@ CASES = {
     "validate without --out": (["validate", "smollm2-135m", "--heads", "{d}/heads.json"], ["Missing option '--out'"]),
     "grid without --out": (["grid", "smollm2-135m", "--methods", "rtn", "--bits", "4"], ["Missing option '--out'"]),
     "distill without --out": (["distill", "{d}/model", "--teacher", "smollm2-135m"], ["Missing option '--out'"]),
+    # options that do not apply (round 53): the model was evaluated as is, or spread from another device, without a word
+    "evaluate --top-k without --heads": (["evaluate", "smollm2-135m", "--top-k", "3", "--tasks", "capsense_induction"],
+                                         ["--top-k says which heads are knocked out", "no --heads are given"]),
+    "evaluate --ablation without --heads": (["evaluate", "smollm2-135m", "--ablation", "mean", "--tasks",
+                                             "capsense_induction"], ["--ablation says which heads", "give --heads"]),
+    "compress --device beside --device-map": (["compress", "smollm2-135m", "--method", "rtn", "--bits", "4", "--device",
+                                               "cuda:1", "--device-map", "auto", "--out", "{d}/c"],
+                                              ["--device 'cuda:1' does not apply beside --device-map 'auto'"]),
+    "validate --device beside --parallelize": (["validate", "smollm2-135m", "--heads", "{d}/heads.json", "--device",
+                                                "cuda", "--parallelize", "--out", "{d}/v"],
+                                               ["--device 'cuda' does not apply beside --device-map 'auto'"]),
 }
 
 

@@ -41,8 +41,9 @@ from capsense.commands.output import echo_written, log
               "Default: prose,math,code,qa (their last documents, disjoint from the probes); gptq and sparsegpt "
               "with --keep add the kept capabilities (each takes a second share). Read by the calibrated methods "
               "(wanda, sparsegpt, gptq, asvd, svd-llm) only: given to others it is refused.")
-@click.option("--calibration-samples", type=int, default=64, show_default=True,
-              help="Calibration texts (with --keep also the texts of each kept capability for its gradients).")
+@click.option("--calibration-samples", type=int, default=None,
+              help="Calibration texts [default: 64] (with --keep also the texts of each kept capability for its "
+                   "gradients). Without --keep read by the calibrated methods only, as --calibration.")
 @dtype_option(help="Dtype to load and compress in.")
 @dtype_option("auto", auto=True, name="--save-dtype", help="Dtype of the saved weights (auto: as compressed, "
               "or bfloat16 for the unpacked tensors of a compressed-tensors checkpoint).")

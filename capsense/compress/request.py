@@ -64,17 +64,20 @@ def _check_options(setting: Mapping[str, Any], sequential: bool, sequential_prop
         raise CapsenseError(f"unknown setting {', '.join(sorted(unknown))}: valid are {', '.join(SETTING_PARAMETERS)}")
 
 
-def _budget(setting: Mapping[str, Any], budget_file, targets: str | None, calibration: str | None):
+def _budget(setting: Mapping[str, Any], budget_file, targets: str | None, calibration: str | None,
+            samples: int | None = None):
     """The request's budget: ``budget_file`` with ``setting`` over its default, or ``setting`` on every ``targets``
-    matrix. A ``calibration`` given where no method reads it is an error (:func:`~capsense.compress.methods.
-    check_calibration_read`): only a calibrated method reads it (``sequential`` too, which is refused without one); a
-    kept capability's gradients and checks read that capability's own documents."""
+    matrix. A ``calibration`` (or its ``samples``: the caller passes them where nothing else reads them, no ``keep``)
+    given where no method reads it is an error (:func:`~capsense.compress.methods.check_calibration_read`): only a
+    calibrated method reads it (``sequential`` too, which is refused without one); a kept capability's gradients and
+    checks read that capability's own documents."""
     from capsense.compress.budget import load_budget, uniform_budget
     from capsense.compress.methods import check_calibration_read
 
     budget = load_budget(budget_file, setting, targets) if budget_file else uniform_budget(
         {k: v for k, v in setting.items() if v is not None}, targets)
-    check_calibration_read(["calibration"] if calibration is not None else [], budget.settings())
+    check_calibration_read([k for k, v in (("calibration", calibration), ("calibration_samples", samples))
+                            if v is not None], budget.settings())
     return budget
 
 
@@ -125,7 +128,7 @@ def compress_request(
     pricing: str | None = None, probes: int | None = None,
     check_uniform: bool | None = None, fisher_groups: int | None = None, check_docs: int | None = None,
     calibration: str | None = None,
-    calibration_samples: int = 64,
+    calibration_samples: int | None = None,
     dtype: str = "float32",
     save_dtype: str | None = None,
     overwrite: bool = False,
@@ -162,11 +165,12 @@ def compress_request(
                    protect_top_k=protect_top_k, budget_size=budget_size, pricing=pricing, check_uniform=check_uniform,
                    fisher_groups=fisher_groups, check_docs=check_docs, probes=probes,
                    sensitivity=None if sensitivity == "kept" else sensitivity)
-    budget = _budget(setting, budget_file, targets, calibration)
-    guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, calibration_samples, pricing,
+    budget = _budget(setting, budget_file, targets, calibration, None if keep else calibration_samples)
+    samples = 64 if calibration_samples is None else calibration_samples  # (with keep, also the Fisher's texts)
+    guide = _guide(keep, sensitivity, protect_top_k, protect_heads, budget_size, samples, pricing,
                    check_uniform, fisher_groups, check_docs, include_path) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
-        calibration_samples_n=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+        calibration_samples_n=samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
         guide=guide, device_map=device_map, device=device, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
         sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path, revision=revision)

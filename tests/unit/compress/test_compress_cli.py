@@ -138,6 +138,8 @@ def test_quantized_checkpoints_are_packed_by_default_and_reload_exactly(tmp_path
     (["--method", "gptq", "--bits", "4", "--sequential-propagate", "original"], "--sequential-propagate says how --sequential"),
     (["--method", "magnitude", "--density", "0.5", "--calibration", "prose"],
      "--calibration is read by the calibrated methods (wanda, sparsegpt, gptq, asvd, svd-llm); magnitude calibrate(s) on nothing"),
+    (["--method", "rtn", "--bits", "4", "--calibration-samples", "8"],  # (round 53: it was ignored)
+     "--calibration-samples is read by the calibrated methods (wanda, sparsegpt, gptq, asvd, svd-llm); rtn calibrate(s)"),
 ])
 def test_compress_bad_input_one_clear_message_nothing_written(tmp_path, tiny_model_dir, args, message):
     out = tmp_path / "out"

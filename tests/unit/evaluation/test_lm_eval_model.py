@@ -81,6 +81,7 @@ def test_lm_eval_cli_bad_input_exits_nonzero(model_dirs, tmp_path):
         ("heads=L0X1", "malformed head 'L0X1'"),
         ("heads=L0H1,ablation=half", "unknown `ablation` mode 'half': valid modes are zero, mean"),
         ("heads=L0H1,top_k=x", "top_k must be an integer"),
+        ("top_k=3", "top_k keeps the first k heads of heads= or head_file=, and neither is given"),  # (round 53: dropped)
     ],
 )
 def test_bad_model_args_through_lm_eval_registry(model_dirs, args, message):

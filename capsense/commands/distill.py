@@ -49,7 +49,7 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
     from capsense.core.models import check_model
     from capsense.core.placement import check_placement
 
-    check_output_dir(out, overwrite)  # before any heavy import
+    check_output_dir(out, overwrite, (student, teacher, sources, *include_path))  # before any heavy import
     placed = device_map_from(device_map, parallelize)
     check_placement(device, placed)  # every device it (or --device) names exists here
     check_model(student)

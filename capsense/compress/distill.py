@@ -186,7 +186,7 @@ def run_distill(
     from capsense.core.lock import RunFolderLock
 
     out = Path(out)
-    check_output_dir(out, overwrite)
+    check_output_dir(out, overwrite, (cfg.student, cfg.teacher, cfg.sources, *include_path))
     work = out.parent / (out.name + ".partial")
     with RunFolderLock(work):  # one writer: a second distillation into `out` is refused before its models load
         student, teacher, tokenizer = models or load_models(cfg)

@@ -133,7 +133,7 @@ def _check_before_load(model_name: str, budget: Budget, out, overwrite: bool, fm
     the format ``fmt`` resolves to."""
     from capsense.core.files import check_output_dir
 
-    check_output_dir(out, overwrite)  # fail before the slow part
+    check_output_dir(out, overwrite, (model_name, calibration))  # fail before the slow part
     fmt = resolve_format(fmt, budget)
     check_calibration_given(budget, calibration, n_samples)
     check_moe_config(model_name, budget.targets, revision)  # MLP targets on a mixture-of-experts model

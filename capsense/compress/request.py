@@ -35,7 +35,7 @@ def check_request(model: str, out: str | Path, overwrite: bool, device_map: str 
     from capsense.core.models import check_model
     from capsense.core.placement import check_placement, parse_device_map
 
-    check_output_dir(out, overwrite)
+    check_output_dir(out, overwrite, (model, budget_file, calibration, *include_path))
     placed = parse_device_map(device_map)
     check_placement(device, placed)
     check_model(model, revision)
@@ -127,8 +127,7 @@ def compress_request(
     budget_size: float | None = None,
     pricing: str | None = None, probes: int | None = None,
     check_uniform: bool | None = None, fisher_groups: int | None = None, check_docs: int | None = None,
-    calibration: str | None = None,
-    calibration_samples: int | None = None,
+    calibration: str | None = None, calibration_samples: int | None = None,
     dtype: str = "float32",
     save_dtype: str | None = None,
     overwrite: bool = False,

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CAPSENSE_CACHE", Path.home() / ".cache" / "capsense"))
 
 
-def check_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
+def check_output_dir(out: str | os.PathLike, overwrite: bool = False, inputs: Iterable[Any] = ()) -> Path:
     """Raise a clear error if ``out`` cannot be written; return it as a :class:`Path`.
 
-    Call it before slow work so a bad destination fails fast.
+    Call it before slow work so a bad destination fails fast. ``inputs``: what the run reads (model folders, heads and
+    budget files; entries that are not paths of this machine are skipped). With ``overwrite`` an existing ``out`` is
+    deleted once the new one is in place, so an ``out`` that is or holds one of them is refused: until round 53
+    ``capsense compress ./proj/model --out ./proj --overwrite`` deleted the model it read with the folder.
     """
     p = Path(out)
     if p.exists() and not p.is_dir():
@@ -43,6 +46,13 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
         raise OutputExistsError(
             f"output folder {str(p)!r} exists and is not empty: choose another folder or pass `overwrite`"
         )
+    if p.is_dir():
+        here = p.resolve()
+        for x in inputs:
+            if isinstance(x, (str, os.PathLike)) and str(x) and Path(x).exists():
+                if (r := Path(x).resolve()) == here or here in r.parents:
+                    raise OutputExistsError(f"output folder {str(p)!r} holds {str(x)!r}, which this run reads: "
+                                            "`overwrite` would delete it with the folder; choose another folder")
     return p
 
 

@@ -96,9 +96,8 @@ class CapsenseMaskedLM(HFLM):
             raise CapsenseError(f"`ablator` must ablate this model under ablation {ablation!r}; "
                                 f"got one for {ablator.ablation!r}")
         k = _optional_int(top_k, "top_k")
-        if k is not None and spec in (None, ""):
-            raise CapsenseError("top_k keeps the first k heads of heads= or head_file=, and neither is given (the model "
-                                "would be evaluated as is): give one or leave top_k out")
+        if k is not None and spec in (None, ""):  # (the model would be evaluated as is)
+            raise CapsenseError("top_k keeps the first k heads of heads= or head_file=, and neither is given: give one")
         head_set = HeadSet.parse(spec, top_k=k) if spec not in (None, "") else HeadSet()
         name = pretrained
         if isinstance(pretrained, str):

@@ -153,7 +153,7 @@ def check_export_inputs(
         raise CapsenseError("`device_map` applies to `format` checkpoint and to a mean-ablation adapter (a "
                             "zero-ablation adapter is built without loading weights)")
     check_dtype(dtype)
-    out_path = check_output_dir(out, overwrite)
+    out_path = check_output_dir(out, overwrite, (model, heads, mean_reference))
     hs, heads_file, source = resolve_heads(heads, top_k)
     check_model(model, revision)
     layout = config_head_layout(model, revision)

@@ -170,7 +170,7 @@ def check_measure(model: str, reference: str | None, probes: int, out: str | Pat
     check_placement(device, device_map)
     if probes < 1:
         raise CapsenseError(f"`probes` must be at least 1, got {probes}")
-    check_output_file(out)
+    check_output_file(out, (model, reference, *include_path))
     check_model(model, revision)
     if reference_revision and not reference:
         raise CapsenseError("`reference_revision` is the revision of `reference`: give both, or neither")

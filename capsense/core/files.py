@@ -56,13 +56,23 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False, inputs: It
     return p
 
 
-def check_output_file(out: str | os.PathLike | None) -> None:
-    """``out`` can be written as a file: not a folder, and no file where its folder should be."""
+def check_output_file(out: str | os.PathLike | None, inputs: Iterable[Any] = ()) -> None:
+    """``out`` can be written as a file: not a folder, no file where its folder should be, and not a file the run reads
+    (``inputs``: files, or folders whose files it reads, such as a model's; others are skipped): writing the table over
+    the heads file it was computed from lost the set (``capsense evaluate M --heads run/heads.json --out
+    run/heads.json`` until round 53)."""
     if out is None:
         return
     p = Path(out)
     if p.is_dir():
         raise CapsenseError(f"`out` {str(p)!r} is a folder: give a file name, e.g. {str(p / 'table.json')!r}")
+    if p.is_file():
+        here = p.resolve()
+        for x in inputs:
+            if isinstance(x, (str, os.PathLike)) and str(x) and Path(x).exists():
+                if (r := Path(x).resolve()) == here or r in here.parents:
+                    raise CapsenseError(f"`out` {str(p)!r} is {'' if r == here else 'in '}{str(x)!r}, which this run "
+                                        "reads: writing it would replace it; give another file")
     for parent in p.parents:
         if parent.exists() and not parent.is_dir():
             raise CapsenseError(f"`out` {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")

@@ -47,7 +47,7 @@ def check_evaluate(
                             f"{'it' if len(given) == 1 else 'them'} out")
     head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()
     check_limit(limit)
-    check_output_file(out)
+    check_output_file(out, (model, heads, mean_reference))
     check_task_names(tasks, include_path)
     check_model(model, revision)
     layout = config_head_layout(model, revision)

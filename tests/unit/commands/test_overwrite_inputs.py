@@ -36,3 +36,18 @@ def test_an_output_folder_holding_an_input_is_refused_with_overwrite(tmp_path, t
     r = CliRunner().invoke(main, [*runs["export into the model"][:-2], "--format", "checkpoint", "--out",
                                   str(tmp_path / "elsewhere"), "--overwrite"])
     assert r.exit_code == 0, r.output  # another folder: as before
+
+
+def test_an_output_file_that_is_an_input_is_refused(tmp_path, tiny_model_dir):
+    """evaluate's table written over the heads file it read, measure's JSON over the model's config: refused."""
+    tiny_model_dir = shutil.copytree(tiny_model_dir, tmp_path / "model")  # (a copy: a regression writes over it)
+    heads = tmp_path / "heads.json"
+    heads.write_text(f'{{"model": "{tiny_model_dir}", "task": "capsense_arithmetic", "heads": [{{"layer": 0, "head": 1}}]}}')
+    kept = heads.read_text(), (tiny_model_dir / "config.json").read_text()
+    for args, out in [(["evaluate", str(tiny_model_dir), "--heads", str(heads), "--tasks", "capsense_arithmetic"], heads),
+                      (["measure", str(tiny_model_dir), "--capabilities", "arithmetic", "--probes", "2"],
+                       tiny_model_dir / "config.json")]:
+        r = CliRunner().invoke(main, [*args, "--out", str(out)])
+        assert r.exit_code == 1 and r.output.count("Error") == 1, r.output
+        assert f"--out {str(out)!r} is" in r.output and "which this run reads" in r.output, r.output
+    assert (heads.read_text(), (tiny_model_dir / "config.json").read_text()) == kept

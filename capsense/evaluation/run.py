@@ -13,6 +13,9 @@ from typing import Any
 
 from capsense.core.ablation import resolve_ablation
 from capsense.core.batching import check_batch_size
+from capsense.core.models import DTYPES
+from capsense.core.placement import check_placement
+from capsense.errors import CapsenseError
 from capsense.evaluation.preflight import check_locate, check_output_folder
 from capsense.tasks import check_task_names
 from capsense.tasks.suite import expand_controls
@@ -32,10 +35,14 @@ class StepResult:
 
 
 def check_steps(steps: list[Step]) -> None:
-    """Every step's settings, tasks, model and folders, before anything heavy is imported."""
+    """Every step's settings, tasks, model and folders, before anything heavy is imported: validate's too, which until
+    round 53 were read only once its locate had run (a validate ``limit: 0`` failed after the search)."""
     for cfg, val in steps:
         check_locate(cfg)
         if val:
+            _check_validate_numbers(val)
+            kwargs = validate_kwargs(cfg, val)
+            check_placement(kwargs["device"], kwargs["device_map"])
             check_batch_size(val.get("batch_size", 16), "validate `batch_size`")
             # validate's ablation (and texts), by the rule validate applies to the run's heads.json
             resolve_ablation({"ablation": cfg.ablation, "mean_reference": cfg.mean_reference}, val.get("ablation"),
@@ -45,15 +52,31 @@ def check_steps(steps: list[Step]) -> None:
             check_output_folder(val["out"], "validate `out`")
 
 
+def _check_validate_numbers(val: dict[str, Any]) -> None:
+    """A validate section's counts and tolerance: what :func:`~capsense.evaluation.validate.check_validate` refuses
+    (its heads file does not exist yet)."""
+    for key, low, default in (("top_k", 1, None), ("random", 0, 3), ("limit", 1, 100), ("tolerance", 0, 0.10)):
+        value = val.get(key, default)
+        kind = float if key == "tolerance" else int
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low
+                                  or (kind is int and value != int(value))):
+            raise CapsenseError(f"validate `{key}` must be {'a number' if kind is float else 'an integer'} >= {low}, "
+                                f"got {value!r}")
+    if val.get("dtype", "float32") not in DTYPES[1:]:
+        raise CapsenseError(f"validate `dtype` {val['dtype']!r}: valid are {', '.join(DTYPES[1:])}")
+
+
 def validate_kwargs(cfg: Any, val: dict[str, Any]) -> dict[str, Any]:
-    """The :func:`capsense.evaluation.validate.validate` settings of a recipe's validate section."""
+    """The :func:`capsense.evaluation.validate.validate` settings of a recipe's validate section. Where it places the
+    model (``device`` or ``device_map``) it does not take locate's other one: a map places every module itself."""
+    own = "device" in val or "device_map" in val
     return dict(
         n_random=int(val.get("random", 3)), limit=val.get("limit", 100), seed=int(val.get("seed", 0)),
         tolerance=float(val.get("tolerance", 0.10)),
-        batch_size=val.get("batch_size", 16), device=val.get("device", cfg.device),
+        batch_size=val.get("batch_size", 16), device=val.get("device", "cpu" if own else cfg.device),
         dtype=val.get("dtype", "float32"), include_path=val.get("include_path", cfg.include_path),
         confirm_run_unsafe_code=bool(val.get("confirm_run_unsafe_code", cfg.confirm_run_unsafe_code)),
-        device_map=val.get("device_map", cfg.device_map),
+        device_map=val.get("device_map", None if own else cfg.device_map),
         ablation=val.get("ablation"), mean_reference=val.get("mean_reference"),  # None: the run's (heads.json)
     )
 

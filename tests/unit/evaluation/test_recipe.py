@@ -104,6 +104,43 @@ def test_dry_run_refuses_bad_validate_settings_before_the_locate(tmp_path):
     assert r.exit_code == 1 and f"mean_reference file '{tmp_path / 'missing.txt'}' not found" in r.output, r.output
 
 
+@pytest.mark.parametrize("section, message", [
+    ("  limit: 0\n", "validate `limit` must be an integer >= 1, got 0"),
+    ("  random: -1\n", "validate `random` must be an integer >= 0, got -1"),
+    ("  top_k: 2.5\n", "validate `top_k` must be an integer >= 1, got 2.5"),
+    ("  tolerance: -0.1\n", "validate `tolerance` must be a number >= 0, got -0.1"),
+    ("  dtype: float64\n", "validate `dtype` 'float64': valid are float32, bfloat16, float16"),
+    ("  device: cuda:7\n", "device 'cuda:7' does not exist on this machine"),
+    ("  device: cuda:7\n  device_map: auto\n", "`device` 'cuda:7' does not apply beside `device_map` 'auto'"),
+])
+def test_a_validate_section_is_checked_before_the_locate(tmp_path, section, message):
+    """Round 53: these were read only by validate, once its locate had run."""
+    p = tmp_path / "r.yaml"
+    p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\nvalidate:\n{section}")
+    r = CliRunner().invoke(main, ["run", str(p), "--dry-run"])
+    assert r.exit_code == 1 and r.output.count("Error") == 1 and message in r.output, r.output
+
+
+def test_a_validate_section_that_places_the_model_does_not_inherit_locate_s_other_placement(tmp_path):
+    """locate on one device, validate spread by a map (or the reverse): each takes its own, not locate's other one
+    (which, beside it, is refused)."""
+    from capsense.evaluation.run import validate_kwargs
+
+    p = tmp_path / "r.yaml"
+    p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n  device: cuda\n"
+                 "validate:\n  device_map: auto\n")
+    (cfg, val), = recipe_steps(load_recipe(p))
+    assert (validate_kwargs(cfg, val)["device"], validate_kwargs(cfg, val)["device_map"]) == ("cpu", "auto")
+    p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n  device_map: auto\n"
+                 "validate:\n  device: cpu\n")
+    (cfg, val), = recipe_steps(load_recipe(p))
+    assert (validate_kwargs(cfg, val)["device"], validate_kwargs(cfg, val)["device_map"]) == ("cpu", None)
+    p.write_text(f"model: smollm2-135m\nout: {tmp_path / 'o'}\nlocate:\n  task: capsense_antonyms\n  device_map: auto\n"
+                 "validate:\n  limit: 5\n")
+    (cfg, val), = recipe_steps(load_recipe(p))
+    assert validate_kwargs(cfg, val)["device_map"] == "auto"  # a section that names neither: locate's
+
+
 def test_a_recipe_without_controls_uses_the_default_suite(tmp_path):
     from capsense.tasks.suite import SCREEN
 

@@ -45,6 +45,9 @@ class GridSpec:
 
 def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str | None = None) -> list[dict[str, Any]]:
     """Expand list-valued fields (``method: [svd, asvd]``, ``density: [0.9, 0.8]``) into settings."""
+    if isinstance(entries, (str, Mapping)) or not isinstance(entries, Iterable):
+        raise CapsenseError(f"`settings` must be a list of settings (each a mapping such as {{method: magnitude, density: "
+                            f"[0.9, 0.7]}}), got {entries!r}")  # (a string was read letter by letter)
     out: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping):

@@ -101,6 +101,10 @@ def test_grid_spec_from_a_file_or_from_lists(tmp_path):
         grid_spec(None, ["svd"], {"ratios": [0.5]})
     with pytest.raises(CapsenseError, match="give `methods`"):
         grid_spec(None, model="m")
+    for settings in ("magnitude", "{method: magnitude, density: 0.5}"):  # (round 53: read letter by letter, or by key)
+        f.write_text(f"model: m\nsettings: {settings}\n")
+        with pytest.raises(CapsenseError, match=r"`settings` must be a list of settings \(each a mapping"):
+            grid_spec(f)
 
 
 def test_compress_request_is_the_pipeline_on_the_budget_it_names(tmp_path, tiny_model_dir):

@@ -8,7 +8,7 @@ import click
 
 from capsense.commands.options import (
     batch_size_option, device_map_from, device_map_option, device_option, dtype_option, include_path_option, out_option,
-    revision_option,
+    no_progress_option, revision_option,
 )
 from capsense.commands.output import echo_written
 
@@ -30,8 +30,9 @@ from capsense.commands.output import echo_written
 @click.option("--per-doc", is_flag=True, help="Include per-document nats and token counts in the JSON.")
 @include_path_option()
 @out_option("Write the JSON here (atomically).", required=False, file=True)
+@no_progress_option()
 def measure(model, capabilities, probes, batch_size, device, device_map, parallelize, dtype, revision, reference,
-            reference_revision, per_doc, include_path, out):
+            reference_revision, per_doc, include_path, out, quiet):
     """Measure MODEL's loss per capability: nats/token of reference completions (prompt masked), or of whole texts."""
     from capsense.compress.capabilities import check_measure
 
@@ -42,7 +43,8 @@ def measure(model, capabilities, probes, batch_size, device, device_map, paralle
     from capsense.core.files import atomic_write_text
 
     doc = measure_models(model, capabilities, probes, batch_size, dtype, reference, per_doc, include_path,
-                         device=device, device_map=placed, revision=revision, reference_revision=reference_revision)
+                         device=device, device_map=placed, revision=revision, reference_revision=reference_revision,
+                         progress=not quiet)
     result = doc["capabilities"]
     text = json.dumps(doc, indent=2) + "\n"
     for c, v in result.items():

@@ -117,15 +117,21 @@ def measure_probe(model: nn.Module, probe: Probe, capability: str | None = None,
     )
 
 
-def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16) -> dict[str, CapabilityLoss]:
+def measure(model: nn.Module, probes: Mapping[str, Probe], batch_size: int = 16,
+            progress: str | None = None) -> dict[str, CapabilityLoss]:
     """Per-capability loss of ``model`` on each probe set; what each set's forwards freed is handed back
-    (:func:`~capsense.core.memory.return_freed_memory`)."""
+    (:func:`~capsense.core.memory.return_freed_memory`). ``progress``: the label of a bar over the sets on stderr
+    (None: none), what ``capsense measure`` shows (an 8B model's probes take minutes, which it spent silent)."""
+    from tqdm.auto import tqdm
+
     from capsense.core.memory import return_freed_memory
 
     out = {}
-    for cap, p in probes.items():
-        out[cap] = measure_probe(model, p, cap, batch_size)
-        return_freed_memory()
+    with tqdm(probes.items(), desc=progress, unit="capability", disable=progress is None) as bar:
+        for cap, p in bar:
+            bar.set_postfix_str(f"{cap} ({p.n_docs} documents)")
+            out[cap] = measure_probe(model, p, cap, batch_size)
+            return_freed_memory()
     return out
 
 
@@ -148,7 +154,7 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
                    dtype: str = "float32", reference: str | None = None, per_doc: bool = False,
                    include_path: Sequence[str] = (), device: str = "cpu",
                    device_map: str | dict[str, Any] | None = None, revision: str | None = None,
-                   reference_revision: str | None = None) -> dict[str, Any]:
+                   reference_revision: str | None = None, progress: bool = False) -> dict[str, Any]:
     """``model``'s loss per capability on its fixed probe set, as the JSON document ``capsense
     measure`` writes: ``{"model", "probes", "dtype", "capabilities": {cap: {nll, acc, ...}}, "versions", "host"}``.
 
@@ -159,6 +165,7 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
     declare capabilities (a user's tasks). A perplexity task's texts are cut at each model's length. Each model loads
     on ``device``, or spread by ``device_map`` (:func:`~capsense.core.models.load_model`); ``revision`` and
     ``reference_revision``: each model's, of a Hub model (the document names them; None: the default branch).
+    ``progress``: a bar per model over its capabilities, on stderr.
     """
     from capsense.core.models import load_model
     from capsense.core.provenance import provenance
@@ -166,7 +173,8 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
 
     caps = parse_capabilities(capabilities, include_path)
     m, tok = load_model(model, dtype=dtype, device=device, device_map=device_map, revision=revision)
-    measured = measure(m, build_probes(tok, caps, n_probes, include_path, model_max_length(m)), batch_size)
+    measured = measure(m, build_probes(tok, caps, n_probes, include_path, model_max_length(m)), batch_size,
+                       f"measure {model}" if progress else None)
     result = {c: v.to_dict(per_doc) for c, v in measured.items()}
     doc: dict[str, Any] = {"model": model, **({"revision": revision} if revision else {}), "probes": n_probes,
                            "dtype": dtype, "capabilities": result,
@@ -174,7 +182,8 @@ def measure_models(model: str, capabilities: str | Sequence[str], n_probes: int 
     if reference:
         del m
         r, rtok = load_model(reference, dtype=dtype, device=device, device_map=device_map, revision=reference_revision)
-        ref = measure(r, build_probes(rtok, caps, n_probes, include_path, model_max_length(r)), batch_size)
+        ref = measure(r, build_probes(rtok, caps, n_probes, include_path, model_max_length(r)), batch_size,
+                      f"measure {reference}" if progress else None)
         doc["reference"] = reference
         if reference_revision:
             doc["reference_revision"] = reference_revision

@@ -107,3 +107,14 @@ def test_a_device_beside_a_device_map_is_refused_by_every_command_and_loader(tmp
             assert "does not apply beside `device_map`" in str(e)
         else:
             raise AssertionError(f"{loader.__name__} took a device beside a map")
+
+
+def test_measure_shows_progress_unless_told_not_to(tmp_path, tiny_model_dir):
+    """measure was silent for as long as its probes took (minutes on an 8B model): a bar per model on stderr, the JSON
+    on stdout as before; --no-progress as the other commands."""
+    base = ["measure", str(tiny_model_dir), "--capabilities", "arithmetic,qa", "--probes", "2",
+            "--reference", str(tiny_model_dir)]
+    bar, quiet = CliRunner().invoke(main, base), CliRunner().invoke(main, [*base, "--no-progress"])
+    assert bar.exit_code == 0 == quiet.exit_code, bar.output
+    assert f"measure {tiny_model_dir}: 100%" in bar.stderr and "capability" in bar.stderr, bar.stderr
+    assert "%|" not in quiet.stderr and json.loads(quiet.stdout)["capabilities"] == json.loads(bar.stdout)["capabilities"]

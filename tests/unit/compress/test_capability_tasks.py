@@ -49,7 +49,7 @@ def test_measure_scores_a_user_s_perplexity_task_as_lm_eval_hf_does(toy):
     model_dir, tasks = toy
     out = model_dir.parent / "measure.json"
     r = CliRunner().invoke(main, ["measure", str(model_dir), "--capabilities", f"{TOY_ROLLING},math", "--probes", "12",
-                                  "--include-path", str(tasks), "--per-doc", "--out", str(out)])
+                                  "--include-path", str(tasks), "--per-doc", "--no-progress", "--out", str(out)])
     assert r.exit_code == 0, r.output
     text = json.loads(out.read_text())["capabilities"][TOY_ROLLING]
     assert text["acc"] is None and text["n_docs"] == 12

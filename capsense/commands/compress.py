@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, device_option, dtype_option, include_path_option, old_name, out_option, overwrite_option,
+    device_map_from, device_map_option, device_option, dtype_option, no_progress_option, include_path_option, old_name, out_option, overwrite_option,
     registry_option, revision_option, with_old_name,
 )
 from capsense.commands.output import echo_written, log
@@ -109,10 +109,11 @@ from capsense.commands.output import echo_written, log
 @include_path_option()
 @out_option("Output folder (written atomically).")
 @overwrite_option()
+@no_progress_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, probes, protect_heads, protect_top_k, sensitivity,
              pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device,
-             device_map, parallelize, revision, include_path, out, overwrite):
+             device_map, parallelize, revision, include_path, out, overwrite, quiet):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size
@@ -140,7 +141,7 @@ def compress(model, method, density, scope, bits, group_size, damp, act_order, s
         check_uniform=check_uniform, fisher_groups=fisher_groups, check_docs=check_docs, calibration=calibration,
         calibration_samples=calibration_samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite,
         device_map=placed, device=device, fmt=fmt, sequential=sequential, sequential_propagate=sequential_propagate,
-        include_path=list(include_path), log=log, revision=revision,
+        include_path=list(include_path), log=log, progress=not quiet, revision=revision,
     )
     s = result.summary
     click.echo(

@@ -28,7 +28,7 @@ import torch
 from capsense.compress.budget import Budget, parse_setting, setting_label, write_budget_file
 from capsense.compress.calibration import DEFAULT_CALIBRATION, calibration_samples
 from capsense.compress.card import render_card
-from capsense.compress.engine import CompressionResult, calibrate, check_plan, needs_calibration, plan
+from capsense.compress.engine import CompressionResult, calibrate, check_plan, compress_model, needs_calibration, plan
 from capsense.errors import CapsenseError
 from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size_on_disk, write_packed
 from capsense.compress.select import compress_guided
@@ -74,13 +74,11 @@ def compress_checkpoint(
     dtype: str = "float32",
     save_dtype: str | None = None,
     overwrite: bool = False,
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, progress: bool = False,
     guide=None,
     device_map: str | dict[str, Any] | None = None, device: str = "cpu",
-    fmt: str = "auto",
-    probes: int = 32,
-    sequential: bool = False,
-    sequential_propagate: str = DEFAULT_PROPAGATE,
+    fmt: str = "auto", probes: int = 32,
+    sequential: bool = False, sequential_propagate: str = DEFAULT_PROPAGATE,
     include_path: Sequence[str] = (),
     revision: str | None = None,
 ) -> CompressionResult:
@@ -104,7 +102,8 @@ def compress_checkpoint(
     ``sequential``: calibrate and compress one decoder layer at a time (:mod:`.sequential`), each layer on the
     outputs of the original layers (``sequential_propagate`` "original", the default: the one-pass result) or the
     compressed ones; guided (:mod:`.guided_sequential`), each candidate so, its levels priced on the original ones.
-    ``include_path``: task YAML folders ``calibration`` may name tasks of (``guide`` carries its own, for ``keep``)."""
+    ``include_path``: task YAML folders ``calibration`` may name tasks of (``guide`` carries its own, for ``keep``).
+    ``progress``: bars over the one-pass calibration and compression (the sequential path logs each layer)."""
     from capsense.core.models import load_model
     from capsense.core.placement import check_weights_in_memory
 
@@ -118,7 +117,8 @@ def compress_checkpoint(
     result, budget, allocation, measured = _compress_sequential(
         model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, guide, probes, dtype, log, fmt,
         include_path) if sequential else _compress_one_pass(
-        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt, include_path)
+        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt, include_path,
+        progress)
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)
@@ -157,9 +157,14 @@ def _check_kept_held_out(guide, probes: int, calibration: str, n_samples: int) -
 
 
 def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: str, n_samples: int, guide, probes: int,
-                       dtype: str, log: Callable[[str], None], fmt: str, include_path: Sequence[str] = ()):
+                       dtype: str, log: Callable[[str], None], fmt: str, include_path: Sequence[str] = (),
+                       progress: bool = False):
     """Calibrate every target at once, (guide,) compress: (result, budget shipped, allocation, measured dL).
-    ``planned``: ``budget``'s plan, made once by the caller; ``include_path``: task YAML folders ``calibration`` names."""
+    ``planned``: ``budget``'s plan, made once by the caller; ``include_path``: task YAML folders ``calibration`` names;
+    ``progress``: a bar over the calibration texts and one over the matrices of each compression, on stderr (a 70B
+    model's pass took hours between two log lines)."""
+    from tqdm.auto import tqdm
+
     needed, _ = needs_calibration(planned)
     # built once: the guided memory check counts the Gram matrices from them, then calibration runs on them
     samples = calibration_samples(calibration, tokenizer, n_samples, include_path=include_path) if needed else ([], [])
@@ -174,13 +179,26 @@ def _compress_one_pass(model, tokenizer, budget: Budget, planned, calibration: s
     stats, calib_info = {}, []
     if needed:
         log(f"calibrating on {calibration} ({n_samples} samples)")
-        stats, calib_info = calibrate(model, tokenizer, budget, samples=samples)
+        with tqdm(total=len(samples[0]), desc="calibrate", unit="text", disable=not progress) as bar:
+            stats, calib_info = calibrate(model, tokenizer, budget, samples=samples, progress=bar.update)
     allocations = _guided_allocations(model, tokenizer, budget, stats, guide, log, fmt, texts) if guide is not None else []
     kept = _KeptLoss(model, tokenizer, guide, probes, dtype, log) if guide is not None and probes > 0 else None
     log(f"compressing: {setting_label(budget.default)}")
-    result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log)
+    result, budget, allocation = compress_guided(model, tokenizer, budget, allocations, stats, guide, log,
+                                                 compress=_compressing(model, stats, progress))
     result.calibration = calib_info
     return result, budget, allocation, kept.after(model) if kept is not None else None
+
+
+def _compressing(model, stats, progress: bool) -> Callable[[Budget], CompressionResult]:
+    """How the one-pass path compresses a budget (:func:`~capsense.compress.select.compress_guided`'s ``compress``):
+    :func:`~capsense.compress.engine.compress_model`, with a bar over its matrices where ``progress``."""
+    from tqdm.auto import tqdm
+
+    def compress(b: Budget) -> CompressionResult:
+        with tqdm(total=len(plan(model, b)), desc="compress", unit="matrix", disable=not progress) as bar:
+            return compress_model(model, b, stats, progress=bar.update)
+    return compress
 
 
 def _compress_sequential(model, tokenizer, budget: Budget, calibration: str, n_samples: int, propagate: str, guide,

@@ -136,7 +136,7 @@ def compress_request(
     sequential: bool = False,
     sequential_propagate: str | None = None,
     include_path: Sequence[str] = (),
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, progress: bool = False,
     revision: str | None = None,
 ):
     """Compress ``model`` as asked and write the checkpoint to ``out``; the
@@ -170,6 +170,6 @@ def compress_request(
                    check_uniform, fisher_groups, check_docs, include_path) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
-        calibration_samples_n=samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+        calibration_samples_n=samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, progress=progress,
         guide=guide, device_map=device_map, device=device, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
         sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path, revision=revision)

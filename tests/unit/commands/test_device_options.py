@@ -118,3 +118,20 @@ def test_measure_shows_progress_unless_told_not_to(tmp_path, tiny_model_dir):
     assert bar.exit_code == 0 == quiet.exit_code, bar.output
     assert f"measure {tiny_model_dir}: 100%" in bar.stderr and "capability" in bar.stderr, bar.stderr
     assert "%|" not in quiet.stderr and json.loads(quiet.stdout)["capabilities"] == json.loads(bar.stdout)["capabilities"]
+
+
+def test_compress_shows_progress_unless_told_not_to(tmp_path, tiny_model_dir, calib_file):
+    """compress printed two lines around a one-pass calibration and compression that take hours on a 70B model: a bar
+    over the calibration texts and one over the matrices, on stderr; --no-progress as the other commands. The
+    checkpoint is the same either way."""
+    from safetensors.torch import load_file
+
+    base = ["compress", str(tiny_model_dir), "--method", "gptq", "--bits", "4", "--group-size", "16",
+            "--calibration", str(calib_file), "--calibration-samples", "4"]
+    bar = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "a")])
+    quiet = CliRunner().invoke(main, [*base, "--no-progress", "--out", str(tmp_path / "b")])
+    assert bar.exit_code == 0 == quiet.exit_code, bar.output
+    assert "calibrate: 100%" in bar.stderr and "4/4" in bar.stderr and "compress: 100%" in bar.stderr, bar.stderr
+    assert "calibrate:" not in quiet.stderr and "compress:" not in quiet.stderr, quiet.stderr
+    a, b = (load_file(tmp_path / x / "model.safetensors") for x in "ab")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, device_option, include_path_option, out_option, overwrite_option,
+    device_map_from, device_map_option, device_option, include_path_option, no_progress_option, out_option,
+    overwrite_option,
 )
 from capsense.commands.output import echo_written
 from capsense.compress.capabilities import DISTILL_SOURCES
@@ -37,8 +38,9 @@ from capsense.compress.capabilities import DISTILL_SOURCES
 @include_path_option()
 @out_option("Output folder (written atomically at the end; rerun the same command to resume).")
 @overwrite_option()
+@no_progress_option()
 def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes,
-            teacher_revision, device, device_map, parallelize, include_path, out, overwrite):
+            teacher_revision, device, device_map, parallelize, include_path, out, overwrite, quiet):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
@@ -69,7 +71,7 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
     check_distill_held_out(cfg, caps, probes, include_path)
     s_model, t_model, tok = load_models(cfg, placed, device)
     evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)
-    records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok),
+    records = run_distill(cfg, out, evaluate, overwrite=overwrite, models=(s_model, t_model, tok), progress=not quiet,
                           include_path=include_path)
     for r in records:
         click.echo(f"epoch {r['epoch']}: " + "  ".join(f"{c} {v:+.4f}" for c, v in r["dL"].items()))

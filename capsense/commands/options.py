@@ -101,8 +101,8 @@ def batch_size_option(default: int = 16, help: str | None = None, *, auto: bool 
 
 
 def no_progress_option() -> Decorator:
-    """``--no-progress`` (into ``quiet``): no progress bar, for logs (locate, run, validate, evaluate, grid, measure,
-    compress)."""
+    """``--no-progress`` (into ``quiet``): no progress bar, for logs (every command that shows one: locate,
+    run, validate, evaluate, grid, measure, compress, distill)."""
     return click.option("--no-progress", "quiet", is_flag=True, help="No progress bar.")
 
 

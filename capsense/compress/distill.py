@@ -32,6 +32,7 @@ from torch import nn
 from capsense.compress.capabilities import DISTILL_SOURCES
 from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
+from capsense.core.progress import without_transformers_bars
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,8 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
     meta = json.loads(meta_in.read_text()) if meta_in.is_file() else {}
     meta["distill"] = {"config": asdict(cfg), "epochs": records, **provenance(next(student.parameters()).device)}
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        student.save_pretrained(tmp, safe_serialization=True)
+        with without_transformers_bars():
+            student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)

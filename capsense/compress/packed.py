@@ -39,6 +39,7 @@ from torch import nn
 
 from capsense.errors import CapsenseError
 from capsense.compress.quantize import PACKED_MAX_BITS, group_width
+from capsense.core.progress import without_transformers_bars
 
 FORMATS = ("compressed-tensors", "dense")
 PACK_FORMAT = "pack-quantized"
@@ -149,7 +150,8 @@ def write_packed(model: nn.Module, packed: Mapping[str, PackedWeight], dst: str 
 
     dst = Path(dst)
     state, groups = _packed_state(model, packed, dtype)
-    model.save_pretrained(dst, state_dict=state, safe_serialization=True)
+    with without_transformers_bars():
+        model.save_pretrained(dst, state_dict=state, safe_serialization=True)
     qconfig = _quantization_config(groups)
     ModelCompressor(quantization_config=qconfig).update_config(str(dst))
     cfg_path = dst / "config.json"

@@ -170,18 +170,16 @@ def convert_gguf(gguf_path: Path, target: Path, source: dict[str, Any]) -> None:
     ``source`` goes to ``capsense_source.json`` (``source``: the Hub id of the original, or None).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from capsense.core.progress import without_transformers_bars
 
-    hf_logging.disable_progress_bar()  # one line above says what happens; no raw per-tensor bars
     try:
-        loaded, info = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, output_loading_info=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        with without_transformers_bars():  # one line above says what happens; no raw per-tensor bars
+            loaded, info = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, output_loading_info=True)
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except (ValueError, KeyError, NotImplementedError) as e:  # e.g. a quantization type it cannot read
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UnknownModelError(f"transformers cannot load GGUF file {str(gguf_path)!r}: {first}") from None
-    finally:
-        hf_logging.enable_progress_bar()
     # transformers initializes weights the file lacks at random and only warns: refuse instead.
     missing = sorted(info.get("missing_keys") or ())
     if missing:
@@ -201,7 +199,8 @@ def convert_gguf(gguf_path: Path, target: Path, source: dict[str, Any]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with without_transformers_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "capsense_source.json").write_text(json.dumps(source, indent=2) + "\n")
         try:

@@ -265,14 +265,10 @@ def load_model(
     check_placement(device, device_map)  # a device beside a map is refused, not ignored
     placed = placement_kwargs(device_map) if device_map not in (None, "") else {}
     target = None if placed else check_device(device)
-    from transformers.utils import logging as hf_logging
+    from capsense.core.progress import without_transformers_bars
 
-    hf_logging.disable_progress_bar()  # a bar per weight tensor says nothing to a capsense user
-    try:
-        with model_load_errors(name):
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
-    finally:
-        hf_logging.enable_progress_bar()
+    with without_transformers_bars(), model_load_errors(name):
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
     if getattr(model, "ct_decompress_hook", None) is not None:
         # a packed compressed-tensors checkpoint (capsense compress): unpack now, with the library's own
         # decompressor, so capsense's hooks see real weights (transformers' dequantize=True load applies

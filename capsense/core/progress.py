@@ -167,3 +167,20 @@ class RunProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+@contextmanager
+def without_transformers_bars() -> Iterator[None]:
+    """transformers' own bars (one over the weights of a load, one over the shards of a save) off within the block, and
+    as they were after it (they were switched on after every load, whatever a user's ``HF_HUB_DISABLE_PROGRESS_BARS``
+    said). They say nothing to a capsense user beside its own bars and lines, and fill logs: ``--no-progress`` left
+    "Writing model shards" in every log of ``compress`` and ``distill``."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

@@ -114,7 +114,7 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
     (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`); ``batch_size`` ``auto`` is lm-eval's
     own on GPUs, 16 on a CPU (:func:`capsense.core.batching.lm_eval_batch_size`); ``revision``: of a Hub model
     (None: its default branch)."""
-    from transformers.utils import logging as hf_logging
+    from capsense.core.progress import without_transformers_bars
 
     from capsense.core.placement import check_placement, placement_kwargs
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
@@ -125,14 +125,11 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
         kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
     if revision:
         kwargs["revision"] = revision
-    hf_logging.disable_progress_bar()  # a bar per weight file says nothing to a capsense user
-    try:
+    with without_transformers_bars():
         return CapsenseMaskedLM(
             pretrained=model, ablation=ablation, batch_size=lm_eval_batch_size(batch_size, device, device_map), device=device,
             dtype=dtype, **kwargs
         )
-    finally:
-        hf_logging.enable_progress_bar()
 
 
 def evaluate_head_sets(

@@ -135,3 +135,16 @@ def test_compress_shows_progress_unless_told_not_to(tmp_path, tiny_model_dir, ca
     assert "calibrate:" not in quiet.stderr and "compress:" not in quiet.stderr, quiet.stderr
     a, b = (load_file(tmp_path / x / "model.safetensors") for x in "ab")
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_distill_takes_no_progress(tmp_path, tiny_model_dir):
+    student = tmp_path / "student"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "magnitude", "--density", "0.5",
+                                  "--no-progress", "--out", str(student)])
+    assert r.exit_code == 0, r.output
+    base = ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "1", "--texts", "2", "--gen-tokens",
+            "2", "--seq-len", "16", "--capabilities", "qa", "--probes", "2"]
+    bar = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "a")])
+    quiet = CliRunner().invoke(main, [*base, "--no-progress", "--out", str(tmp_path / "b")])
+    assert bar.exit_code == 0 == quiet.exit_code, quiet.output
+    assert "%|" in bar.stderr and "%|" not in quiet.stderr, quiet.stderr

@@ -39,3 +39,17 @@ def test_skipped_phases_and_disabled_display():
     assert out.getvalue() == "[validate 2/2] validate: 1 steps\n"
     with pytest.raises(KeyError, match="phases are locate, validate"):
         run.index("refine")
+
+
+def test_transformers_bars_are_off_within_and_as_they_were_after():
+    """Loads switched transformers' bars back on after each load, whatever the user had set."""
+    from transformers.utils import logging as hf_logging
+
+    from capsense.core.progress import without_transformers_bars
+
+    for before in (True, False):
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+        with without_transformers_bars():
+            assert not hf_logging.is_progress_bar_enabled()
+        assert hf_logging.is_progress_bar_enabled() == before
+    hf_logging.enable_progress_bar()

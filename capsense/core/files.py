@@ -46,14 +46,22 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False, inputs: It
         raise OutputExistsError(
             f"output folder {str(p)!r} exists and is not empty: choose another folder or pass `overwrite`"
         )
-    if p.is_dir():
-        here = p.resolve()
-        for x in inputs:
-            if isinstance(x, (str, os.PathLike)) and str(x) and Path(x).exists():
-                if (r := Path(x).resolve()) == here or here in r.parents:
-                    raise OutputExistsError(f"output folder {str(p)!r} holds {str(x)!r}, which this run reads: "
-                                            "`overwrite` would delete it with the folder; choose another folder")
+    if p.is_dir() and (hit := _input_at(p, inputs, holds=True)):
+        raise OutputExistsError(f"output folder {str(p)!r} holds {str(hit[0])!r}, which this run reads: "
+                                "`overwrite` would delete it with the folder; choose another folder")
     return p
+
+
+def _input_at(out: Path, inputs: Iterable[Any], holds: bool) -> tuple[Any, bool] | None:
+    """The first of ``inputs`` (paths of this machine; others skipped) that is ``out``, or that ``out`` holds
+    (``holds``: ``out`` a folder) or that holds ``out`` (``out`` a file in an input folder), and whether it is ``out``."""
+    here = out.resolve()
+    for x in inputs:
+        if isinstance(x, (str, os.PathLike)) and str(x) and Path(x).exists():
+            r = Path(x).resolve()
+            if r == here or (here in r.parents if holds else r in here.parents):
+                return x, r == here
+    return None
 
 
 def check_output_file(out: str | os.PathLike | None, inputs: Iterable[Any] = ()) -> None:
@@ -66,13 +74,9 @@ def check_output_file(out: str | os.PathLike | None, inputs: Iterable[Any] = ())
     p = Path(out)
     if p.is_dir():
         raise CapsenseError(f"`out` {str(p)!r} is a folder: give a file name, e.g. {str(p / 'table.json')!r}")
-    if p.is_file():
-        here = p.resolve()
-        for x in inputs:
-            if isinstance(x, (str, os.PathLike)) and str(x) and Path(x).exists():
-                if (r := Path(x).resolve()) == here or r in here.parents:
-                    raise CapsenseError(f"`out` {str(p)!r} is {'' if r == here else 'in '}{str(x)!r}, which this run "
-                                        "reads: writing it would replace it; give another file")
+    if p.is_file() and (hit := _input_at(p, inputs, holds=False)):
+        raise CapsenseError(f"`out` {str(p)!r} is {'' if hit[1] else 'in '}{str(hit[0])!r}, which this run reads: "
+                            "writing it would replace it; give another file")
     for parent in p.parents:
         if parent.exists() and not parent.is_dir():
             raise CapsenseError(f"`out` {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")

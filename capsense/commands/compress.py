@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, device_option, dtype_option, no_progress_option, include_path_option, old_name, out_option, overwrite_option,
-    registry_option, revision_option, with_old_name,
+    device_map_from, device_map_option, device_option, dtype_option, include_path_option, no_progress_option, old_name,
+    out_option, overwrite_option, registry_option, revision_option, with_old_name,
 )
 from capsense.commands.output import echo_written, log
 
@@ -29,7 +29,8 @@ from capsense.commands.output import echo_written, log
               help="GPTQ: quantize columns by decreasing input energy (default) or left to right.")
 @click.option("--solve-on", "solve_on", type=click.Choice(["cpu", "layer"]), default=None,
               help="GPTQ/SparseGPT: solve each matrix on a CPU copy (default: the result does not depend on the "
-                   "placement) or on its layer's device (--device cuda, or --device-map; GPUs: minutes, not hours, on 70B).")
+                   "placement) or on its layer's device (--device cuda, or --device-map; GPUs: minutes, not hours, "
+                   "on 70B).")
 @click.option("--ratio", type=float, default=None, help="Low-rank: factor parameters / dense parameters, in (0, 1].")
 @click.option("--alpha", type=float, default=None, help="ASVD: activation exponent (default 0.5).")
 @click.option("--targets", default=None, help="Matrices to compress: attn, mlp or attn,mlp (default both).")
@@ -112,8 +113,8 @@ from capsense.commands.output import echo_written, log
 @no_progress_option()
 def compress(model, method, density, scope, bits, group_size, damp, act_order, solve_on, ratio, alpha, targets, budget_file,
              calibration, calibration_samples, dtype, save_dtype, keep, probes, protect_heads, protect_top_k, sensitivity,
-             pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate, device,
-             device_map, parallelize, revision, include_path, out, overwrite, quiet):
+             pricing, check_uniform, check_docs, budget_size, fisher_groups, fmt, sequential, sequential_propagate,
+             device, device_map, parallelize, revision, include_path, out, overwrite, quiet):
     """Compress MODEL (Hub id, local folder or smollm2-135m) and save a checkpoint stock transformers loads.
 
     Quantized models (rtn, gptq) are written packed in compressed-tensors format (their real size

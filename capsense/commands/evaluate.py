@@ -41,8 +41,8 @@ def evaluate(model, heads, top_k, ablation, mean_reference, tasks, limit, batch_
 
     task_list = csv_list(tasks)
     revision = revision_from(heads, model, revision)
-    head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out, revision,  # before any heavy import
-                              ablation=ablation, mean_reference=mean_reference)
+    head_set = check_evaluate(model, heads, top_k, task_list, limit, include_path, out, revision,
+                              ablation=ablation, mean_reference=mean_reference)  # before any heavy import
     device_map = device_map_from(device_map, parallelize)
     check_placement(device, device_map)
     from capsense.core.heads import looks_like_heads_file

@@ -118,8 +118,8 @@ def compress_checkpoint(
     result, budget, allocation, measured = _compress_sequential(
         model, tokenizer, budget, calibration, calibration_samples_n, sequential_propagate, guide, probes, dtype, log, fmt,
         include_path) if sequential else _compress_one_pass(
-        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt, include_path,
-        progress)
+        model, tokenizer, budget, planned, calibration, calibration_samples_n, guide, probes, dtype, log, fmt,
+        include_path, progress)
     if fmt == "dense" and save_dtype and save_dtype != "auto":
         model = model.to(getattr(torch, save_dtype))
     store = torch.bfloat16 if not save_dtype or save_dtype == "auto" else getattr(torch, save_dtype)

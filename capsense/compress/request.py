@@ -128,13 +128,9 @@ def compress_request(
     pricing: str | None = None, probes: int | None = None,
     check_uniform: bool | None = None, fisher_groups: int | None = None, check_docs: int | None = None,
     calibration: str | None = None, calibration_samples: int | None = None,
-    dtype: str = "float32",
-    save_dtype: str | None = None,
-    overwrite: bool = False,
+    dtype: str = "float32", save_dtype: str | None = None, overwrite: bool = False,
     device_map: str | dict[str, Any] | None = None, device: str = "cpu",
-    fmt: str = "auto",
-    sequential: bool = False,
-    sequential_propagate: str | None = None,
+    fmt: str = "auto", sequential: bool = False, sequential_propagate: str | None = None,
     include_path: Sequence[str] = (),
     log: Callable[[str], None] | None = None, progress: bool = False,
     revision: str | None = None,
@@ -152,11 +148,12 @@ def compress_request(
     the Fisher is summed in turn (None: 1) (:class:`~capsense.compress.guided.Guide`), ``probes`` the kept capabilities'
     first documents measured before and after (None: 32, 0: none); given without ``keep`` they are an error, not
     ignored. ``calibration`` None is the default sources, and for an error-compensating method (GPTQ, SparseGPT) guided
-    by ``keep``, those plus the kept capabilities' last documents
-    (:func:`~capsense.compress.calibration.kept_calibration`). ``sequential``: one decoder layer at a time
-    (:mod:`capsense.compress.sequential`, ``sequential_propagate``); ``include_path``: task YAML folders whose tasks
+    by ``keep``, those plus the kept capabilities' last documents (:func:`~capsense.compress.calibration.
+    kept_calibration`). ``sequential``: one decoder layer at a time (:mod:`capsense.compress.sequential`,
+    ``sequential_propagate``); ``calibration_samples`` None: 64; ``include_path``: task YAML folders whose tasks
     ``keep`` and ``calibration`` may name; ``revision``: of a Hub model (None: its default branch), recorded in
-    ``capsense.json``'s ``base_model``; ``device``: where the model loads without ``device_map``."""
+    ``capsense.json``'s ``base_model``; ``device``: where the model loads without ``device_map``; ``progress``: bars
+    (:func:`~capsense.compress.pipeline.compress_checkpoint`)."""
     from capsense.compress.pipeline import compress_checkpoint
     from capsense.compress.sequential import DEFAULT_PROPAGATE
 
@@ -170,6 +167,7 @@ def compress_request(
                    check_uniform, fisher_groups, check_docs, include_path) if keep else None
     return compress_checkpoint(
         model, budget, out, calibration=default_calibration(budget, guide) if calibration is None else calibration,
-        calibration_samples_n=samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log, progress=progress,
-        guide=guide, device_map=device_map, device=device, fmt=fmt, sequential=sequential, probes=32 if probes is None else probes,
-        sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE, include_path=include_path, revision=revision)
+        calibration_samples_n=samples, dtype=dtype, save_dtype=save_dtype, overwrite=overwrite, log=log,
+        progress=progress, guide=guide, device_map=device_map, device=device, fmt=fmt, sequential=sequential,
+        probes=32 if probes is None else probes, sequential_propagate=sequential_propagate or DEFAULT_PROPAGATE,
+        include_path=include_path, revision=revision)

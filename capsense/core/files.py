@@ -54,7 +54,8 @@ def check_output_dir(out: str | os.PathLike, overwrite: bool = False, inputs: It
 
 def _input_at(out: Path, inputs: Iterable[Any], holds: bool) -> tuple[Any, bool] | None:
     """The first of ``inputs`` (paths of this machine; others skipped) that is ``out``, or that ``out`` holds
-    (``holds``: ``out`` a folder) or that holds ``out`` (``out`` a file in an input folder), and whether it is ``out``."""
+    (``holds``: ``out`` a folder) or that holds ``out`` (``out`` a file in an input folder), and whether it is
+    ``out``."""
     here = out.resolve()
     for x in inputs:
         if isinstance(x, (str, os.PathLike)) and str(x) and Path(x).exists():

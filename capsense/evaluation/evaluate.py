@@ -42,7 +42,8 @@ def check_evaluate(
     given = [f"`{n}`" for n, v in (("top_k", top_k), ("ablation", ablation), ("mean_reference", mean_reference))
              if v is not None]
     if not heads and given:
-        raise CapsenseError(f"{', '.join(given)} {'says' if len(given) == 1 else 'say'} which heads are knocked out and "
+        says = "says" if len(given) == 1 else "say"
+        raise CapsenseError(f"{', '.join(given)} {says} which heads are knocked out and "
                             "how, and no `heads` are given (the model is evaluated as is): give `heads` or leave "
                             f"{'it' if len(given) == 1 else 'them'} out")
     head_set = HeadSet.parse(heads, top_k=top_k) if heads else HeadSet()

@@ -46,8 +46,8 @@ class GridSpec:
 def expand_settings(entries: Iterable[Mapping[str, Any]], default_targets: str | None = None) -> list[dict[str, Any]]:
     """Expand list-valued fields (``method: [svd, asvd]``, ``density: [0.9, 0.8]``) into settings."""
     if isinstance(entries, (str, Mapping)) or not isinstance(entries, Iterable):
-        raise CapsenseError(f"`settings` must be a list of settings (each a mapping such as {{method: magnitude, density: "
-                            f"[0.9, 0.7]}}), got {entries!r}")  # (a string was read letter by letter)
+        raise CapsenseError(f"`settings` must be a list of settings (each a mapping such as {{method: magnitude, "
+                            f"density: [0.9, 0.7]}}), got {entries!r}")  # (a string was read letter by letter)
     out: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
@@ -102,9 +102,11 @@ def settings_from_lists(methods: Sequence[str], values: Mapping[str, Sequence[fl
     stray = [f"`{_AXIS_PARAMETERS.get(n, n)}`" for n in (*_AXIS_PARAMETERS, "group_size")
              if n not in read and (group_size is not None if n == "group_size" else values.get(n))]
     if stray:
-        readers = {p: ", ".join(m for m in METHODS if GRID_AXES[METHODS[m].family][1] == a) for a, p in _AXIS_PARAMETERS.items()}
+        readers = {p: ", ".join(m for m in METHODS if GRID_AXES[METHODS[m].family][1] == a)
+                   for a, p in _AXIS_PARAMETERS.items()}
+        given = ", ".join(methods) or "none given: give `methods`"
         raise CapsenseError(
-            f"{', '.join(stray)} not read by this grid's methods ({', '.join(methods) or 'none given: give `methods`'}); "
+            f"{', '.join(stray)} not read by this grid's methods ({given}); "
             f"`densities` is read by {readers['densities']}, `bits_list` and `group_size` by {readers['bits_list']}, "
             f"`ratios` by {readers['ratios']}: leave {'it' if len(stray) == 1 else 'them'} out")
     return out

@@ -115,9 +115,8 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
     (lm-eval's ``parallelize=True``; see :mod:`capsense.core.placement`); ``batch_size`` ``auto`` is lm-eval's
     own on GPUs, 16 on a CPU (:func:`capsense.core.batching.lm_eval_batch_size`); ``revision``: of a Hub model
     (None: its default branch)."""
-    from capsense.core.progress import without_transformers_bars
-
     from capsense.core.placement import check_placement, placement_kwargs
+    from capsense.core.progress import without_transformers_bars
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
     check_placement(device, device_map)  # a device beside a map is refused, not ignored

@@ -55,7 +55,8 @@ def check_steps(steps: list[Step]) -> None:
 def _check_validate_numbers(val: dict[str, Any]) -> None:
     """A validate section's counts and tolerance: what :func:`~capsense.evaluation.validate.check_validate` refuses
     (its heads file does not exist yet)."""
-    for key, low, default in (("top_k", 1, None), ("random", 0, 3), ("limit", 1, 100), ("tolerance", 0, 0.10)):
+    for key, low, default in (("top_k", 1, None), ("random", 0, 3), ("limit", 1, 100), ("seed", 0, 0),
+                              ("tolerance", 0, 0.10)):
         value = val.get(key, default)
         kind = float if key == "tolerance" else int
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low

@@ -107,6 +107,7 @@ def test_dry_run_refuses_bad_validate_settings_before_the_locate(tmp_path):
 @pytest.mark.parametrize("section, message", [
     ("  limit: 0\n", "validate `limit` must be an integer >= 1, got 0"),
     ("  random: -1\n", "validate `random` must be an integer >= 0, got -1"),
+    ("  seed: x\n", "validate `seed` must be an integer >= 0, got 'x'"),
     ("  top_k: 2.5\n", "validate `top_k` must be an integer >= 1, got 2.5"),
     ("  tolerance: -0.1\n", "validate `tolerance` must be a number >= 0, got -0.1"),
     ("  dtype: float64\n", "validate `dtype` 'float64': valid are float32, bfloat16, float16"),

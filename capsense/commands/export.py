@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from capsense.commands.options import (
-    ablation_option, mean_reference_option, device_map_from, device_map_option, dtype_option, heads_option, out_option, overwrite_option, revision_from, revision_option,
+    ablation_option, mean_reference_option, device_map_from, device_map_option, device_option, dtype_option, heads_option,
+    out_option, overwrite_option, revision_from, revision_option,
 )
 from capsense.commands.output import echo_files, echo_push, human_size, log
 
@@ -29,6 +30,7 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
 @mean_reference_option("Default: the run's, when --ablation is the run's.")
 @dtype_option("auto", auto=True, help="Checkpoint weight dtype (auto: as stored) / adapter weight dtype (auto: float32).")
 @revision_option(located=True)
+@device_option()
 @device_map_option()
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")
 @overwrite_option()
@@ -36,7 +38,8 @@ from capsense.commands.output import echo_files, echo_push, human_size, log
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo as private.")
 def export(
     model: str, heads: str, top_k: int | None, format: str, out: Path, ablation: str | None, mean_reference: str | None,
-    dtype: str, revision: str | None, device_map: str | None, parallelize: bool, max_shard_size: str, overwrite: bool, push_repo: str | None, private: bool,
+    dtype: str, revision: str | None, device: str, device_map: str | None, parallelize: bool, max_shard_size: str,
+    overwrite: bool, push_repo: str | None, private: bool,
 ) -> None:
     """Export MODEL (Hub id, local folder or smollm2-135m) with --heads ablated.
 
@@ -54,7 +57,7 @@ def export(
     placed = device_map_from(device_map, parallelize)
     settings = dict(top_k=top_k, ablation=ablation, mean_reference=mean_reference, dtype=dtype, revision=revision,
                     overwrite=overwrite, max_shard_size=max_shard_size, repo_id=push_repo, log=log,
-                    **({"device_map": placed} if placed else {}))
+                    **({"device_map": placed} if placed else {}), **({"device": device} if device != "cpu" else {}))
     checked = check_export_inputs(model, heads, out, format=format, **settings)  # once, before any heavy import
     if push_repo:
         from capsense.ship.push import check_push_ready

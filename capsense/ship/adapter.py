@@ -91,7 +91,8 @@ def _ia3_model(meta: nn.Module, hs: HeadSet, names: list[str], weight_dtype: tor
 
 
 def _mean_lora_model(model: str, meta: nn.Module, hs: HeadSet, names: list[str], weight_dtype: torch.dtype,
-                     revision: str | None, mean_reference, device_map: str | None, log: Callable[[str], None]):
+                     revision: str | None, mean_reference, device_map: str | None, log: Callable[[str], None],
+                     device: str = "cpu"):
     """The LoRA adapter of mean ablation on the ``meta`` model, its weights read from ``model`` loaded once (as
     stored), and its record for ``capsense.json``."""
     from peft import LoraConfig, get_peft_model
@@ -100,7 +101,7 @@ def _mean_lora_model(model: str, meta: nn.Module, hs: HeadSet, names: list[str],
     from capsense.core.models import load_model
 
     log(f"Loading {model} to read the heads' output columns and compute their means ...")
-    lm, tokenizer = load_model(model, dtype="auto", revision=revision, device_map=device_map)
+    lm, tokenizer = load_model(model, dtype="auto", revision=revision, device=device, device_map=device_map)
     weights = mean_lora_weights(lm, hs, reference_means(lm, tokenizer, "mean", mean_reference))
     del lm
     ranks = {name: int(weights[layer][0].shape[0]) for layer, name in zip(hs.layers(), names)}
@@ -135,11 +136,11 @@ def export_adapter(
     max_shard_size: str | int | None = None,
     repo_id: str | None = None,
     log: Callable[[str], None] = noop,
-    device_map: str | None = None,
+    device_map: str | None = None, device: str = "cpu",
     checked: ExportInputs | None = None,
 ) -> ExportResult:
     """Save a PEFT adapter that ablates ``heads`` of ``model``: IA3 for zero ablation (no weights loaded), LoRA
-    with a bias for mean ablation (the model loaded once, ``device_map`` spreading it over GPUs).
+    with a bias for mean ablation (the model loaded once, on ``device`` or spread over GPUs by ``device_map``).
 
     Its weights are stored in ``dtype`` (float32 for ``auto``): IA3's 0 and 1 are exact in all; the LoRA's
     ``B = -W[:, S]`` is exact in float32 for a base stored in 16 bits or float32, and its bias is computed in
@@ -154,7 +155,7 @@ def export_adapter(
     weight_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
     if ablation == "mean":
         peft_model, adapter = _mean_lora_model(model, meta, hs, names, weight_dtype, revision, mean_reference,
-                                               device_map, log)
+                                               device_map, log, device)
     else:
         peft_model, adapter = _ia3_model(meta, hs, names, weight_dtype, revision)
     # adapter_config.json is published too: the base by Hub id, never by a path of this machine

@@ -119,13 +119,13 @@ def export_checkpoint(
     max_shard_size: str | int = "5GB",
     repo_id: str | None = None,
     log: Callable[[str], None] = noop,
-    device_map: str | None = None,
+    device_map: str | None = None, device: str = "cpu",
     checked: ExportInputs | None = None,
 ) -> ExportResult:
     """Save ``model`` with ``heads`` ablated in its weights, as a plain transformers folder.
 
     Mean ablation needs a projection bias (see :data:`capsense.ship.preflight.MEAN_FOLD_SUPPORT`).
-    The model is loaded once and edited in place; ``device_map`` spreads a model larger than
+    The model is loaded once (on ``device``) and edited in place; ``device_map`` spreads a model larger than
     CPU memory over GPUs (the edited layers must not be offloaded, see :func:`check_editable`).
     ``checked``: this request's :func:`~capsense.ship.preflight.check_export_inputs` (None: checked here).
     """
@@ -138,7 +138,7 @@ def export_checkpoint(
     del meta
 
     log(f"Loading {model} ...")
-    lm, tokenizer = load_model(model, dtype=dtype, revision=revision, device_map=device_map)
+    lm, tokenizer = load_model(model, dtype=dtype, revision=revision, device=device, device_map=device_map)
     check_editable(lm, hs)
     added = _ablate_in_weights(lm, tokenizer, hs, ablation, mean_reference, log)
 

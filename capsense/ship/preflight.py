@@ -18,6 +18,7 @@ from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, 
 from capsense.errors import CapsenseError, HeadSpecError
 from capsense.core.model_config import config_head_layout
 from capsense.core.models import check_model, model_load_errors, resolve_pretrained
+from capsense.core.placement import check_placement
 from capsense.ship.base import FORMATS, check_dtype
 
 if TYPE_CHECKING:
@@ -140,7 +141,8 @@ class ExportInputs(NamedTuple):
 def check_export_inputs(
     model: str, heads: HeadsLike, out: str | os.PathLike, *, format: str, top_k: int | None = None,
     ablation: str = "zero", mean_reference: str | os.PathLike | None = None, dtype: str = "auto",
-    overwrite: bool = False, device_map: str | None = None, revision: str | None = None, **_settings: Any,
+    overwrite: bool = False, device_map: str | None = None, revision: str | None = None, device: str = "cpu",
+    **_settings: Any,
 ) -> ExportInputs:
     """Every check of an export request that needs neither torch nor the model's config, the same for every
     format (``format``'s own refusals included): run once per export, before any heavy import, by
@@ -149,9 +151,11 @@ def check_export_inputs(
     it and what is valid; nothing is written. ``_settings``: the format's other settings, not checked here."""
     FORMATS.check(format)
     resolve_ablation({}, ablation, mean_reference)  # a known mode; a reference file only for mean, and there
-    if device_map and format == "adapter" and ablation != "mean":
-        raise CapsenseError("`device_map` applies to `format` checkpoint and to a mean-ablation adapter (a "
-                            "zero-ablation adapter is built without loading weights)")
+    for name, given in (("device_map", bool(device_map)), ("device", device not in (None, "", "cpu"))):
+        if given and format == "adapter" and ablation != "mean":
+            raise CapsenseError(f"`{name}` applies to `format` checkpoint and to a mean-ablation adapter (a "
+                                "zero-ablation adapter is built without loading weights)")
+    check_placement(device, device_map)
     check_dtype(dtype)
     out_path = check_output_dir(out, overwrite, (model, heads, mean_reference))
     hs, heads_file, source = resolve_heads(heads, top_k)

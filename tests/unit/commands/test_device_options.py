@@ -148,3 +148,32 @@ def test_distill_takes_no_progress(tmp_path, tiny_model_dir):
     quiet = CliRunner().invoke(main, [*base, "--no-progress", "--out", str(tmp_path / "b")])
     assert bar.exit_code == 0 == quiet.exit_code, quiet.output
     assert "%|" in bar.stderr and "%|" not in quiet.stderr, quiet.stderr
+
+
+def test_export_loads_on_the_device_given(tmp_path, tiny_model_dir, monkeypatch):
+    """export took a single GPU only as --device-map cuda:0: it takes --device as every other command that loads a
+    model. A faked GPU machine's loads record the device asked for (a checkpoint, a mean-ablation adapter); a
+    zero-ablation adapter loads no weights, so a device is refused there, as a map is."""
+    import capsense.core.models as models
+    import capsense.core.placement as placement
+    import capsense.ship.checkpoint as checkpoint
+
+    base = ["export", str(tiny_model_dir), "--heads", "L0H1"]
+    r = CliRunner().invoke(main, [*base, "--format", "checkpoint", "--device", "cuda:7", "--out", str(tmp_path / "n")])
+    assert r.exit_code == 1 and "device 'cuda:7' does not exist on this machine" in r.output, r.output
+    real, asked = models.load_model, []
+
+    def spy(name, *a, device="cpu", **k):
+        asked.append(device)
+        return real(name, *a, device="cpu", **k)
+
+    monkeypatch.setattr(placement, "available_devices", lambda: ["cpu", "cuda:0"])
+    monkeypatch.setattr(models, "load_model", spy)
+    monkeypatch.setattr(checkpoint, "load_model", spy)
+    for fmt, extra in (("checkpoint", []), ("adapter", ["--ablation", "mean"])):
+        r = CliRunner().invoke(main, [*base, "--format", fmt, *extra, "--device", "cuda", "--out", str(tmp_path / fmt)])
+        assert r.exit_code == 0, r.output
+    assert asked == ["cuda", "cuda"]
+    r = CliRunner().invoke(main, [*base, "--format", "adapter", "--device", "cuda", "--out", str(tmp_path / "ia3")])
+    assert r.exit_code == 1 and "--device applies to --format checkpoint and to a mean-ablation adapter" in r.output
+    assert not (tmp_path / "ia3").exists(), r.output

@@ -33,11 +33,10 @@ def check_request(model: str, out: str | Path, overwrite: bool, device_map: str 
     from capsense.compress.capabilities import check_calibration_spec
     from capsense.core.files import check_output_dir
     from capsense.core.models import check_model
-    from capsense.core.placement import check_placement, parse_device_map
+    from capsense.core.placement import check_placement
 
     check_output_dir(out, overwrite, (model, budget_file, calibration, *include_path))
-    placed = parse_device_map(device_map)
-    check_placement(device, placed)
+    placed = check_placement(device, device_map)
     check_model(model, revision)
     if not budget_file and method is None:
         raise CapsenseError("give `method` (magnitude, wanda, sparsegpt, rtn, gptq, svd, asvd, svd-llm) or `budget_file` FILE")

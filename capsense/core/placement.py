@@ -155,18 +155,19 @@ def available_device_memory(device) -> int | None:
     return None
 
 
-def check_placement(device: str | int | None, device_map: str | dict[str, Any] | None) -> None:
+def check_placement(device: str | int | None, device_map: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     """Refuse, before a load, a ``device_map`` naming a device this machine lacks or, without a map, such a
-    ``device``: where a command that takes both puts the model (locate, measure). A ``device`` other than the
+    ``device``: where a command that takes both puts the model (locate, measure); the checked map
+    (:func:`parse_device_map`), or None. A ``device`` other than the
     default (cpu) beside a map is refused too: the map places every module, so the device would not apply (until
     round 53 it was ignored without a word: ``--device cuda:1 --device-map auto`` spread the model from cuda:0)."""
     if device_map:
         if device not in (None, "", "cpu"):
             raise CapsenseError(f"give `device` (the whole model on one device) or `device_map` (spread over devices), "
                                 f"not both: `device` {device!r} does not apply beside `device_map` {device_map!r}")
-        parse_device_map(device_map)
-    else:
-        check_device(device)
+        return parse_device_map(device_map)
+    check_device(device)
+    return None
 
 
 def check_device_memory(device, held: dict[str, int], what: str, advice: str, available: int | None = None) -> int:

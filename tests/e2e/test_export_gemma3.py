@@ -8,6 +8,8 @@ in this process, and lm_eval runs twice.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -28,7 +30,8 @@ def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("gemma3-export")
     export_checkpoint(NAME, HEADS, out / "ckpt")
     export_adapter(NAME, HEADS, out / "adapter")
-    return out
+    yield out
+    shutil.rmtree(out, ignore_errors=True)  # a 1 GB checkpoint: gone when this file's tests are done, not at the run's end
 
 
 def test_gemma3_exports_reproduce_the_ablated_logits(exported):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from capsense.commands.options import (
-    device_map_from, device_map_option, device_option, include_path_option, no_progress_option, out_option,
-    overwrite_option,
+    device_map_from, device_map_option, device_option, dtype_option, include_path_option, no_progress_option,
+    out_option, overwrite_option,
 )
 from capsense.commands.output import echo_written
 from capsense.compress.capabilities import DISTILL_SOURCES
+from capsense.core.models import TRAIN_DTYPES
 
 
 @click.command("distill")
@@ -33,6 +34,8 @@ from capsense.compress.capabilities import DISTILL_SOURCES
 @click.option("--teacher-revision", default=None,
               help="Revision (branch, tag or commit) of a Hub teacher (default: the one STUDENT's base model was "
                    "compressed from, where TEACHER is that model).")
+@dtype_option(choices=TRAIN_DTYPES, help="Dtype both models load and compute in (bfloat16: half the memory; Adam "
+              "updates float32 copies of the trained matrices). The student is saved in it.")
 @device_option()
 @device_map_option()
 @include_path_option()
@@ -40,7 +43,7 @@ from capsense.compress.capabilities import DISTILL_SOURCES
 @overwrite_option()
 @no_progress_option()
 def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, fresh, capabilities, probes,
-            teacher_revision, device, device_map, parallelize, include_path, out, overwrite, quiet):
+            teacher_revision, dtype, device, device_map, parallelize, include_path, out, overwrite, quiet):
     """Distil STUDENT (a pruned checkpoint from `capsense compress`) from TEACHER on offline task text.
 
     Resumable: rerun the same command after a kill. Prints dL per capability before and
@@ -67,7 +70,8 @@ def distill(student, teacher, epochs, sources, texts, gen_tokens, seq_len, lr, f
         check_model(teacher, resolved)  # (the given one was checked above)
         teacher_revision = resolved
     cfg = DistillConfig(student=student, teacher=teacher, sources=sources, n_texts=texts, gen_tokens=gen_tokens,
-                        seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh, teacher_revision=teacher_revision)
+                        seq_len=seq_len, epochs=epochs, lr=lr, fresh=fresh, teacher_revision=teacher_revision,
+                        dtype=dtype)
     check_distill_held_out(cfg, caps, probes, include_path)
     s_model, t_model, tok = load_models(cfg, placed, device)
     evaluate = capability_evaluator(t_model, tok, caps, probes, include_path=include_path)

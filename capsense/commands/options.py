@@ -21,9 +21,9 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def dtype_option(default: str | None = "float32", *, auto: bool = False, help: str | None = None,
-                 name: str = "--dtype") -> Decorator:
-    """``--dtype``: float32, bfloat16, float16 (and ``auto`` where the command can choose)."""
-    choices = DTYPES if auto else DTYPES[1:]
+                 name: str = "--dtype", choices: tuple[str, ...] | None = None) -> Decorator:
+    """``--dtype``: float32, bfloat16, float16 (and ``auto`` where the command can choose), or ``choices``."""
+    choices = choices or (DTYPES if auto else DTYPES[1:])
     return click.option(name, type=click.Choice(choices), default=default, show_default=default is not None,
                         help=help or "Dtype to load the model in.")
 

@@ -7,7 +7,7 @@ over ``epochs`` times as many texts, each epoch reading texts no earlier epoch r
 arm of the data-reuse comparison, :func:`capsense.compress.study.epochs.fit_reuse_penalty`), loss
 ``KL(teacher || student)`` of the next-token distributions at every position, Adam on the
 student's target matrices with their zeros held at zero (pruning masks kept, so the exact
-size accounting of the student still holds). Other families (RTN codes, low-rank factors)
+size accounting of the student still holds; in bfloat16, on float32 masters of them). Other families (RTN codes, low-rank factors)
 would leave their grid when trained, so only pruned students are accepted.
 
 Resumable: after every ``save_every`` steps the student weights, optimizer state and position
@@ -30,9 +30,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from capsense.compress.capabilities import DISTILL_SOURCES
+from capsense.core.models import TRAIN_DTYPES
 from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
 from capsense.core.progress import without_transformers_bars
+
+
+# A bfloat16 run loads and computes in bfloat16 (half the memory of float32 for both models) while Adam updates float32
+# masters of the trained matrices, copied back each step: at the default lr (2e-5) Adam's step is ~2e-5 per weight,
+# below half the bfloat16 spacing of weights of ~0.02 (1.2e-4), so bfloat16 weights updated in place never move
+# (tests/unit/compress/test_compress_distill.py shows they do with the masters).
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class DistillConfig:
     seed: int = 0
     fresh: bool = False  # every epoch reads n_texts texts never read before (epochs x n_texts unique texts)
     teacher_revision: str | None = None  # of a Hub teacher (None: its default branch; :func:`teacher_revision`)
+    dtype: str = "float32"  # both models load and compute in it; trained matrices keep float32 masters (see above)
 
     def __post_init__(self) -> None:
         for name in ("n_texts", "seq_len", "epochs"):
@@ -57,6 +65,9 @@ class DistillConfig:
                 raise CapsenseError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.gen_tokens < 0 or not self.lr > 0:
             raise CapsenseError(f"gen_tokens must be >= 0 and lr > 0, got {self.gen_tokens} and {self.lr}")
+        if self.dtype not in TRAIN_DTYPES:
+            raise CapsenseError(f"distillation `dtype` {self.dtype!r}: valid are {', '.join(TRAIN_DTYPES)} (float16 "
+                                "trains without a loss scale here, and its small gradients underflow)")
 
     @property
     def unique_texts(self) -> int:
@@ -123,6 +134,11 @@ def _trainable(student: nn.Module) -> tuple[list[nn.Parameter], list[torch.Tenso
     return params, masks
 
 
+def _masters(params: Sequence[nn.Parameter]) -> list[torch.Tensor]:
+    """What Adam updates: a float32 copy of each trained matrix held in another dtype, the matrix itself otherwise."""
+    return [p if p.dtype == torch.float32 else p.detach().float() for p in params]
+
+
 class _State:
     """Resumable position of a run: epoch, step within it, optimizer, weights."""
 
@@ -130,22 +146,24 @@ class _State:
         self.path = work / "state.pt"
         self.cfg = cfg
 
-    def load(self, params, opt) -> tuple[int, int]:
+    def load(self, params, masters, opt) -> tuple[int, int]:
         if not self.path.is_file():
             return 0, 0
         st = torch.load(self.path, weights_only=False)
-        if {"fresh": False, "teacher_revision": None, **st["config"]} != asdict(self.cfg):  # (older states: without)
+        older = {"fresh": False, "teacher_revision": None, "dtype": "float32"}  # what states written before them hold
+        if {**older, **st["config"]} != asdict(self.cfg):
             raise CapsenseError(f"{self.path.parent} holds another distillation ({st['config']}): use another `out`")
         with torch.no_grad():
-            for p, w in zip(params, st["weights"]):
-                p.copy_(w)
+            for p, m, w in zip(params, masters, st["weights"]):
+                m.copy_(w)
+                p.copy_(m)
         opt.load_state_dict(st["optimizer"])
         return st["epoch"], st["step"]
 
-    def save(self, params, opt, epoch: int, step: int) -> None:
+    def save(self, masters, opt, epoch: int, step: int) -> None:
         tmp = self.path.with_suffix(".tmp")
         torch.save({"config": asdict(self.cfg), "epoch": epoch, "step": step, "optimizer": opt.state_dict(),
-                    "weights": [p.detach().clone() for p in params]}, tmp)
+                    "weights": [m.detach().clone() for m in masters]}, tmp)  # float32: a resumed run is exact
         tmp.replace(self.path)
 
 
@@ -192,6 +210,7 @@ def run_distill(
     with RunFolderLock(work):  # one writer: a second distillation into `out` is refused before its models load
         student, teacher, tokenizer = models or load_models(cfg)
         _check_pruned(cfg.student)
+        _check_dtype(cfg, student, teacher)
         corpus = _corpus(work, teacher, tokenizer, cfg, include_path)
         run = _Run(cfg, work, student, teacher, corpus, evaluate)
         per_epoch = len(epoch_order(cfg, len(corpus), 0))
@@ -215,9 +234,10 @@ class _Run:
         self.cfg, self.student, self.teacher, self.corpus, self.evaluate = cfg, student, teacher, corpus, evaluate
         student.eval()  # no dropout: a resumed run repeats an uninterrupted one exactly
         self.params, self.masks = _trainable(student)
-        self.opt = torch.optim.Adam(self.params, lr=cfg.lr)
+        self.masters = _masters(self.params)
+        self.opt = torch.optim.Adam(self.masters, lr=cfg.lr)
         self.state = _State(work, cfg)
-        self.epoch, self.step = self.state.load(self.params, self.opt)
+        self.epoch, self.step = self.state.load(self.params, self.masters, self.opt)
         self.log_path = work / "epochs.jsonl"
         repair_jsonl_tail(self.log_path)
         self.records = list({r["epoch"]: r for r in read_jsonl(self.log_path)}.values())
@@ -239,33 +259,39 @@ class _Run:
         while self.epoch < self.cfg.epochs:
             order = epoch_order(self.cfg, len(self.corpus), self.epoch)
             while self.step < len(order):
-                _train_step(self.student, self.teacher, self.corpus[order[self.step]], self.params, self.masks, self.opt)
+                _train_step(self.student, self.teacher, self.corpus[order[self.step]], self, self.opt)
                 self.step += 1
                 done_now += 1
                 bar.update(1)
                 stop = stop_after is not None and done_now >= stop_after
                 if self.step % save_every == 0 or stop:
-                    self.state.save(self.params, self.opt, self.epoch, self.step)
+                    self.state.save(self.masters, self.opt, self.epoch, self.step)
                 if stop:
                     return False
             if self.evaluate:
                 self._record(self.epoch + 1)
             self.epoch, self.step = self.epoch + 1, 0
-            self.state.save(self.params, self.opt, self.epoch, self.step)
+            self.state.save(self.masters, self.opt, self.epoch, self.step)
         return True
 
 
-def _train_step(student, teacher, ids, params, masks, opt) -> float:
+def _train_step(student, teacher, ids, trained: _Run, opt) -> float:
+    """One Adam step on ``trained``'s masters from the student's gradients; the student's matrices follow them."""
     with torch.no_grad():
         t_logits = teacher(input_ids=torch.tensor([ids], device=input_device(teacher)), use_cache=False).logits
     s_logits = student(input_ids=torch.tensor([ids], device=input_device(student)), use_cache=False).logits
     loss = kd_loss(s_logits, t_logits.to(s_logits.device))  # under device maps the LM heads may differ
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    for p, m in zip(trained.params, trained.masters):
+        if m is not p:
+            m.grad, p.grad = p.grad.float(), None
     opt.step()
     with torch.no_grad():
-        for p, m in zip(params, masks):
-            p.mul_(m)  # pruned weights stay exactly zero
+        for p, m, keep in zip(trained.params, trained.masters, trained.masks):
+            m.mul_(keep)  # pruned weights stay exactly zero
+            if m is not p:
+                p.copy_(m)
     return float(loss.detach())
 
 
@@ -276,9 +302,9 @@ def load_models(cfg: DistillConfig, device_map: str | dict[str, Any] | None = No
     from capsense.core.models import load_model
     from capsense.core.placement import check_weights_in_memory
 
-    student, tokenizer = load_model(cfg.student, device=device, device_map=device_map)
+    student, tokenizer = load_model(cfg.student, cfg.dtype, device=device, device_map=device_map)
     check_weights_in_memory(student, "distillation trains the student's weights in place and saves them")
-    teacher, _ = load_model(cfg.teacher, device=device, device_map=device_map, revision=cfg.teacher_revision)
+    teacher, _ = load_model(cfg.teacher, cfg.dtype, device=device, device_map=device_map, revision=cfg.teacher_revision)
     return student, teacher, tokenizer
 
 
@@ -292,6 +318,13 @@ def teacher_revision(student: str, teacher: str, given: str | None = None) -> st
     base = json.loads(meta_path.read_text()).get("base_model") or {}
     revision = base.get("revision") if base.get("model") == teacher else None
     return revision if revision != "main" else None  # (a fingerprint's name for no revision)
+
+
+def _check_dtype(cfg: DistillConfig, student: nn.Module, teacher: nn.Module) -> None:
+    """Models given to :func:`run_distill` are in the run's ``dtype`` (it is part of the run's identity)."""
+    for name, model in (("student", student), ("teacher", teacher)):
+        if (got := next(model.parameters()).dtype) != getattr(torch, cfg.dtype):
+            raise CapsenseError(f"the {name} is {str(got).removeprefix('torch.')}, the run's `dtype` is {cfg.dtype}")
 
 
 def _check_pruned(student: str) -> None:

@@ -92,6 +92,9 @@ EMBEDDED_MODELS = {"smollm2-135m": SMOLLM2, "smollm2-135m-instruct": SMOLLM2, "g
 
 #: Weight dtypes a model can be loaded (or saved) in; ``auto`` is resolved by :func:`resolve_dtype`.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: Dtypes a model can be trained in (``capsense distill``): float16 would need a loss scale, which capsense does not
+#: keep, or its small gradients underflow.
+TRAIN_DTYPES = ("float32", "bfloat16")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:

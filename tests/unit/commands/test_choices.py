@@ -18,7 +18,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
     from capsense.compress.sequential import PROPAGATE
     from capsense.compress.study.select import SIZE_KEYS
     from capsense.core.ablation import ABLATION_MODES
-    from capsense.core.models import DTYPES
+    from capsense.core.models import DTYPES, TRAIN_DTYPES
     from capsense.core.precision import AUTOCAST_DTYPES
     from capsense.localize.prior import GROUP_PRICES, PRIOR_SCORES
     from capsense.localize.refine import SEARCHES, SET_CONTROLS
@@ -33,6 +33,7 @@ def _library_lists() -> dict[tuple[str, str], tuple[str, ...]]:
         ("compress", "pricing"): PRICING_NAMES,
         ("compress", "fmt"): ("auto", *PACKED_FORMATS),  # pipeline.resolve_format: auto, then a packed format
         ("compress", "sequential_propagate"): PROPAGATE,
+        ("distill", "dtype"): TRAIN_DTYPES,
         ("evaluate", "ablation"): ABLATION_MODES,
         ("evaluate", "dtype"): loaded,
         ("export", "format"): tuple(EXPORT_FORMATS),

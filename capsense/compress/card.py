@@ -93,6 +93,25 @@ def _sequential_lines(sequential: dict[str, Any] | None, guided: bool) -> list[s
     return ["", f"Calibrated one decoder layer at a time ({sequential['layers']} layers): {how}."]
 
 
+def _distill_lines(distill: dict[str, Any] | None) -> list[str]:
+    """What ``capsense distill`` did to the compressed checkpoint, and each capability's dL before and after it."""
+    if not distill:
+        return []
+    cfg, epochs = distill["config"], distill.get("epochs") or []
+    lines = ["", "## Distilled", "",
+             f"Then distilled from `{cfg['teacher']}` by `capsense distill` in {cfg.get('dtype', 'float32')}: "
+             f"{cfg['epochs']} epoch(s) over {cfg['n_texts']} texts of `{cfg['sources']}` (each followed by "
+             f"{cfg['gen_tokens']} tokens the teacher generated), KL to the teacher's next-token distributions, lr "
+             f"{cfg['lr']:g}. Pruned weights stayed zero, so the sizes above hold."]
+    if len(epochs) > 1 and epochs[0].get("dL"):
+        first, last = epochs[0]["dL"], epochs[-1]["dL"]
+        lines += ["", f"dL against the teacher (nats/token, first documents of each capability, never trained on), "
+                  f"in {cfg.get('dtype', 'float32')} before the weights were stored:", "",
+                  markdown_table([{"capability": c, "before distillation": f"{first[c]:+.4f}",
+                                   f"after epoch {epochs[-1]['epoch']}": f"{last[c]:+.4f}"} for c in first if c in last])]
+    return lines
+
+
 def _made_with(meta: dict[str, Any]) -> str:
     """``0.1.0 (torch ..., transformers ..., on AMD EPYC, cpu)``: what made it, from ``capsense.json``'s
     ``made_with`` (a checkpoint from before round 25 has none: the running capsense's version alone)."""
@@ -109,7 +128,8 @@ def render_card(meta: dict[str, Any], family: str) -> str:
     base = meta["base_model"].get("model", "the base model")
     fmt = meta.get("format", {})
     size, s = meta.get("size", {}), meta["summary"]
-    lines = [f"# {base}, compressed: {meta['label']}", "",
+    distilled = ", distilled" if meta.get("distill") else ""
+    lines = [f"# {base}, compressed: {meta['label']}{distilled}", "",
              f"Compressed from `{base}` by `{meta['method']}` with capsense {_made_with(meta)}.", ""]
     if fmt.get("format") == "compressed-tensors":
         lines += ["Stored in the compressed-tensors `pack-quantized` format (integer codes, 16-bit group scales; "
@@ -137,6 +157,7 @@ def render_card(meta: dict[str, Any], family: str) -> str:
                   "`budget.yaml` reproduces this checkpoint."]
         lines += _selection_lines(alloc.get("selection"))
     lines += _measured_lines(meta.get("measured"), alloc)
+    lines += _distill_lines(meta.get("distill"))
     lines += ["", "## Per layer", "", _layer_table(meta.get("matrices", [])), "",
               "Everything here is also in `capsense.json`; measure the capabilities you need with "
               "`capsense measure THIS_FOLDER` before relying on it."]

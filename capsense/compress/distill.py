@@ -353,19 +353,31 @@ def _corpus(work: Path, teacher, tokenizer, cfg: DistillConfig, include_path: Se
 
 
 def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite: bool) -> None:
+    """The student, ``capsense.json`` (the compressed one's with this run, no path of this machine) and, for a student
+    of ``capsense compress``, the card and size on disk of this folder (before round 54: none, and the student's)."""
     import shutil
 
+    from capsense.compress.card import render_card
+    from capsense.compress.methods import parse_setting
+    from capsense.compress.packed import size_on_disk
     from capsense.core.files import atomic_output_dir
     from capsense.core.provenance import provenance
+    from capsense.ship.metadata import public_name, public_path
 
     work = out.parent / (out.name + ".partial")
     meta_in = Path(cfg.student) / "capsense.json"
     meta = json.loads(meta_in.read_text()) if meta_in.is_file() else {}
-    meta["distill"] = {"config": asdict(cfg), "epochs": records, **provenance(next(student.parameters()).device)}
+    public = {**asdict(cfg), "student": public_name(cfg.student), "teacher": public_name(cfg.teacher),
+              "sources": public_path(cfg.sources) if Path(cfg.sources).is_file() else cfg.sources}
+    meta["distill"] = {"config": public, "epochs": records, **provenance(next(student.parameters()).device)}
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         with without_transformers_bars():
             student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if "summary" in meta:  # a checkpoint of capsense compress
+            meta["size"] = {**meta.get("size", {}), "bytes_on_disk": size_on_disk(tmp)}
+            setting = parse_setting(meta.get("setting") or {})
+            (tmp / "README.md").write_text(render_card(meta, setting.family if setting is not None else ""))
         (tmp / "capsense.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 

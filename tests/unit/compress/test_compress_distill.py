@@ -201,3 +201,31 @@ def test_distill_command_takes_a_dtype(tmp_path, tiny_model_dir):
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     meta = json.loads((tmp_path / "b" / "capsense.json").read_text())
     assert meta["distill"]["config"]["dtype"] == "bfloat16"
+
+
+def test_a_distilled_checkpoint_has_its_own_card_and_size(tmp_path, tiny_model_dir):
+    """A distilled folder carried the compressed student's capsense.json as it was: the student's bytes on disk (a
+    float32 student distilled in bfloat16 stores half), no model card, and the paths of this machine in its config.
+    Now its size is its own, its card says what distillation did, and it names no local path."""
+    from click.testing import CliRunner
+
+    from capsense.cli import main
+    from capsense.compress.packed import size_on_disk
+
+    student = tmp_path / "student"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "magnitude", "--density", "0.5",
+                                  "--no-progress", "--out", str(student)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["distill", str(student), "--teacher", str(tiny_model_dir), "--epochs", "1", "--texts",
+                                  "2", "--gen-tokens", "2", "--seq-len", "16", "--capabilities", "qa,math", "--probes",
+                                  "2", "--dtype", "bfloat16", "--no-progress", "--out", str(tmp_path / "d")])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "d" / "capsense.json").read_text())
+    before = json.loads((student / "capsense.json").read_text())["size"]["bytes_on_disk"]
+    assert meta["size"]["bytes_on_disk"] == size_on_disk(tmp_path / "d") < 0.6 * before  # bfloat16: about half
+    text = json.dumps(meta)
+    assert str(tmp_path) not in text and meta["distill"]["config"]["student"] == "<local>/student", text
+    card = (tmp_path / "d" / "README.md").read_text()
+    assert card.startswith("# <local>/") and ", distilled\n" in card.splitlines()[0] + "\n"
+    assert "## Distilled" in card and "in bfloat16" in card and "| qa |" in card and "after epoch 1" in card, card
+    assert str(tmp_path) not in card

@@ -33,7 +33,7 @@ from capsense.compress.capabilities import DISTILL_SOURCES
 from capsense.core.models import TRAIN_DTYPES
 from capsense.core.placement import input_device
 from capsense.errors import CapsenseError
-from capsense.core.progress import without_transformers_bars
+from capsense.core.progress import without_library_bars
 
 
 # A bfloat16 run loads and computes in bfloat16 (half the memory of float32 for both models) while Adam updates float32
@@ -371,7 +371,7 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
               "sources": public_path(cfg.sources) if Path(cfg.sources).is_file() else cfg.sources}
     meta["distill"] = {"config": public, "epochs": records, **provenance(next(student.parameters()).device)}
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        with without_transformers_bars():
+        with without_library_bars():
             student.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if "summary" in meta:  # a checkpoint of capsense compress

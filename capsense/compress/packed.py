@@ -39,7 +39,7 @@ from torch import nn
 
 from capsense.errors import CapsenseError
 from capsense.compress.quantize import PACKED_MAX_BITS, group_width
-from capsense.core.progress import without_transformers_bars
+from capsense.core.progress import without_library_bars
 
 FORMATS = ("compressed-tensors", "dense")
 PACK_FORMAT = "pack-quantized"
@@ -150,7 +150,7 @@ def write_packed(model: nn.Module, packed: Mapping[str, PackedWeight], dst: str 
 
     dst = Path(dst)
     state, groups = _packed_state(model, packed, dtype)
-    with without_transformers_bars():
+    with without_library_bars():
         model.save_pretrained(dst, state_dict=state, safe_serialization=True)
     qconfig = _quantization_config(groups)
     ModelCompressor(quantization_config=qconfig).update_config(str(dst))

@@ -34,7 +34,7 @@ from capsense.compress.packed import FORMATS, PackedWeight, check_storable, size
 from capsense.compress.select import compress_guided
 from capsense.compress.sequential import DEFAULT_PROPAGATE, check_sequential, compress_sequential
 from capsense.compress.targets import check_moe_config
-from capsense.core.progress import without_transformers_bars
+from capsense.core.progress import without_library_bars
 
 
 def resolve_format(fmt: str, budget: Budget) -> str:
@@ -323,7 +323,7 @@ def _write_checkpoint(model, tokenizer, model_name: str, budget: Budget, result:
         if fmt == "compressed-tensors":
             meta["format"] = write_packed(model, _packed(result), tmp, dtype=store)
         else:
-            with without_transformers_bars():
+            with without_library_bars():
                 model.save_pretrained(tmp, safe_serialization=True)
         s = result.summary
         meta["size"] = {"bytes_on_disk": size_on_disk(tmp),

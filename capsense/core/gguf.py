@@ -170,10 +170,10 @@ def convert_gguf(gguf_path: Path, target: Path, source: dict[str, Any]) -> None:
     ``source`` goes to ``capsense_source.json`` (``source``: the Hub id of the original, or None).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from capsense.core.progress import without_transformers_bars
+    from capsense.core.progress import without_library_bars
 
     try:
-        with without_transformers_bars():  # one line above says what happens; no raw per-tensor bars
+        with without_library_bars():  # one line above says what happens; no raw per-tensor bars
             loaded, info = AutoModelForCausalLM.from_pretrained(
                 gguf_path.parent, gguf_file=gguf_path.name, output_loading_info=True)
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -199,7 +199,7 @@ def convert_gguf(gguf_path: Path, target: Path, source: dict[str, Any]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        with without_transformers_bars():
+        with without_library_bars():
             model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "capsense_source.json").write_text(json.dumps(source, indent=2) + "\n")

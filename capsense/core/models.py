@@ -237,6 +237,17 @@ def _ensure_embedded(name: str, embedded: EmbeddedModel) -> Path:
     return target
 
 
+def unpack_packed(model: PreTrainedModel) -> None:
+    """A packed compressed-tensors checkpoint (``capsense compress``) unpacked now, with the library's own
+    decompressor, so that capsense's hooks see real weights and its scoring may run the model's body alone. The
+    library unpacks at the first call of the whole model (a forward pre-hook), which scoring the body never makes:
+    ``capsense evaluate`` of a packed checkpoint failed with "'Linear' object has no attribute 'weight'" until round
+    54. (transformers' ``dequantize=True`` load applies one config group's scheme to every module, wrong for mixed
+    bit widths.) Anything else is left as it is."""
+    if getattr(model, "ct_decompress_hook", None) is not None:
+        model.hf_quantizer.compressor.decompress_model(model)
+
+
 def load_model(
     name: str,
     dtype: str | torch.dtype = "float32",
@@ -268,15 +279,12 @@ def load_model(
     check_placement(device, device_map)  # a device beside a map is refused, not ignored
     placed = placement_kwargs(device_map) if device_map not in (None, "") else {}
     target = None if placed else check_device(device)
-    from capsense.core.progress import without_transformers_bars
+    from capsense.core.progress import without_library_bars
 
-    with without_transformers_bars(), model_load_errors(name):
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
-    if getattr(model, "ct_decompress_hook", None) is not None:
-        # a packed compressed-tensors checkpoint (capsense compress): unpack now, with the library's own
-        # decompressor, so capsense's hooks see real weights (transformers' dequantize=True load applies
-        # one config group's scheme to every module, wrong for mixed bit widths)
-        model.hf_quantizer.compressor.decompress_model(model)
+    with without_library_bars():
+        with model_load_errors(name):
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs, **placed)
+        unpack_packed(model)
     with model_load_errors(name):
         model = (model if target is None else model.to(target)).eval()
         tokenizer = load_tokenizer(path, revision)

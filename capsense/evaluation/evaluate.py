@@ -116,7 +116,7 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
     own on GPUs, 16 on a CPU (:func:`capsense.core.batching.lm_eval_batch_size`); ``revision``: of a Hub model
     (None: its default branch)."""
     from capsense.core.placement import check_placement, placement_kwargs
-    from capsense.core.progress import without_transformers_bars
+    from capsense.core.progress import without_library_bars
     from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
 
     check_placement(device, device_map)  # a device beside a map is refused, not ignored
@@ -125,7 +125,7 @@ def load_lm(model: str, ablation: str = "zero", batch_size: int | str = 16, devi
         kwargs.update(parallelize=True, device_map=placed["device_map"], offload_folder=placed.get("offload_folder"))
     if revision:
         kwargs["revision"] = revision
-    with without_transformers_bars():
+    with without_library_bars():
         return CapsenseMaskedLM(
             pretrained=model, ablation=ablation, batch_size=lm_eval_batch_size(batch_size, device, device_map), device=device,
             dtype=dtype, **kwargs

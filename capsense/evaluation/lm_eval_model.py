@@ -36,7 +36,7 @@ from capsense.core.ablation import HeadAblator, located_ablation, reference_mean
 from capsense.core.arch import head_layout
 from capsense.core.heads import HeadSet, located_revision
 from capsense.core.model_config import config_head_layout
-from capsense.core.models import check_model, model_load_errors, resolve_pretrained
+from capsense.core.models import check_model, model_load_errors, resolve_pretrained, unpack_packed
 from capsense.errors import CapsenseError
 
 
@@ -124,6 +124,18 @@ class CapsenseMaskedLM(HFLM):
         self.quiet_requests = False  # True while capsense shows its own progress display
         self.heads = HeadSet()
         self.set_heads(head_set)
+
+    def _create_model(self, *args: Any, **kwargs: Any) -> None:
+        """HFLM's load, then a packed compressed-tensors checkpoint unpacked as capsense's own loads unpack it
+        (:func:`~capsense.core.models.unpack_packed`: scoring runs the model's body, which never unpacks it).
+        lm-eval hands a checkpoint's own ``quantization_config`` back to ``from_pretrained``, and transformers then
+        warns that the user passed one: that warning, untrue of anything the user gave, is not shown."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)
+            super()._create_model(*args, **kwargs)
+        unpack_packed(self._model)
 
     def set_heads(self, heads: Any) -> None:
         """Ablate ``heads`` from now on (an empty set restores the plain ``hf`` model).

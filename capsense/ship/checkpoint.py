@@ -23,7 +23,7 @@ from capsense.ship.base import ExportResult, noop
 from capsense.errors import CapsenseError
 from capsense.ship.metadata import build_metadata, list_files, write_card_and_metadata
 from capsense.ship.preflight import ExportInputs, check_mean_foldable, preflight
-from capsense.core.progress import without_transformers_bars
+from capsense.core.progress import without_library_bars
 
 
 def head_indices(heads: list[int], head_dim: int) -> torch.Tensor:
@@ -152,7 +152,7 @@ def export_checkpoint(
         metadata["attention_biases_added"] = len(added)
     log(f"Saving checkpoint to {out_path} ...")
     with atomic_output_dir(out_path, overwrite) as tmp:
-        with without_transformers_bars():
+        with without_library_bars():
             lm.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         tokenizer.save_pretrained(tmp)
         write_card_and_metadata(tmp, metadata, repo_id)

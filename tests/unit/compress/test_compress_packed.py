@@ -84,3 +84,35 @@ def test_what_the_format_cannot_store_is_refused_with_the_remedy():
         check_storable([("a", (8, 64), q(4, 32), True, True)])
     with pytest.raises(CapsenseError, match="Conv1D"):
         check_storable([("a", (8, 64), q(4, 32), False, False)])
+
+
+def test_a_packed_checkpoint_is_evaluated_and_measured_without_library_bars(tmp_path, tiny_model_dir):
+    """`capsense evaluate` of a packed checkpoint failed ("'Linear' object has no attribute 'weight'"): capsense's
+    scoring runs the model's body, and compressed-tensors unpacks only at the first call of the whole model. The
+    capsense-masked model now unpacks it as load_model does (the same logits as stock transformers' own forward),
+    and a load shows none of compressed-tensors' three bars under --no-progress."""
+    from click.testing import CliRunner
+
+    from capsense.cli import main
+    from capsense.core.models import load_model
+    from capsense.evaluation.lm_eval_model import CapsenseMaskedLM
+
+    out = tmp_path / "packed"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "rtn", "--bits", "4", "--group-size",
+                                  "16", "--no-progress", "--out", str(out)])
+    assert r.exit_code == 0 and (out / "config.json").read_text().count("compressed-tensors") == 1, r.output
+    r = CliRunner().invoke(main, ["evaluate", str(out), "--tasks", "capsense_addition", "--limit", "4", "--heads",
+                                  "L0H1", "--no-progress"])
+    assert r.exit_code == 0 and "| capsense_addition | acc |" in r.stdout, r.output
+    assert "You passed `quantization_config`" not in r.stderr, r.stderr
+    lm = CapsenseMaskedLM(pretrained=str(out), device="cpu", batch_size=2)
+    ours, _ = load_model(str(out), dtype=str(lm.model.dtype).removeprefix("torch."))
+    plain = T.AutoModelForCausalLM.from_pretrained(out, dtype=lm.model.dtype).eval()
+    ids = tiny_inputs()
+    with torch.no_grad():
+        assert torch.equal(lm.model(input_ids=ids).logits, plain(input_ids=ids).logits)
+        assert torch.equal(ours(input_ids=ids).logits, plain(input_ids=ids).logits)
+    r = CliRunner().invoke(main, ["measure", str(out), "--capabilities", "qa", "--probes", "2", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    for bar in ("Applying quantization config", "Compressing model", "Decompressing model", "Dispatching model"):
+        assert bar not in r.stderr, r.stderr

@@ -45,11 +45,35 @@ def test_transformers_bars_are_off_within_and_as_they_were_after():
     """Loads switched transformers' bars back on after each load, whatever the user had set."""
     from transformers.utils import logging as hf_logging
 
-    from capsense.core.progress import without_transformers_bars
+    from capsense.core.progress import without_library_bars
 
     for before in (True, False):
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
-        with without_transformers_bars():
+        with without_library_bars():
             assert not hf_logging.is_progress_bar_enabled()
         assert hf_logging.is_progress_bar_enabled() == before
     hf_logging.enable_progress_bar()
+
+
+def test_a_library_bar_started_within_shows_nothing_whatever_it_passes():
+    """compressed-tensors passes its own ``disable=False`` to tqdm and has no switch: a bar started within the block
+    shows nothing even so (nested blocks too), and bars show again after it."""
+    import io
+
+    from tqdm import tqdm
+
+    from capsense.core.progress import without_library_bars
+
+    def shown(**kw) -> str:
+        out = io.StringIO()
+        for _ in tqdm(range(3), file=out, desc="Dispatching model", **kw):
+            pass
+        return out.getvalue()
+
+    assert "Dispatching model" in shown(disable=False)
+    with without_library_bars():
+        assert shown(disable=False) == shown() == ""
+        with without_library_bars():
+            assert shown(disable=False) == ""
+        assert shown(disable=False) == ""
+    assert "Dispatching model" in shown(disable=False)

@@ -238,14 +238,26 @@ def _ensure_embedded(name: str, embedded: EmbeddedModel) -> Path:
 
 
 def unpack_packed(model: PreTrainedModel) -> None:
-    """A packed compressed-tensors checkpoint (``capsense compress``) unpacked now, with the library's own
-    decompressor, so that capsense's hooks see real weights and its scoring may run the model's body alone. The
-    library unpacks at the first call of the whole model (a forward pre-hook), which scoring the body never makes:
-    ``capsense evaluate`` of a packed checkpoint failed with "'Linear' object has no attribute 'weight'" until round
-    54. (transformers' ``dequantize=True`` load applies one config group's scheme to every module, wrong for mixed
-    bit widths.) Anything else is left as it is."""
-    if getattr(model, "ct_decompress_hook", None) is not None:
-        model.hf_quantizer.compressor.decompress_model(model)
+    """A packed compressed-tensors checkpoint (``capsense compress``) made a plain dense model now: unpacked with
+    the library's own decompressor, then its quantization scheme, scales and config removed (compressed-tensors'
+    ``clear_quantization``, transformers' ``remove_quantization_config``). Anything else is left as it is.
+
+    Why now: capsense's hooks need real weights and its scoring runs the model's body alone, while the library
+    unpacks at the first call of the whole model (a forward pre-hook), so ``capsense evaluate`` of a packed checkpoint
+    failed with "'Linear' object has no attribute 'weight'" until round 54. Why plain: a model edited after the load
+    (an export's zeroed heads, a second compression) was saved with the stale scales beside its weights and a config
+    still saying ``pack-quantized``. (transformers' ``dequantize=True`` load applies one config group's scheme to
+    every module, wrong for mixed bit widths.)"""
+    if getattr(model, "ct_decompress_hook", None) is None:
+        return
+    from compressed_tensors.quantization.quant_metadata import QuantizationMetadata
+
+    quantizer = model.hf_quantizer
+    quantizer.compressor.decompress_model(model)
+    for module in model.modules():
+        if hasattr(module, "quantization_scheme"):
+            QuantizationMetadata.clear_quantization(module)
+    quantizer.remove_quantization_config(model)
 
 
 def load_model(

@@ -116,3 +116,38 @@ def test_a_packed_checkpoint_is_evaluated_and_measured_without_library_bars(tmp_
     assert r.exit_code == 0, r.output
     for bar in ("Applying quantization config", "Compressing model", "Decompressing model", "Dispatching model"):
         assert bar not in r.stderr, r.stderr
+
+
+def test_an_edited_packed_model_is_saved_as_a_plain_checkpoint(tmp_path, tiny_model_dir):
+    """A packed checkpoint loads as a plain dense model (its scales and quantization config gone), so what capsense
+    saves after editing it is a plain checkpoint: an export of it was written with the stale scales beside the
+    zeroed weights and a config still saying pack-quantized. The export reproduces the ablated logits in stock
+    transformers."""
+    import json
+
+    from click.testing import CliRunner
+    from safetensors import safe_open
+
+    from capsense.cli import main
+    from capsense.core.ablation import HeadAblator
+    from capsense.core.models import load_model
+
+    packed = tmp_path / "packed"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "rtn", "--bits", "4", "--group-size",
+                                  "16", "--no-progress", "--out", str(packed)])
+    assert r.exit_code == 0, r.output
+    model, _ = load_model(str(packed), dtype="bfloat16")
+    assert not hasattr(model.config, "quantization_config") and getattr(model, "hf_quantizer", None) is None
+    assert {n.rsplit(".", 1)[-1] for n, _ in model.named_parameters()} <= {"weight", "bias"}
+    r = CliRunner().invoke(main, ["export", str(packed), "--heads", "L0H1", "--format", "checkpoint", "--out",
+                                  str(tmp_path / "ex")])
+    assert r.exit_code == 0, r.output
+    assert "quantization_config" not in json.loads((tmp_path / "ex" / "config.json").read_text())
+    with safe_open(tmp_path / "ex" / "model.safetensors", "pt") as f:
+        assert not [k for k in f.keys() if k.endswith(("weight_scale", "weight_shape", "weight_packed"))]
+    ids = tiny_inputs()
+    with torch.no_grad(), HeadAblator(model).apply("L0H1"):
+        ablated = model(input_ids=ids).logits
+    plain = T.AutoModelForCausalLM.from_pretrained(tmp_path / "ex").eval()
+    with torch.no_grad():
+        assert torch.equal(plain(input_ids=ids).logits, ablated)

@@ -171,7 +171,13 @@ def check_model(name: str, revision: str | None = None) -> None:
         check_gguf_file(name)
         return
     if os.path.isdir(name):
-        if not os.path.isfile(os.path.join(name, "config.json")):
+        has = {f for f in ("config.json", "adapter_config.json") if os.path.isfile(os.path.join(name, f))}
+        if has == {"adapter_config.json"}:
+            raise UnknownModelError(
+                f"{name!r} is a PEFT adapter, not a model: give its base model (with --heads for capsense's own "
+                "commands), or evaluate base and adapter in stock lm-eval: lm_eval --model hf --model_args "
+                "pretrained=BASE,peft=ADAPTER_FOLDER")
+        if "config.json" not in has:
             raise UnknownModelError(f"model folder {name!r} has no config.json: is it a transformers model folder?")
         return
     if _looks_like_path(name):

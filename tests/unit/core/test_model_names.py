@@ -16,6 +16,11 @@ def test_embedded_and_local_folders(tmp_path):
     check_model(str(tmp_path))
     with pytest.raises(UnknownModelError, match="has no config.json"):
         check_model(str(tmp_path.parent))
+    adapter = tmp_path / "adapter"  # what `capsense export --format adapter` writes: no config.json of its own
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(UnknownModelError, match="is a PEFT adapter, not a model: give its base model .*peft=ADAPTER"):
+        check_model(str(adapter))
     with pytest.raises(UnknownModelError, match=r"unknown model './nope/x': .*no folder"):
         check_model("./nope/x")
     with pytest.raises(UnknownModelError, match="Did you mean smollm2-135m"):

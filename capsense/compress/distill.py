@@ -5,10 +5,10 @@ probe documents never train) each followed by ``gen_tokens`` tokens the teacher 
 greedily (no download). Training: ``epochs`` passes over that set (or, with ``fresh``, one pass
 over ``epochs`` times as many texts, each epoch reading texts no earlier epoch read: the other
 arm of the data-reuse comparison, :func:`capsense.compress.study.epochs.fit_reuse_penalty`), loss
-``KL(teacher || student)`` of the next-token distributions at every position, Adam on the
-student's target matrices with their zeros held at zero (pruning masks kept, so the exact
-size accounting of the student still holds; in bfloat16, on float32 masters of them). Other families (RTN codes, low-rank factors)
-would leave their grid when trained, so only pruned students are accepted.
+``KL(teacher || student)`` of the next-token distributions at every position, Adam on the student's target matrices
+(in bfloat16, on float32 masters of them) with their zeros held at zero (pruning masks kept, so the exact size
+accounting of the student still holds). Other families (RTN codes, low-rank factors) would leave their grid when
+trained, so only pruned students are accepted.
 
 Resumable: after every ``save_every`` steps the student weights, optimizer state and position
 go to ``<out>.partial/state.pt``; a rerun with the same arguments continues from there. The
@@ -36,10 +36,9 @@ from capsense.errors import CapsenseError
 from capsense.core.progress import without_library_bars
 
 
-# A bfloat16 run loads and computes in bfloat16 (half the memory of float32 for both models) while Adam updates float32
-# masters of the trained matrices, copied back each step: at the default lr (2e-5) Adam's step is ~2e-5 per weight,
-# below half the bfloat16 spacing of weights of ~0.02 (1.2e-4), so bfloat16 weights updated in place never move
-# (tests/unit/compress/test_compress_distill.py shows they do with the masters).
+# A bfloat16 run loads and computes in bfloat16 (half the memory of float32) while Adam updates float32 masters of the
+# trained matrices, copied back each step: at the default lr (2e-5) Adam's step (~2e-5 per weight) is below half the
+# bfloat16 spacing of weights of ~0.02 (1.2e-4): in place they never move (tests/unit/compress/test_compress_distill.py).
 
 
 @dataclass(frozen=True)
@@ -367,6 +366,8 @@ def _write(student, tokenizer, cfg: DistillConfig, out: Path, records, overwrite
     work = out.parent / (out.name + ".partial")
     meta_in = Path(cfg.student) / "capsense.json"
     meta = json.loads(meta_in.read_text()) if meta_in.is_file() else {}
+    if "distill" in meta:  # a distilled student distilled again: the earlier runs are kept, oldest first
+        meta["distill_earlier"] = [*meta.get("distill_earlier", []), meta["distill"]]
     public = {**asdict(cfg), "student": public_name(cfg.student), "teacher": public_name(cfg.teacher),
               "sources": public_path(cfg.sources) if Path(cfg.sources).is_file() else cfg.sources}
     meta["distill"] = {"config": public, "epochs": records, **provenance(next(student.parameters()).device)}

@@ -229,3 +229,9 @@ def test_a_distilled_checkpoint_has_its_own_card_and_size(tmp_path, tiny_model_d
     assert card.startswith("# <local>/") and ", distilled\n" in card.splitlines()[0] + "\n"
     assert "## Distilled" in card and "in bfloat16" in card and "| qa |" in card and "after epoch 1" in card, card
     assert str(tmp_path) not in card
+    r = CliRunner().invoke(main, ["distill", str(tmp_path / "d"), "--teacher", str(tiny_model_dir), "--epochs", "1",
+                                  "--texts", "2", "--gen-tokens", "2", "--seq-len", "16", "--capabilities", "qa",
+                                  "--probes", "2", "--no-progress", "--out", str(tmp_path / "d2")])
+    assert r.exit_code == 0, r.output
+    again = json.loads((tmp_path / "d2" / "capsense.json").read_text())  # distilled twice: the first run is kept
+    assert again["distill_earlier"] == [meta["distill"]] and again["distill"]["config"]["dtype"] == "float32"

@@ -26,6 +26,20 @@ def local_text_config(name: str, revision: str | None = None) -> dict | None:
     Found for local folders, the converted embedded model and Hub ids in the local cache (a GGUF
     file not yet converted has none: its header is read by :func:`config_head_layout`).
     """
+    config = _local_config(name, revision)
+    if config is None:
+        return None
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+def quantization_method(name: str, revision: str | None = None) -> str | None:
+    """``quant_method`` of the model's ``quantization_config`` (``compressed-tensors`` for a packed checkpoint of
+    ``capsense compress``), or None where it has none or its config is not on this machine."""
+    quantization = (_local_config(name, revision) or {}).get("quantization_config")
+    return quantization.get("quant_method") if isinstance(quantization, dict) else None
+
+
+def _local_config(name: str, revision: str | None = None) -> dict | None:
     path: str | None = None
     if isinstance(name, str) and is_embedded(name):
         path = str(EMBEDDED_MODELS[name.lower()].target / "config.json")
@@ -49,9 +63,7 @@ def local_text_config(name: str, revision: str | None = None) -> dict | None:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict):
-        return None
-    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+    return config if isinstance(config, dict) else None
 
 
 def config_head_layout(name: str, revision: str | None = None) -> Any:

@@ -16,7 +16,7 @@ from capsense.core.arch import arch_spec, base_layer, head_layout, out_projectio
 from capsense.core.files import check_output_dir
 from capsense.core.heads import HeadSet, HeadsFile, HeadsLike, load_heads_file, looks_like_heads_file
 from capsense.errors import CapsenseError, HeadSpecError
-from capsense.core.model_config import config_head_layout
+from capsense.core.model_config import config_head_layout, quantization_method
 from capsense.core.models import check_model, model_load_errors, resolve_pretrained
 from capsense.core.placement import check_placement
 from capsense.ship.base import FORMATS, check_dtype
@@ -160,6 +160,11 @@ def check_export_inputs(
     out_path = check_output_dir(out, overwrite, (model, heads, mean_reference))
     hs, heads_file, source = resolve_heads(heads, top_k)
     check_model(model, revision)
+    if format == "adapter" and ablation == "mean" and quantization_method(model, revision) == "compressed-tensors":
+        raise CapsenseError(
+            "a mean-ablation adapter is a LoRA, and stock PEFT cannot put one on a packed compressed-tensors model "
+            "(\"'Linear' object has no attribute 'weight'\" when it loads): export `format` checkpoint (a plain "
+            "dense checkpoint with the means folded in) or a zero-ablation adapter (IA3, which loads on it)")
     layout = config_head_layout(model, revision)
     if layout is not None:
         hs.check_fits(layout)

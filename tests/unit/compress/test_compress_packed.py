@@ -151,3 +151,33 @@ def test_an_edited_packed_model_is_saved_as_a_plain_checkpoint(tmp_path, tiny_mo
     plain = T.AutoModelForCausalLM.from_pretrained(tmp_path / "ex").eval()
     with torch.no_grad():
         assert torch.equal(plain(input_ids=ids).logits, ablated)
+
+
+def test_a_mean_ablation_adapter_on_a_packed_model_is_refused(tmp_path, tiny_model_dir):
+    """Stock PEFT cannot put the mean-ablation LoRA on a packed base ("'Linear' object has no attribute 'weight'" at
+    its load, checked), so capsense no longer ships one: refused before anything loads, naming what works. The
+    zero-ablation IA3 adapter loads on the packed base in stock PEFT and reproduces capsense's ablation exactly."""
+    from click.testing import CliRunner
+    from peft import PeftModel
+
+    from capsense.cli import main
+    from capsense.core.ablation import HeadAblator
+    from capsense.core.models import load_model
+
+    packed = tmp_path / "packed"
+    r = CliRunner().invoke(main, ["compress", str(tiny_model_dir), "--method", "rtn", "--bits", "4", "--group-size",
+                                  "16", "--no-progress", "--out", str(packed)])
+    assert r.exit_code == 0, r.output
+    base = ["export", str(packed), "--heads", "L0H1", "--format", "adapter"]
+    r = CliRunner().invoke(main, [*base, "--ablation", "mean", "--out", str(tmp_path / "mean")])
+    assert r.exit_code == 1 and "stock PEFT cannot put one on a packed compressed-tensors model" in r.output, r.output
+    assert "--format checkpoint" in r.output and not (tmp_path / "mean").exists()
+    r = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "zero")])
+    assert r.exit_code == 0, r.output
+    ours, _ = load_model(str(packed), dtype="bfloat16")
+    ids = tiny_inputs()
+    with torch.no_grad(), HeadAblator(ours).apply("L0H1"):
+        ablated = ours(input_ids=ids).logits
+    stock = PeftModel.from_pretrained(T.AutoModelForCausalLM.from_pretrained(packed).eval(), tmp_path / "zero").eval()
+    with torch.no_grad():
+        assert torch.equal(stock(input_ids=ids).logits, ablated)

@@ -283,8 +283,8 @@ def _train_step(student, teacher, ids, trained: _Run, opt) -> float:
     opt.zero_grad(set_to_none=True)
     loss.backward()
     for p, m in zip(trained.params, trained.masters):
-        if m is not p:
-            m.grad, p.grad = p.grad.float(), None
+        if m is not p:  # (a matrix no gradient reached keeps none, as Adam skips it in float32)
+            m.grad, p.grad = (None if p.grad is None else p.grad.float()), None
     opt.step()
     with torch.no_grad():
         for p, m, keep in zip(trained.params, trained.masters, trained.masks):

@@ -36,14 +36,13 @@ from capsense.errors import CapsenseError
 from capsense.core.progress import without_library_bars
 
 
-# A bfloat16 run loads and computes in bfloat16 (half the memory of float32) while Adam updates float32 masters of the
-# trained matrices, copied back each step: at the default lr (2e-5) Adam's step (~2e-5 per weight) is below half the
-# bfloat16 spacing of weights of ~0.02 (1.2e-4): in place they never move (tests/unit/compress/test_compress_distill.py).
-
-
 @dataclass(frozen=True)
 class DistillConfig:
-    """What fixes a distillation run (a resumed run must match it)."""
+    """What fixes a distillation run (a resumed run must match it).
+
+    A bfloat16 run loads and computes in bfloat16 (half the memory of float32) while Adam updates float32 masters of
+    the trained matrices, copied back each step: at the default lr (2e-5) Adam's step (~2e-5 per weight) is below half
+    the bfloat16 spacing of weights of ~0.02 (1.2e-4): in place they never move (test_compress_distill.py)."""
 
     student: str
     teacher: str
@@ -56,7 +55,7 @@ class DistillConfig:
     seed: int = 0
     fresh: bool = False  # every epoch reads n_texts texts never read before (epochs x n_texts unique texts)
     teacher_revision: str | None = None  # of a Hub teacher (None: its default branch; :func:`teacher_revision`)
-    dtype: str = "float32"  # both models load and compute in it; trained matrices keep float32 masters (see above)
+    dtype: str = "float32"  # both models load and compute in it; trained matrices keep float32 masters (above)
 
     def __post_init__(self) -> None:
         for name in ("n_texts", "seq_len", "epochs"):
@@ -258,7 +257,7 @@ class _Run:
         while self.epoch < self.cfg.epochs:
             order = epoch_order(self.cfg, len(self.corpus), self.epoch)
             while self.step < len(order):
-                _train_step(self.student, self.teacher, self.corpus[order[self.step]], self, self.opt)
+                _train_step(self, self.corpus[order[self.step]])
                 self.step += 1
                 done_now += 1
                 bar.update(1)
@@ -274,8 +273,9 @@ class _Run:
         return True
 
 
-def _train_step(student, teacher, ids, trained: _Run, opt) -> float:
+def _train_step(trained: _Run, ids) -> float:
     """One Adam step on ``trained``'s masters from the student's gradients; the student's matrices follow them."""
+    student, teacher, opt = trained.student, trained.teacher, trained.opt
     with torch.no_grad():
         t_logits = teacher(input_ids=torch.tensor([ids], device=input_device(teacher)), use_cache=False).logits
     s_logits = student(input_ids=torch.tensor([ids], device=input_device(student)), use_cache=False).logits
